@@ -1,0 +1,3 @@
+"""dockyard: asynchronous GRPO post-training over NATS JetStream."""
+
+__version__ = "0.1.0"

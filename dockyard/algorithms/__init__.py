@@ -1,0 +1,1 @@
+"""The math of training: losses, advantage estimators, the GRPO config."""

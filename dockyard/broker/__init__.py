@@ -1,0 +1,1 @@
+"""The data plane: JetStream and in-memory implementations of one interface."""

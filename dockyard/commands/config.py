@@ -1,0 +1,56 @@
+"""``dockyard config show|validate --config PATH [overrides...]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from dockyard.cli import CliError, CommandRegistrar, add_config_arguments, add_subcommands
+
+EXIT_INVALID_CONFIG = 2
+
+
+def _load(args: argparse.Namespace):
+    from dockyard.config.errors import ConfigError
+    from dockyard.config.loader import load_config_report
+
+    try:
+        report = load_config_report(args.config, args.overrides)
+    except ConfigError as error:
+        raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return report
+
+
+def _show(args: argparse.Namespace) -> int:
+    report = _load(args)
+    dumped = report.config.model_dump(mode="json", exclude_unset=args.only_set)
+    sys.stdout.write(yaml.safe_dump(dumped, sort_keys=False, allow_unicode=True))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    _load(args)
+    print("ok")
+    return 0
+
+
+def register(registrar: CommandRegistrar) -> None:
+    parser = registrar.add("config", help="Show or validate a resolved config")
+    commands = add_subcommands(parser, dest="config_command")
+
+    show = commands.add("show", help="Print the resolved config as YAML (defaults included)")
+    add_config_arguments(show)
+    show.add_argument(
+        "--only-set", action="store_true", help="omit keys left at their schema defaults"
+    )
+    show.set_defaults(handler=_show)
+
+    validate = commands.add(
+        "validate", help="Print 'ok', or every problem with its key path (exit status 2)"
+    )
+    add_config_arguments(validate)
+    validate.set_defaults(handler=_validate)

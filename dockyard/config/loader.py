@@ -1,0 +1,141 @@
+"""Loading a run's config: ``YAML ─▶ OmegaConf ─▶ overrides ─▶ resolve ${...} ─▶ MasterConfig``.
+
+Every failure on the way (missing file, YAML syntax, a bad override, a failed interpolation, a
+schema or rule violation) becomes one :class:`ConfigError` that lists each problem with its key
+path, so a launch fails before any model or server starts.
+
+YAML inheritance: a file may name parent files under ``defaults:`` (paths relative to the file,
+a string or a list). Parents merge first, in order; the child wins; lists are replaced, not
+concatenated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import ValidationError
+
+from dockyard.algorithms.grpo import MasterConfig
+from dockyard.config.base import RULES_ERROR_TYPE
+from dockyard.config.errors import ConfigError, ConfigIssue
+from dockyard.config.overrides import apply_overrides
+from dockyard.config.resolvers import register_omegaconf_resolvers
+from dockyard.config.schema import UnknownKey, find_unknown_keys
+from dockyard.utils.logging import get_logger
+
+DEFAULTS_KEY = "defaults"
+TOP_LEVEL_SCHEMA = MasterConfig
+
+log = get_logger(__name__)
+
+
+@dataclass
+class ConfigReport:
+    """A loaded config plus what the loader noticed on the way."""
+
+    config: MasterConfig
+    warnings: list[UnknownKey] = field(default_factory=list)
+
+
+def _load_yaml(path: Path, chain: tuple[Path, ...]) -> DictConfig:
+    if path in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path))
+        raise ConfigError(f"defaults form a cycle: {cycle}")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        node = OmegaConf.load(path)
+    except yaml.YAMLError as error:
+        reason = " ".join(str(error).split())
+        raise ConfigError(f"YAML syntax error in {path}: {reason}") from None
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    parents = node.pop(DEFAULTS_KEY, None)
+    if parents is None:
+        return node
+    if isinstance(parents, str):
+        parents = [parents]
+    if not all(isinstance(parent, str) for parent in parents):
+        raise ConfigError(
+            [ConfigIssue(DEFAULTS_KEY, f"{path}: must be a file path or a list of file paths")]
+        )
+    merged = [_load_yaml((path.parent / parent).resolve(), (*chain, path)) for parent in parents]
+    result = OmegaConf.merge(*merged, node)
+    assert isinstance(result, DictConfig)
+    return result
+
+
+def load_yaml_tree(path: str | Path) -> DictConfig:
+    """The merged (but not yet overridden or resolved) tree of a config file and its parents."""
+    return _load_yaml(Path(path).resolve(), ())
+
+
+def resolve_tree(cfg: DictConfig) -> dict[str, object]:
+    register_omegaconf_resolvers()
+    try:
+        container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", "") or ""
+        reason = str(error).splitlines()[0]
+        raise ConfigError([ConfigIssue(str(key), f"cannot resolve: {reason}")]) from None
+    assert isinstance(container, dict)
+    return {str(k): v for k, v in container.items()}
+
+
+def _describe_input(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def validation_issues(error: ValidationError) -> list[ConfigIssue]:
+    """Flatten a pydantic error into key-path issues (section rules included)."""
+    issues: list[ConfigIssue] = []
+    for detail in error.errors():
+        location = ".".join(str(part) for part in detail["loc"])
+        if detail["type"] == RULES_ERROR_TYPE:
+            for issue in detail["ctx"]["issues"]:
+                path = f"{location}.{issue.path}" if location and issue.path else location or issue.path
+                issues.append(ConfigIssue(path, issue.message))
+        elif detail["type"] == "missing":
+            issues.append(ConfigIssue(location, "required key is missing"))
+        else:
+            got = _describe_input(detail.get("input"))
+            issues.append(ConfigIssue(location, f"{detail['msg']} (got {got})"))
+    return issues
+
+
+def validate_container(container: dict[str, object]) -> ConfigReport:
+    # Extra top-level keys are allowed and silent (the spec); typos inside sections are not.
+    warnings = [
+        unknown
+        for unknown in find_unknown_keys(TOP_LEVEL_SCHEMA, container)
+        if "." in unknown.path
+    ]
+    try:
+        config = MasterConfig.model_validate(container)
+    except ValidationError as error:
+        raise ConfigError(validation_issues(error)) from None
+    return ConfigReport(config=config, warnings=warnings)
+
+
+def load_config_report(path: str | Path, overrides: Sequence[str] = ()) -> ConfigReport:
+    try:
+        cfg = load_yaml_tree(path)
+        apply_overrides(cfg, overrides, TOP_LEVEL_SCHEMA)
+        container = resolve_tree(cfg)
+        return validate_container(container)
+    except ConfigError as error:
+        raise ConfigError(error.issues, source=str(path)) from None
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> MasterConfig:
+    """Load, override, resolve and validate a config; unknown typed keys are logged as warnings."""
+    report = load_config_report(path, overrides)
+    for unknown in report.warnings:
+        log.warning("config.unknown_key", key=unknown.path, detail=str(unknown))
+    return report.config

@@ -1,0 +1,1 @@
+"""Typed config sections. :class:`dockyard.algorithms.grpo.MasterConfig` assembles them."""

@@ -1,0 +1,123 @@
+"""``data_plane``: the external experience-transfer plane (:class:`DataPlaneConfig`).
+
+``data_plane: null`` (or leaving it out) selects the in-memory plane for one process. This model
+lives with the configuration code so the algorithms package never imports the broker.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+
+from dockyard.config.base import Section
+from dockyard.config.errors import ConfigIssue
+
+MiB = 1024 * 1024
+
+
+class StreamLimitsConfig(Section):
+    storage: Literal["file", "memory"] = "file"
+    replicas: PositiveInt = 1
+    max_bytes: int = Field(8 * 1024 * MiB, description="per stream; -1 = unlimited")
+    max_msgs: int = Field(-1, description="per stream; -1 = unlimited")
+    max_age_s: float = Field(0.0, ge=0.0, description="0 = keep until limits")
+    duplicate_window_s: PositiveFloat = 120.0
+
+
+class ConsumerConfig(Section):
+    ack_wait_s: PositiveFloat = 60.0
+    max_deliver: PositiveInt = 5
+    max_ack_pending: PositiveInt = 256
+    fetch_batch: PositiveInt = 16
+    nak_delay_s: float = Field(1.0, ge=0.0)
+
+
+class PublishConfig(Section):
+    window: PositiveInt = Field(64, description="publishes awaiting an ack at once")
+    timeout_s: PositiveFloat = 10.0
+    retries: NonNegativeInt = 5
+    max_buffered_bytes: PositiveInt = Field(256 * MiB, description="while the broker is down")
+
+
+class CredentialsConfig(Section):
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    nkeys_seed_file: str | None = None
+    creds_file: str | None = None
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        if (self.user is None) != (self.password is None):
+            return [ConfigIssue("password", "user and password go together")]
+        return []
+
+
+class TLSConfig(Section):
+    enabled: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        if (self.cert_file is None) != (self.key_file is None):
+            return [ConfigIssue("key_file", "cert_file and key_file go together (mutual TLS)")]
+        return []
+
+
+class WeightTransportConfig(Section):
+    kind: Literal["jetstream", "filesystem", "http"] = "jetstream"
+    path: str | None = Field(None, description="shared directory for kind=filesystem")
+    base_url: str | None = Field(None, description="base URL for kind=http")
+    keep_last_versions: PositiveInt = 3
+    chunk_size: PositiveInt = 4 * MiB
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        if self.kind == "filesystem" and not self.path:
+            return [ConfigIssue("path", "kind=filesystem needs a shared directory path")]
+        if self.kind == "http" and not self.base_url:
+            return [ConfigIssue("base_url", "kind=http needs a base_url")]
+        return []
+
+
+class EmbeddedServerConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(-1, description="-1 picks a free port")
+    store_dir: str | None = Field(None, description="None = a directory under the run dir")
+
+
+class DataPlaneConfig(Section):
+    url: str | list[str] = Field(
+        "embedded", description="nats:// URL(s), or 'embedded' to start a local nats-server"
+    )
+    namespace: str = Field("dockyard", pattern=r"^[A-Za-z0-9_-]+$")
+    max_payload: PositiveInt = Field(8 * MiB, description="bytes per NATS message")
+    max_pending: PositiveInt = Field(64 * MiB, description="client pending buffer, bytes")
+    streams: StreamLimitsConfig = Field(default_factory=StreamLimitsConfig)
+    consumer: ConsumerConfig = Field(default_factory=ConsumerConfig)
+    publish: PublishConfig = Field(default_factory=PublishConfig)
+    credentials: CredentialsConfig = Field(default_factory=CredentialsConfig)
+    tls: TLSConfig = Field(default_factory=TLSConfig)
+    weight_transport: WeightTransportConfig = Field(default_factory=WeightTransportConfig)
+    embedded: EmbeddedServerConfig = Field(default_factory=EmbeddedServerConfig)
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.url == "embedded"
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        issues: list[ConfigIssue] = []
+        urls = [self.url] if isinstance(self.url, str) else self.url
+        if not urls:
+            issues.append(ConfigIssue("url", "give at least one nats:// URL or 'embedded'"))
+        for url in urls:
+            if url != "embedded" and not url.startswith(("nats://", "tls://", "ws://", "wss://")):
+                issues.append(
+                    ConfigIssue("url", f"{url!r} is neither 'embedded' nor a nats:// URL")
+                )
+        if self.max_payload > self.max_pending:
+            issues.append(
+                ConfigIssue("max_payload", "must not exceed max_pending (the server refuses it)")
+            )
+        return issues

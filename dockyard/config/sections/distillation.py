@@ -1,0 +1,51 @@
+"""``on_policy_distillation``: teachers for the OPD advantage estimator."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from dockyard.config.base import Section
+from dockyard.config.errors import ConfigIssue
+
+
+class TeacherModelConfig(Section):
+    model_name: str
+    precision: str = "bfloat16"
+
+
+class OnPolicyDistillationConfig(Section):
+    enabled: bool = False
+    teachers: dict[str, TeacherModelConfig] = Field(
+        default_factory=dict, description="teacher alias -> model"
+    )
+    teacher_model_by_agent_name: dict[str, str] = Field(
+        default_factory=dict, description="agent name -> teacher alias"
+    )
+    default_teacher_alias: str | None = None
+    strict_agent_name_match: bool = Field(
+        False, description="refuse a rollout whose agent has no teacher instead of the default"
+    )
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        issues: list[ConfigIssue] = []
+        known = set(self.teachers)
+        for agent, alias in self.teacher_model_by_agent_name.items():
+            if known and alias not in known:
+                issues.append(
+                    ConfigIssue(
+                        f"teacher_model_by_agent_name.{agent}",
+                        f"teacher {alias!r} is not in teachers ({', '.join(sorted(known))})",
+                    )
+                )
+        if self.default_teacher_alias and known and self.default_teacher_alias not in known:
+            issues.append(
+                ConfigIssue("default_teacher_alias", f"{self.default_teacher_alias!r} is not in teachers")
+            )
+        if self.enabled and not self.teacher_model_by_agent_name and not self.default_teacher_alias:
+            issues.append(
+                ConfigIssue(
+                    "default_teacher_alias",
+                    "OPD needs a teacher: set default_teacher_alias or teacher_model_by_agent_name",
+                )
+            )
+        return issues

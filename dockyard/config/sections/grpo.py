@@ -1,0 +1,130 @@
+"""``grpo``: the RL loop (:class:`GRPOConfig`). Re-exported by :mod:`dockyard.algorithms.grpo`."""
+
+from __future__ import annotations
+
+from pydantic import Field, NonNegativeInt, PositiveInt
+
+from dockyard.config.base import Section
+from dockyard.config.errors import ConfigIssue
+
+
+class AdvEstimatorConfig(Section):
+    """Advantage estimator; ``name`` is looked up in the estimator registry at launch.
+
+    ``normalize_rewards`` / ``use_leave_one_out_baseline`` left at ``None`` inherit the
+    grpo-level switches of the same name.
+    """
+
+    name: str = "grpo"
+    normalize_rewards: bool | None = None
+    use_leave_one_out_baseline: bool | None = None
+    minus_baseline: bool = True
+    reward_weights: dict[str, float] | None = Field(
+        None, description="per-component weights (gdpo); None = equal weights"
+    )
+
+
+class RewardShapingConfig(Section):
+    enabled: bool = False
+    overlong_buffer_length: NonNegativeInt = 0
+    overlong_buffer_penalty: float = Field(0.0, ge=0.0)
+    max_response_length: PositiveInt | None = None
+    stop_properly_penalty_coef: float | None = Field(None, ge=0.0, le=1.0)
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        if self.enabled and self.overlong_buffer_length and self.max_response_length is None:
+            return [
+                ConfigIssue(
+                    "max_response_length",
+                    "the overlong-buffer penalty needs max_response_length",
+                )
+            ]
+        return []
+
+
+class RewardScalingConfig(Section):
+    """Clamp the reward to [source_min, source_max], then map linearly to [target_min, target_max]."""
+
+    enabled: bool = False
+    source_min: float = 0.0
+    source_max: float = 1.0
+    target_min: float = 0.0
+    target_max: float = 1.0
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        if self.source_min >= self.source_max:
+            return [
+                ConfigIssue(
+                    "source_max",
+                    f"must exceed source_min ({self.source_min}), got {self.source_max}",
+                )
+            ]
+        return []
+
+
+class AsyncGRPOConfig(Section):
+    enabled: bool = False
+    max_trajectory_age_steps: PositiveInt = Field(
+        1, description="a group generated with weights g trains steps g+1 .. g+max_age"
+    )
+    max_generation_failures: NonNegativeInt = 0
+    in_flight_weight_updates: bool = Field(
+        False, description="refit while requests run (else drain first)"
+    )
+    recompute_kv_cache_after_weight_updates: bool = False
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        if self.recompute_kv_cache_after_weight_updates and not self.in_flight_weight_updates:
+            return [
+                ConfigIssue(
+                    "recompute_kv_cache_after_weight_updates",
+                    "only applies with in_flight_weight_updates=true",
+                )
+            ]
+        return []
+
+
+class StructuredToolUseConfig(Section):
+    enabled: bool = False
+    tool_call_format: str = "hermes"
+    max_tool_calls_per_turn: PositiveInt = 8
+
+
+class GRPOConfig(Section):
+    num_prompts_per_step: PositiveInt = 32
+    num_generations_per_prompt: PositiveInt = 16
+    max_num_epochs: PositiveInt = 1
+    max_num_steps: PositiveInt = 1_000_000
+    max_rollout_turns: PositiveInt = 1
+    normalize_rewards: bool = True
+    use_leave_one_out_baseline: bool = True
+    advantage_clip_low: float | None = None
+    advantage_clip_high: float | None = None
+    adv_estimator: AdvEstimatorConfig = Field(default_factory=AdvEstimatorConfig)
+    val_period: NonNegativeInt = Field(10, description="0 disables periodic validation")
+    val_at_start: bool = False
+    val_at_end: bool = False
+    val_batch_size: PositiveInt | None = None
+    max_val_samples: PositiveInt | None = None
+    seed: int = 42
+    overlong_filtering: bool = False
+    use_dynamic_sampling: bool = False
+    dynamic_sampling_max_gen_batches: PositiveInt = 10
+    reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
+    reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
+    invalid_action_penalty: float | None = Field(
+        None, description="reward assigned to a sample flagged as an invalid action"
+    )
+    invalid_tool_call_advantage: float | None = None
+    malformed_thinking_advantage: float | None = None
+    seq_logprob_error_threshold: float | None = Field(None, gt=0.0)
+    structured_tool_use: StructuredToolUseConfig = Field(default_factory=StructuredToolUseConfig)
+    async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig)
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        low, high = self.advantage_clip_low, self.advantage_clip_high
+        if low is not None and high is not None and low >= high:
+            return [
+                ConfigIssue("advantage_clip_low", f"must be below advantage_clip_high ({high})")
+            ]
+        return []

@@ -1,0 +1,52 @@
+"""``logger``: metrics backends (W&B, TensorBoard, MLflow, SwanLab), GPU monitoring, samples."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveFloat
+
+from dockyard.config.base import Section
+
+
+class WandbConfig(Section):
+    project: str = "dockyard"
+    name: str | None = None
+    entity: str | None = None
+    mode: Literal["online", "offline", "disabled"] = "offline"
+
+
+class TensorboardConfig(Section):
+    flush_secs: PositiveFloat = 10.0
+
+
+class MlflowConfig(Section):
+    experiment_name: str = "dockyard"
+    run_name: str | None = None
+    tracking_uri: str | None = Field(None, description="None = sqlite file in the run's log dir")
+
+
+class SwanlabConfig(Section):
+    project: str = "dockyard"
+    experiment_name: str | None = None
+    mode: Literal["cloud", "local", "offline", "disabled"] = "offline"
+
+
+class GpuMonitoringConfig(Section):
+    collection_interval: PositiveFloat = 10.0
+    flush_interval: PositiveFloat = 10.0
+
+
+class LoggerConfig(Section):
+    log_dir: str = "logs"
+    wandb_enabled: bool = False
+    tensorboard_enabled: bool = False
+    mlflow_enabled: bool = False
+    swanlab_enabled: bool = False
+    monitor_gpus: bool = False
+    num_val_samples_to_print: NonNegativeInt = 0
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    tensorboard: TensorboardConfig = Field(default_factory=TensorboardConfig)
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+    swanlab: SwanlabConfig = Field(default_factory=SwanlabConfig)
+    gpu_monitoring: GpuMonitoringConfig = Field(default_factory=GpuMonitoringConfig)

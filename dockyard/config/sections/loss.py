@@ -1,0 +1,132 @@
+"""``loss_fn``: the clipped policy-gradient loss (:class:`ClippedPGLossConfig`).
+
+Defaults follow the reference system (see ``shared/notes/algorithms.md``). The cross-field rules
+live here, on the model, so constructing the config in code and validating a YAML file at launch
+run the very same checks.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from dockyard.config.base import Section, check_finite
+from dockyard.config.errors import ConfigIssue
+
+TruncatedISType = Literal["tis", "icepop", "seq-mask-tis"]
+KLType = Literal["k1", "k2", "k3"]
+
+
+class ClippedPGLossConfig(Section):
+    ratio_clip_min: float = Field(0.2, ge=0.0, description="low clip ε: ratio >= 1 - ε")
+    ratio_clip_max: float = Field(0.2, ge=0.0, description="high clip ε: ratio <= 1 + ε")
+    ratio_clip_c: float | None = Field(None, description="dual-clip constant c > 1 (A < 0 only)")
+    reference_policy_kl_penalty: float = Field(0.01, ge=0.0)
+    reference_policy_kl_type: KLType = "k3"
+    kl_input_clamp_value: float | None = Field(20.0, gt=0.0)
+    kl_output_clamp_value: float | None = Field(10.0, gt=0.0)
+    use_kl_in_reward: bool = False
+    use_on_policy_kl_approximation: bool = False
+    use_importance_sampling_correction: bool = False
+    truncated_importance_sampling_type: TruncatedISType | None = None
+    truncated_importance_sampling_ratio: float | None = Field(
+        None, gt=0.0, description="upper bound of the IS weight"
+    )
+    truncated_importance_sampling_ratio_min: float | None = Field(
+        None, ge=0.0, description="lower bound of the IS weight"
+    )
+    token_level_loss: bool = True
+    sequence_level_importance_ratios: bool = False
+    disable_ppo_ratio: bool = False
+    force_on_policy_ratio: bool = False
+    use_cispo: bool = False
+    positive_example_nll_weight: float = Field(0.0, ge=0.0)
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        issues: list[ConfigIssue] = []
+        for name in ("ratio_clip_min", "ratio_clip_max", "reference_policy_kl_penalty"):
+            issues += check_finite(getattr(self, name), name, "use a finite value")
+        if self.ratio_clip_c is not None and not self.ratio_clip_c > 1.0:
+            issues.append(
+                ConfigIssue("ratio_clip_c", f"dual clip needs c > 1, got {self.ratio_clip_c}")
+            )
+        if self.sequence_level_importance_ratios and self.token_level_loss:
+            issues.append(
+                ConfigIssue(
+                    "sequence_level_importance_ratios",
+                    "sequence-level (GSPO) ratios need sequence-level loss: "
+                    "set loss_fn.token_level_loss=false",
+                )
+            )
+        if self.use_cispo:
+            if not self.token_level_loss:
+                issues.append(
+                    ConfigIssue(
+                        "use_cispo",
+                        "CISPO is a token-level loss: set loss_fn.token_level_loss=true",
+                    )
+                )
+            if self.disable_ppo_ratio:
+                issues.append(
+                    ConfigIssue("use_cispo", "CISPO needs the PPO ratio: unset disable_ppo_ratio")
+                )
+            if self.sequence_level_importance_ratios:
+                issues.append(
+                    ConfigIssue(
+                        "use_cispo", "CISPO uses token ratios: unset sequence_level_importance_ratios"
+                    )
+                )
+        if self.disable_ppo_ratio and self.sequence_level_importance_ratios:
+            issues.append(
+                ConfigIssue(
+                    "disable_ppo_ratio",
+                    "REINFORCE form has no ratio: unset sequence_level_importance_ratios",
+                )
+            )
+        if self.disable_ppo_ratio and self.force_on_policy_ratio:
+            issues.append(
+                ConfigIssue(
+                    "force_on_policy_ratio",
+                    "has no effect with disable_ppo_ratio=true: unset one of them",
+                )
+            )
+        issues += self._truncation_issues()
+        return issues
+
+    def _truncation_issues(self) -> list[ConfigIssue]:
+        kind = self.truncated_importance_sampling_type
+        low = self.truncated_importance_sampling_ratio_min
+        high = self.truncated_importance_sampling_ratio
+        if kind is None:
+            return []
+        issues: list[ConfigIssue] = []
+        if not self.use_importance_sampling_correction:
+            issues.append(
+                ConfigIssue(
+                    "truncated_importance_sampling_type",
+                    f"{kind!r} needs loss_fn.use_importance_sampling_correction=true",
+                )
+            )
+        if high is None:
+            issues.append(
+                ConfigIssue(
+                    "truncated_importance_sampling_ratio",
+                    f"{kind!r} needs an upper bound (e.g. 2.0 for tis, 5.0 for icepop)",
+                )
+            )
+        if kind in ("icepop", "seq-mask-tis") and low is None:
+            issues.append(
+                ConfigIssue(
+                    "truncated_importance_sampling_ratio_min",
+                    f"{kind!r} needs a lower bound (e.g. 0.5 for icepop, 0.999 for seq-mask-tis)",
+                )
+            )
+        if low is not None and high is not None and low > high:
+            issues.append(
+                ConfigIssue(
+                    "truncated_importance_sampling_ratio_min",
+                    f"lower bound {low} exceeds the upper bound {high}",
+                )
+            )
+        return issues

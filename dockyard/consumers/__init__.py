@@ -1,0 +1,1 @@
+"""Consumers: scorers, teachers and the trainer."""

@@ -1,0 +1,1 @@
+"""Reward environments (pure functions of a rollout group, no transport)."""

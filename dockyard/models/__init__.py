@@ -1,0 +1,1 @@
+"""Policy model and tokenizer construction."""

@@ -1,0 +1,1 @@
+"""Producers: the dispatcher and the rollout workers."""

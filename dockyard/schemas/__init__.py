@@ -1,0 +1,1 @@
+"""Message models and the msgpack+zstd codec: what crosses the broker."""

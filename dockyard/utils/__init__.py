@@ -1,0 +1,1 @@
+"""Cross-cutting utilities: logging, metrics loggers, checkpoints, export."""
