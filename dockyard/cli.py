@@ -37,7 +37,9 @@ class CommandRegistrar:
 
     subparsers: argparse._SubParsersAction  # argparse exposes no public type for this
 
-    def add(self, name: str, *, help: str, description: str | None = None) -> argparse.ArgumentParser:
+    def add(
+        self, name: str, *, help: str, description: str | None = None
+    ) -> argparse.ArgumentParser:
         return self.subparsers.add_parser(
             name,
             help=help,
@@ -113,4 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Re-import so exception classes match those the command modules import from dockyard.cli.
+    from dockyard.cli import main as package_main
+
+    sys.exit(package_main())

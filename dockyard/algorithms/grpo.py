@@ -7,6 +7,8 @@ section live on that section's model so that building it in code runs the same c
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pydantic import ConfigDict, Field
 
 from dockyard.config.base import Section
@@ -54,13 +56,17 @@ class MasterConfig(Section):
     )
 
     def rule_issues(self) -> list[ConfigIssue]:
+        return [issue for rule in self.cross_section_rules() for issue in rule()]
+
+    def cross_section_rules(self) -> list[Callable[[], list[ConfigIssue]]]:
+        """The rules spanning sections; the loader also runs them on a partly valid config."""
         return [
-            *self._batch_shape_issues(),
-            *self._async_issues(),
-            *self._estimator_issues(),
-            *self._prev_logprob_issues(),
-            *self._parallelism_issues(),
-            *self._sequence_budget_issues(),
+            self._batch_shape_issues,
+            self._async_issues,
+            self._estimator_issues,
+            self._prev_logprob_issues,
+            self._parallelism_issues,
+            self._sequence_budget_issues,
         ]
 
     def _batch_shape_issues(self) -> list[ConfigIssue]:
@@ -192,4 +198,3 @@ class MasterConfig(Section):
                 )
             ]
         return []
-

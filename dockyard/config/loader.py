@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.config.base import RULES_ERROR_TYPE
@@ -99,7 +99,11 @@ def validation_issues(error: ValidationError) -> list[ConfigIssue]:
         location = ".".join(str(part) for part in detail["loc"])
         if detail["type"] == RULES_ERROR_TYPE:
             for issue in detail["ctx"]["issues"]:
-                path = f"{location}.{issue.path}" if location and issue.path else location or issue.path
+                path = (
+                    f"{location}.{issue.path}"
+                    if location and issue.path
+                    else location or issue.path
+                )
                 issues.append(ConfigIssue(path, issue.message))
         elif detail["type"] == "missing":
             issues.append(ConfigIssue(location, "required key is missing"))
@@ -112,15 +116,39 @@ def validation_issues(error: ValidationError) -> list[ConfigIssue]:
 def validate_container(container: dict[str, object]) -> ConfigReport:
     # Extra top-level keys are allowed and silent (the spec); typos inside sections are not.
     warnings = [
-        unknown
-        for unknown in find_unknown_keys(TOP_LEVEL_SCHEMA, container)
-        if "." in unknown.path
+        unknown for unknown in find_unknown_keys(TOP_LEVEL_SCHEMA, container) if "." in unknown.path
     ]
     try:
         config = MasterConfig.model_validate(container)
     except ValidationError as error:
-        raise ConfigError(validation_issues(error)) from None
+        issues = validation_issues(error)
+        failed_sections = {str(detail["loc"][0]) for detail in error.errors() if detail["loc"]}
+        issues += _cross_section_issues_of_valid_sections(container, failed_sections)
+        raise ConfigError(issues) from None
     return ConfigReport(config=config, warnings=warnings)
+
+
+def _cross_section_issues_of_valid_sections(
+    container: dict[str, object], failed_sections: set[str]
+) -> list[ConfigIssue]:
+    """Run the cross-section rules that touch only valid sections, so one launch reports every
+    problem instead of revealing them one run at a time."""
+    if not failed_sections:
+        return []  # the failure came from the cross-section rules themselves
+    valid: dict[str, object] = {}
+    for name, field_info in MasterConfig.model_fields.items():
+        if name in failed_sections or (name not in container and field_info.is_required()):
+            continue
+        value = container.get(name, field_info.get_default(call_default_factory=True))
+        valid[name] = TypeAdapter(field_info.annotation).validate_python(value)
+    partial = MasterConfig.model_construct(**valid)
+    issues: list[ConfigIssue] = []
+    for rule in partial.cross_section_rules():
+        try:
+            issues += rule()
+        except AttributeError:
+            continue  # the rule reads a section that failed validation
+    return issues
 
 
 def load_config_report(path: str | Path, overrides: Sequence[str] = ()) -> ConfigReport:

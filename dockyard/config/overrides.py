@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
 from pydantic import BaseModel
 
 from dockyard.config.errors import ConfigError, ConfigIssue
@@ -47,7 +47,7 @@ def _lookup(cfg: DictConfig, key: str) -> object:
     node: object = cfg
     for part in key.split("."):
         if isinstance(node, DictConfig):
-            if part not in node.keys():
+            if part not in node.keys():  # noqa: SIM118 - `in` would resolve interpolations
                 return _MISSING
             node = node._get_node(part)
         elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
@@ -57,12 +57,18 @@ def _lookup(cfg: DictConfig, key: str) -> object:
     return node
 
 
+def _plain_value(node: object) -> object:
+    if isinstance(node, DictConfig | ListConfig):
+        return OmegaConf.to_container(node)
+    return node._value() if isinstance(node, Node) else node
+
+
 def _siblings(cfg: DictConfig, schema: type[BaseModel], key: str) -> list[str]:
     parent_key, _, _ = key.rpartition(".")
     names: set[str] = set()
     parent = cfg if not parent_key else _lookup(cfg, parent_key)
     if isinstance(parent, DictConfig):
-        names.update(str(k) for k in parent.keys())
+        names.update(str(k) for k in parent.keys())  # noqa: SIM118 - no resolution
     model: type[BaseModel] | None = schema
     for part in parent_key.split(".") if parent_key else []:
         field = model.model_fields.get(part) if model else None
@@ -81,9 +87,7 @@ def _siblings(cfg: DictConfig, schema: type[BaseModel], key: str) -> list[str]:
     return [f"{prefix}{name}" for name in sorted(names)]
 
 
-def apply_overrides(
-    cfg: DictConfig, overrides: Sequence[str], schema: type[BaseModel]
-) -> None:
+def apply_overrides(cfg: DictConfig, overrides: Sequence[str], schema: type[BaseModel]) -> None:
     """Apply ``overrides`` to ``cfg`` in order; raise :class:`ConfigError` listing every refusal."""
     issues: list[ConfigIssue] = []
     for override in parse_overrides(overrides):
@@ -96,10 +100,8 @@ def apply_overrides(
                 issues.append(ConfigIssue(key, f"{text!r}: cannot delete a key that is not set"))
                 continue
             expected = override.value()
-            if expected is not None and OmegaConf.to_object(current) != expected:
-                issues.append(
-                    ConfigIssue(key, f"{text!r}: value is {current}, not {expected!r}")
-                )
+            if expected is not None and _plain_value(current) != expected:
+                issues.append(ConfigIssue(key, f"{text!r}: value is {current}, not {expected!r}"))
                 continue
             parent_key, _, leaf = key.rpartition(".")
             parent = cfg if not parent_key else OmegaConf.select(cfg, parent_key)

@@ -39,7 +39,9 @@ class OnPolicyDistillationConfig(Section):
                 )
         if self.default_teacher_alias and known and self.default_teacher_alias not in known:
             issues.append(
-                ConfigIssue("default_teacher_alias", f"{self.default_teacher_alias!r} is not in teachers")
+                ConfigIssue(
+                    "default_teacher_alias", f"{self.default_teacher_alias!r} is not in teachers"
+                )
             )
         if self.enabled and not self.teacher_model_by_agent_name and not self.default_teacher_alias:
             issues.append(

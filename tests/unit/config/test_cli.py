@@ -1,0 +1,87 @@
+"""``dockyard config show|validate``: output, exit codes, one-line errors without tracebacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from dockyard.cli import main
+from dockyard.config.loader import load_config
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dockyard", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_validate_prints_ok_for_a_valid_config(write_config):
+    result = run_cli("config", "validate", "--config", str(write_config()))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_validate_reports_every_problem_and_exits_2(write_config):
+    result = run_cli(
+        "config",
+        "validate",
+        "--config",
+        str(write_config()),
+        "grpo.num_prompts_per_step=3",
+        "loss_fn.use_cispo=true",
+        "loss_fn.token_level_loss=false",
+    )
+    assert result.returncode == 2
+    # A section rule and a cross-section rule, reported by the same run.
+    assert "policy.train_global_batch_size" in result.stderr
+    assert "loss_fn.use_cispo" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_each_kind_of_load_failure_is_one_reason_and_exit_2(write_config, capsys):
+    good = str(write_config())
+    broken_yaml = str(write_config("policy: [unclosed\n", name="broken.yaml"))
+    cases = {
+        "missing file": (["--config", "/nonexistent/config.yaml"], "not found"),
+        "yaml syntax": (["--config", broken_yaml], "YAML syntax error"),
+        "bad override": (["--config", good, "grpo.seed=[1,"], "cannot parse override"),
+        "unknown key": (["--config", good, "grpo.sed=1"], "did you mean 'grpo.seed'"),
+        "interpolation": (["--config", good, "grpo.seed=${nope.x}"], "cannot resolve"),
+    }
+    for name, (args, expected) in cases.items():
+        assert main(["config", "validate", *args]) == 2, name
+        err = capsys.readouterr().err
+        assert expected in err, (name, err)
+        assert "Traceback" not in err
+
+
+def test_show_prints_the_resolved_config_which_loads_again(write_config, tmp_path, capsys):
+    assert main(["config", "show", "--config", str(write_config()), "grpo.seed=7"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["grpo"]["seed"] == 7
+    assert shown["loss_fn"]["ratio_clip_min"] == 0.2  # defaults are included
+    reloaded = tmp_path / "reloaded.yaml"
+    reloaded.write_text(yaml.safe_dump(shown))
+    assert load_config(reloaded).grpo.seed == 7
+
+
+def test_show_only_set_omits_defaults(write_config, capsys):
+    assert main(["config", "show", "--only-set", "--config", str(write_config())]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert "ratio_clip_min" not in shown["loss_fn"]
+
+
+def test_warnings_go_to_stderr(write_config, minimal_config, capsys):
+    minimal_config["grpo"]["sed"] = 1
+    assert main(["config", "validate", "--config", str(write_config(minimal_config))]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == "ok"
+    assert "did you mean 'grpo.seed'" in captured.err
+
+
+def test_help_lists_subcommands():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    assert "config" in result.stdout
