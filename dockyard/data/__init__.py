@@ -1,0 +1,1 @@
+"""Datasets: deterministic prompt sources the dispatcher turns into prompt groups."""

@@ -1,0 +1,68 @@
+"""The quickstart's verifiable task: ``a+b=`` → the decimal sum.
+
+Operands are drawn from ``[low, high]``. The space of pairs is partitioned deterministically
+(a hash of the pair) into a validation part and a training part, so held-out problems are never
+trained on, whatever the seeds and sizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+from dockyard.config.sections.data import DatasetConfig
+from dockyard.data.base import PromptRecord, register_dataset
+
+VALIDATION_SPLITS = ("validation", "val", "test")
+HELD_OUT_PERCENT = 10
+
+
+def is_held_out(a: int, b: int) -> bool:
+    digest = hashlib.blake2b(f"{a}+{b}".encode(), digest_size=2).digest()
+    return int.from_bytes(digest, "little") % 100 < HELD_OUT_PERCENT
+
+
+@dataclass(frozen=True)
+class ArithmeticDataset:
+    name: str
+    pairs: tuple[tuple[int, int], ...]
+    env: str
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> PromptRecord:
+        a, b = self.pairs[index]
+        return PromptRecord(
+            index=index,
+            prompt=f"{a}+{b}=",
+            ground_truth=str(a + b),
+            env=self.env,
+            agent_name="arithmetic",
+        )
+
+
+def make_pairs(low: int, high: int, count: int, seed: int, held_out: bool) -> list[tuple[int, int]]:
+    candidates = [
+        (a, b)
+        for a in range(low, high + 1)
+        for b in range(low, high + 1)
+        if is_held_out(a, b) == held_out
+    ]
+    if not candidates:
+        raise ValueError(f"no {'held-out' if held_out else 'training'} pairs in [{low}, {high}]")
+    rng = random.Random(seed)
+    if held_out and count <= len(candidates):
+        return rng.sample(candidates, count)  # distinct problems for evaluation
+    return [rng.choice(candidates) for _ in range(count)]
+
+
+@register_dataset("arithmetic")
+def build_arithmetic(config: DatasetConfig, env: str) -> ArithmeticDataset:
+    params = config.params
+    low, high = int(params.get("low", 10)), int(params.get("high", 99))
+    count = int(config.max_samples or params.get("num_samples", 10_000))
+    held_out = config.split in VALIDATION_SPLITS
+    pairs = make_pairs(low, high, count, int(params.get("seed", 0)), held_out)
+    return ArithmeticDataset(name=f"arithmetic/{config.split}", pairs=tuple(pairs), env=env)

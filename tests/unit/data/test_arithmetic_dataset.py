@@ -1,0 +1,43 @@
+"""The quickstart dataset: deterministic, and held-out problems never appear in training."""
+
+from __future__ import annotations
+
+import pytest
+
+from dockyard.config.sections.data import DatasetConfig
+from dockyard.data.base import build_dataset, dataset_names
+
+
+def build(split: str, **params: int):
+    return build_dataset(DatasetConfig(name="arithmetic", split=split, params=params), "arithmetic")
+
+
+def test_records_are_well_formed():
+    record = build("train", num_samples=5, seed=3)[2]
+    a, b = (int(x) for x in record.prompt.rstrip("=").split("+"))
+    assert record.prompt == f"{a}+{b}="
+    assert record.ground_truth == str(a + b)
+    assert 10 <= a <= 99 and 10 <= b <= 99
+    assert record.env == "arithmetic"
+
+
+def test_same_seed_same_data_and_different_seed_different_data():
+    assert (
+        build("train", num_samples=50, seed=1).pairs == build("train", num_samples=50, seed=1).pairs
+    )
+    assert (
+        build("train", num_samples=50, seed=1).pairs != build("train", num_samples=50, seed=2).pairs
+    )
+
+
+def test_validation_is_held_out_from_training():
+    train = set(build("train", num_samples=20_000, seed=1).pairs)
+    validation = build("validation", num_samples=200, seed=2).pairs
+    assert len(set(validation)) == 200  # distinct evaluation problems
+    assert not train & set(validation)
+
+
+def test_unknown_dataset_names_the_registered_ones():
+    assert "arithmetic" in dataset_names()
+    with pytest.raises(KeyError, match="arithmetic"):
+        build_dataset(DatasetConfig(name="nope"), "math")
