@@ -23,6 +23,7 @@ from dockyard.config.sections.grpo import GRPOConfig
 from dockyard.config.sections.logger import LoggerConfig
 from dockyard.config.sections.loss import ClippedPGLossConfig
 from dockyard.config.sections.policy import PolicyConfig
+from dockyard.config.sections.sft import SFTConfig
 
 __all__ = ["ClippedPGLossConfig", "ClusterConfig", "DataPlaneConfig", "GRPOConfig", "MasterConfig"]
 
@@ -54,6 +55,7 @@ class MasterConfig(Section):
     on_policy_distillation: OnPolicyDistillationConfig = Field(
         default_factory=OnPolicyDistillationConfig
     )
+    sft: SFTConfig | None = Field(None, description="supervised warm start before GRPO")
 
     def rule_issues(self) -> list[ConfigIssue]:
         return [issue for rule in self.cross_section_rules() for issue in rule()]

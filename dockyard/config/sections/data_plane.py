@@ -71,7 +71,16 @@ class WeightTransportConfig(Section):
     path: str | None = Field(None, description="shared directory for kind=filesystem")
     base_url: str | None = Field(None, description="base URL for kind=http")
     keep_last_versions: PositiveInt = 3
+    retention_grace_s: float = Field(
+        300.0,
+        ge=0.0,
+        description="an old version is deleted only this long after a newer one was put, "
+        "so a worker still fetching it can finish",
+    )
     chunk_size: PositiveInt = 4 * MiB
+    fetch_stall_timeout_s: PositiveFloat = Field(
+        30.0, description="give up a blob fetch when no chunk arrived for this long"
+    )
 
     def rule_issues(self) -> list[ConfigIssue]:
         if self.kind == "filesystem" and not self.path:

@@ -28,14 +28,38 @@ class MathEnvConfig(EnvSettings):
 class ArithmeticEnvConfig(EnvSettings):
     """The quickstart task: exact integer answers."""
 
+    eos_markers: list[str] = Field(
+        default_factory=lambda: ["<eos>", "</s>", "<|endoftext|>", "<|im_end|>"],
+        description="the answer is the text before the first of these, if the text has one",
+    )
+    require_stop: bool = Field(
+        True, description="a sample cut off by the length limit (no EOS) scores 0"
+    )
+
 
 class SandboxLimits(Section):
-    cpu_time_s: PositiveFloat = 10.0
-    wall_time_s: PositiveFloat = 20.0
-    memory_mb: PositiveInt = 512
-    max_output_bytes: PositiveInt = 1_000_000
-    max_processes: PositiveInt = 32
-    max_file_size_mb: PositiveInt = 64
+    """Limits of one sandboxed run (code tests, SWE patch application and test runs)."""
+
+    cpu_time_s: PositiveFloat = Field(10.0, description="RLIMIT_CPU of the run")
+    wall_time_s: PositiveFloat = Field(20.0, description="the process group is killed after")
+    memory_mb: PositiveInt = Field(512, description="RLIMIT_AS (address space)")
+    max_output_bytes: PositiveInt = Field(1_000_000, description="stdout and stderr, each")
+    max_processes: PositiveInt = Field(32, description="RLIMIT_NPROC of the sandbox uid")
+    max_file_size_mb: PositiveInt = Field(64, description="RLIMIT_FSIZE")
+    max_open_files: PositiveInt = Field(256, description="RLIMIT_NOFILE")
+    python_executable: str | None = Field(
+        None,
+        description="interpreter for sandboxed Python; default: this one if the sandbox uid "
+        "can run it, else the first python3 on PATH that it can",
+    )
+    sandbox_uid_base: int = Field(
+        2_000_000_000,
+        ge=1000,
+        le=4_000_000_000,
+        description="when running as root, each run gets its own uid from this range, so "
+        "RLIMIT_NPROC and the kill-everything sweep are per run",
+    )
+    sandbox_uid_count: PositiveInt = Field(1_000_000, le=100_000_000)
 
 
 class CodeEnvConfig(EnvSettings):
@@ -47,7 +71,13 @@ class SWEEnvConfig(EnvSettings):
     reward_mode: Literal["binary", "fraction"] = "binary"
     integrity_check: bool = Field(True, description="refuse patches that touch tests/runner")
     sandbox_urls: list[str] = Field(default_factory=list)
-    connect_retries: PositiveInt = 3
+    connect_retries: PositiveInt = Field(
+        3, description="rounds over sandbox_urls on connection failure, within task_timeout"
+    )
+    protected_paths: list[str] = Field(
+        default_factory=list,
+        description="extra globs a patch may not touch, beyond the default test/runner set",
+    )
     task_timeout: PositiveFloat = 1800.0
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
 
@@ -67,4 +97,10 @@ class EnvConfig(Section):
     teacher: TeacherEnvConfig = Field(default_factory=TeacherEnvConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
-        return []
+        issues: list[ConfigIssue] = []
+        for index, url in enumerate(self.swe.sandbox_urls):
+            if not url.startswith(("http://", "https://")):
+                issues.append(
+                    ConfigIssue(f"swe.sandbox_urls.{index}", f"{url!r} is not an http(s) URL")
+                )
+        return issues

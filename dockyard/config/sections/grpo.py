@@ -32,18 +32,52 @@ class RewardShapingConfig(Section):
     stop_properly_penalty_coef: float | None = Field(None, ge=0.0, le=1.0)
 
     def rule_issues(self) -> list[ConfigIssue]:
-        if self.enabled and self.overlong_buffer_length and self.max_response_length is None:
-            return [
+        if not self.enabled:
+            return []
+        issues: list[ConfigIssue] = []
+        overlong = self.overlong_buffer_length > 0
+        if overlong and self.max_response_length is None:
+            issues.append(
                 ConfigIssue(
                     "max_response_length",
                     "the overlong-buffer penalty needs max_response_length",
                 )
-            ]
-        return []
+            )
+        if (
+            overlong
+            and self.max_response_length is not None
+            and self.overlong_buffer_length > self.max_response_length
+        ):
+            issues.append(
+                ConfigIssue(
+                    "overlong_buffer_length",
+                    f"exceeds grpo.reward_shaping.max_response_length ({self.max_response_length})",
+                )
+            )
+        if overlong and self.stop_properly_penalty_coef is not None:
+            issues.append(
+                ConfigIssue(
+                    "stop_properly_penalty_coef",
+                    "the stop-properly penalty and the overlong-buffer penalty both punish "
+                    "length (as in the reference system, choose one): unset it or set "
+                    "grpo.reward_shaping.overlong_buffer_length=0",
+                )
+            )
+        if not overlong and self.stop_properly_penalty_coef is None:
+            issues.append(
+                ConfigIssue(
+                    "enabled",
+                    "reward shaping is enabled but configures nothing: set "
+                    "grpo.reward_shaping.overlong_buffer_length (+ max_response_length, "
+                    "overlong_buffer_penalty) or stop_properly_penalty_coef",
+                )
+            )
+        return issues
 
 
 class RewardScalingConfig(Section):
-    """Clamp the reward to [source_min, source_max], then map linearly to [target_min, target_max]."""
+    """Clamp the reward to [source_min, source_max], then map it linearly onto
+    [target_min, target_max]."""
 
     enabled: bool = False
     source_min: float = 0.0

@@ -23,7 +23,9 @@ class LoRAConfig(Section):
     rank: PositiveInt = 8
     alpha: float = 16.0
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
 
 
 class DTensorConfig(Section):
@@ -141,13 +143,27 @@ class GenerationConfig(Section):
         89_478_485, description="decoded-size cap for one image (decompression-bomb guard)"
     )
     max_images_per_sample: PositiveInt = 8
+    inflight_refit_policy: Literal["finish_on_old", "continue_on_new"] = Field(
+        "finish_on_old",
+        description=(
+            "a refit arriving while requests are being decoded: finish them on the old weights, "
+            "or switch to the new weights between decode steps (torch backend only); every "
+            "token records the weight version that produced it either way"
+        ),
+    )
 
     def rule_issues(self) -> list[ConfigIssue]:
         issues = sampling_parameter_issues(self.temperature, self.top_p, self.top_k)
-        if self.vllm_cfg.precision == "fp8" and self.backend != "vllm":
+        if self.inflight_refit_policy == "continue_on_new" and self.backend != "torch":
             issues.append(
-                ConfigIssue("vllm_cfg.precision", "fp8 serving needs backend=vllm")
+                ConfigIssue(
+                    "inflight_refit_policy",
+                    f"continue_on_new needs backend=torch (the {self.backend} backend cannot "
+                    "report which tokens came from which weights); use finish_on_old",
+                )
             )
+        if self.vllm_cfg.precision == "fp8" and self.backend != "vllm":
+            issues.append(ConfigIssue("vllm_cfg.precision", "fp8 serving needs backend=vllm"))
         return issues
 
 

@@ -1,0 +1,169 @@
+"""One GRPO optimizer step on an assembled batch.
+
+π_old (``prev_logprobs``) is recomputed here with the weights as they are at the start of the
+step, before any update; the behaviour log-probs the engine reported enter only the
+importance-sampling weight. When the engine samples with temperature ``T``, the trainer scores
+tokens under the same tempered distribution (``log_softmax(logits / T)``), so both sides of the
+ratio describe one distribution.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dockyard.algorithms.advantages import AdvantageInputs, build_estimator
+from dockyard.algorithms.advantages.pipeline import compute_advantages
+from dockyard.algorithms.grpo import MasterConfig
+from dockyard.algorithms.loss import ClippedPGLoss, GlobalCounts, LossInputs
+from dockyard.algorithms.loss_metrics import LossMetrics, merge_loss_metrics
+from dockyard.algorithms.rewards import prepare_rewards
+from dockyard.consumers.trainer.batch import TrainingBatch
+from dockyard.consumers.trainer.optim import build_optimizer, build_scheduler
+
+
+def token_logprobs(
+    model: torch.nn.Module, batch: TrainingBatch, temperature: float = 1.0
+) -> torch.Tensor:
+    """``[B, L-1]`` log-probs of each next token under ``model`` (grad follows the caller)."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits = logits[:, :-1].float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    targets = batch.input_ids[:, 1:].unsqueeze(-1)
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    loss: LossMetrics
+    grad_norm: float
+    learning_rate: float
+    advantage_mean: float
+    advantage_abs_mean: float
+    seconds: float
+
+    def as_metrics(self) -> dict[str, float]:
+        metrics = {f"loss/{name}": value for name, value in self.loss.as_dict().items()}
+        metrics.update(
+            {
+                "train/grad_norm": self.grad_norm,
+                "train/learning_rate": self.learning_rate,
+                "train/advantage_mean": self.advantage_mean,
+                "train/advantage_abs_mean": self.advantage_abs_mean,
+                "timing/train_step_s": self.seconds,
+            }
+        )
+        return metrics
+
+
+class PolicyTrainer:
+    """Holds the policy, its optimizer and schedule, the loss and the advantage estimator."""
+
+    def __init__(self, model: torch.nn.Module, config: MasterConfig) -> None:
+        self.config = config
+        self.model = model.train()
+        policy = config.policy
+        self.optimizer = build_optimizer(model, policy.optimizer)
+        self.scheduler = build_scheduler(
+            self.optimizer, policy.scheduler, config.grpo.max_num_steps
+        )
+        self.loss = ClippedPGLoss(config.loss_fn)
+        self.estimator = build_estimator(config.grpo, config.loss_fn)
+        self.temperature = policy.generation.temperature
+        # A frozen copy of the initial policy; only when some KL term needs it.
+        needs_reference = config.loss_fn.reference_policy_kl_penalty > 0
+        self.reference: torch.nn.Module | None = (
+            copy.deepcopy(model).eval().requires_grad_(False) if needs_reference else None
+        )
+
+    @torch.no_grad()
+    def batch_logprobs(self, model: torch.nn.Module, batch: TrainingBatch) -> torch.Tensor:
+        parts = [
+            token_logprobs(model, micro, self.temperature)
+            for micro in batch.micro_batches(self.config.policy.logprob_batch_size)
+        ]
+        return torch.cat(parts)
+
+    def rewards(self, batch: TrainingBatch) -> torch.Tensor:
+        """Scaling, shaping and the invalid-action penalty, as configured."""
+        return prepare_rewards(
+            batch.rewards,
+            self.config.grpo,
+            response_lengths=batch.response_lengths,
+            truncated=batch.truncated,
+            invalid_action=batch.invalid_action,
+        )
+
+    def advantages(
+        self, batch: TrainingBatch, prev: torch.Tensor, reference: torch.Tensor | None
+    ) -> torch.Tensor:
+        inputs = AdvantageInputs(
+            rewards=self.rewards(batch),
+            group_ids=list(batch.group_ids),
+            token_mask=batch.token_mask,
+            valid_mask=batch.sample_mask,
+            teacher_logprobs=batch.teacher_logprobs,
+            prev_logprobs=prev,
+            reference_logprobs=reference,
+        )
+        return compute_advantages(self.estimator, inputs, self.config.grpo, self.config.loss_fn)
+
+    def step(self, batch: TrainingBatch) -> StepOutcome:
+        started = time.perf_counter()
+        self.model.eval()  # π_old and the reference without dropout
+        prev = (
+            torch.zeros_like(batch.generation_logprobs)
+            if self.config.policy.skip_prev_logprobs
+            else self.batch_logprobs(self.model, batch)
+        )
+        reference = self.batch_logprobs(self.reference, batch) if self.reference else None
+        advantages = self.advantages(batch, prev, reference)
+        counts = GlobalCounts.from_batch(batch.token_mask, batch.sample_mask, batch.rewards)
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        parts: list[LossMetrics] = []
+        micro_size = self.config.policy.train_micro_batch_size
+        for start in range(0, batch.size, micro_size):
+            stop = min(start + micro_size, batch.size)
+            micro = batch.slice(start, stop)
+            inputs = LossInputs(
+                logprobs=token_logprobs(self.model, micro, self.temperature),
+                prev_logprobs=prev[start:stop],
+                generation_logprobs=micro.generation_logprobs,
+                advantages=advantages[start:stop],
+                token_mask=micro.token_mask,
+                sample_mask=micro.sample_mask,
+                reference_logprobs=reference[start:stop] if reference is not None else None,
+                rewards=micro.rewards,
+            )
+            loss, metrics = self.loss(inputs, counts)
+            loss.backward()
+            parts.append(metrics)
+        max_norm = self.config.policy.max_grad_norm
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), max_norm if max_norm is not None else float("inf")
+        )
+        self.optimizer.step()
+        learning_rate = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        valid = batch.token_mask.bool()
+        return StepOutcome(
+            loss=merge_loss_metrics(parts),
+            grad_norm=float(grad_norm),
+            learning_rate=float(learning_rate),
+            advantage_mean=float(advantages[valid].mean()) if valid.any() else 0.0,
+            advantage_abs_mean=float(advantages[valid].abs().mean()) if valid.any() else 0.0,
+            seconds=time.perf_counter() - started,
+        )
+
+    def state_dict(self) -> dict[str, object]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]

@@ -1,0 +1,138 @@
+"""Batch assembly (alignment of response tokens with next-token targets) and one GRPO step."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from dockyard.config.loader import load_config
+from dockyard.consumers.trainer.batch import build_batch
+from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, token_logprobs
+from dockyard.schemas import (
+    DatasetPosition,
+    EngineInfo,
+    PromptGroup,
+    Rollout,
+    RolloutSample,
+    SampleScore,
+    SampleTimings,
+    SamplingParams,
+    ScoredRollout,
+)
+
+PAD = 0
+
+
+def scored_group(
+    group_id: str, prompt: list[int], responses: list[list[int]], rewards: list[float]
+) -> ScoredRollout:
+    group = PromptGroup(
+        group_id=group_id,
+        prompt_token_ids=np.array(prompt, dtype=np.int32),
+        prompt_text="",
+        environment="arithmetic",
+        agent="test",
+        num_generations=len(responses),
+        dataset_position=DatasetPosition(dataset="d", epoch=0, index=0),
+        dispatch_weight_version=0,
+        trace_id=group_id,
+    )
+    samples = [
+        RolloutSample(
+            sample_index=index,
+            prompt_token_ids=np.array(prompt, dtype=np.int32),
+            response_token_ids=np.array(response, dtype=np.int32),
+            behaviour_logprobs=np.full(len(response), -0.5, dtype=np.float32),
+            token_weight_versions=np.full(len(response), 3 + index, dtype=np.int64),
+            loss_mask=np.ones(len(response), dtype=np.uint8),
+            finish_reason="stop",
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
+            engine=EngineInfo(name="torch", version="test"),
+            worker_id="w0",
+            timings=SampleTimings(started_at_unix_s=time.time(), finished_at_unix_s=time.time()),
+        )
+        for index, response in enumerate(responses)
+    ]
+    rollout = Rollout(group=group, samples=samples)
+    scores = [SampleScore(sample_index=i, reward=r) for i, r in enumerate(rewards)]
+    return ScoredRollout(rollout=rollout, scores=scores, scorer_id="s0")
+
+
+def test_response_tokens_align_with_their_targets():
+    batch = build_batch(
+        [
+            scored_group("g1", [1, 5, 6], [[7, 2], [8, 9, 2]], [1.0, 0.0]),
+            scored_group("g2", [1, 4], [[3]], [0.5]),
+        ],
+        PAD,
+    )
+    assert batch.input_ids.tolist() == [
+        [1, 5, 6, 7, 2, PAD],
+        [1, 5, 6, 8, 9, 2],
+        [1, 4, 3, PAD, PAD, PAD],
+    ]
+    # Target t predicts input t+1: the response of row 0 (tokens at 3, 4) is targets 2, 3.
+    assert batch.token_mask.tolist() == [
+        [0, 0, 1, 1, 0],
+        [0, 0, 1, 1, 1],
+        [0, 1, 0, 0, 0],
+    ]
+    assert batch.generation_logprobs[0, 2:4].tolist() == [-0.5, -0.5]
+    assert batch.generation_logprobs[0, 4].item() == 0.0
+    assert batch.group_ids == ("g1", "g1", "g2")
+    assert batch.rewards.tolist() == [1.0, 0.0, 0.5]
+    assert batch.min_weight_versions.tolist() == [3, 4, 3]
+
+
+def test_token_logprobs_gather_the_next_token():
+    torch.manual_seed(0)
+    vocab = 11
+
+    class Bigram(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Embedding(vocab, vocab)
+
+        def forward(self, input_ids, attention_mask):  # noqa: ARG002 - HF signature
+            return type("Out", (), {"logits": self.table(input_ids)})
+
+    model = Bigram()
+    batch = build_batch([scored_group("g", [1, 5], [[7, 2]], [1.0])], PAD)
+    got = token_logprobs(model, batch)
+    table = torch.log_softmax(model.table.weight, dim=-1)
+    expected = [table[1, 5], table[5, 7], table[7, 2]]
+    assert torch.allclose(got[0], torch.stack(expected))
+    tempered = token_logprobs(model, batch, temperature=2.0)
+    assert torch.allclose(tempered[0, 0], torch.log_softmax(model.table.weight[1] / 2, -1)[5])
+
+
+@pytest.fixture(scope="module")
+def quickstart():
+    return load_config("configs/quickstart.yaml", ["policy.train_micro_batch_size=2"])
+
+
+def test_a_step_raises_the_probability_of_rewarded_samples(quickstart):
+    from dockyard.models import load_policy
+
+    model, tokenizer = load_policy(quickstart.policy.model_name)
+    digits = [tokenizer.convert_tokens_to_ids(c) for c in "4567"]
+    eos = tokenizer.eos_token_id
+    prompt = tokenizer("12+34=")["input_ids"]
+    good, bad = [digits[0], digits[2], eos], [digits[1], digits[3], eos]
+    groups = [scored_group("g", prompt, [good, bad, good, bad], [1.0, 0.0, 1.0, 0.0])]
+    batch = build_batch(groups, tokenizer.pad_token_id)
+    trainer = PolicyTrainer(model, quickstart)
+    before = trainer.batch_logprobs(model, batch)
+    # The engine's log-probs are the model's own: an on-policy batch.
+    batch = batch.__class__(**{**batch.__dict__, "generation_logprobs": before * batch.token_mask})
+    for _ in range(3):
+        outcome = trainer.step(batch)
+    after = trainer.batch_logprobs(model, batch)
+    gain = ((after - before) * batch.token_mask).sum(dim=-1)
+    assert gain[0] > 0 and gain[2] > 0  # rewarded samples became more likely
+    assert gain[1] < 0 and gain[3] < 0
+    assert outcome.loss.num_valid_samples == pytest.approx(4.0)
+    assert outcome.loss.num_valid_tokens == pytest.approx(12.0)
