@@ -1,0 +1,67 @@
+"""``dockyard sandbox serve``: the HTTP sandbox service the ``swe`` environment calls."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dockyard.cli import CliError, CommandRegistrar, add_subcommands
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from dockyard.config.sections.env import SandboxLimits
+    from dockyard.environments.sandbox import SandboxUnavailableError
+    from dockyard.environments.swe.service import SandboxHTTPServer, SWEJobRunner
+    from dockyard.utils.logging import get_logger
+
+    repos = Path(args.repos)
+    if not repos.is_dir():
+        raise CliError(f"--repos {repos} is not a directory")
+    try:
+        limits = SandboxLimits(
+            cpu_time_s=args.cpu_time_s,
+            wall_time_s=args.wall_time_s,
+            memory_mb=args.memory_mb,
+            max_output_bytes=args.max_output_bytes,
+            max_processes=args.max_processes,
+            python_executable=args.python,
+        )
+        runner = SWEJobRunner(repos, limits)
+    except (ValueError, SandboxUnavailableError) as error:
+        raise CliError(str(error)) from None
+    try:
+        server = SandboxHTTPServer((args.host, args.port), runner, max_jobs=args.max_jobs)
+    except OSError as error:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {error}") from None
+    # One line on stdout that launchers (and the tests) read to learn the bound port.
+    print(f"listening on {server.url}", flush=True)
+    get_logger(__name__).info(
+        "sandbox service up",
+        url=server.url,
+        repos=runner.repositories(),
+        python=runner.sandbox.python,
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def register(registrar: CommandRegistrar) -> None:
+    parser = registrar.add("sandbox", help="The sandbox service for SWE patch scoring")
+    commands = add_subcommands(parser, dest="sandbox_command")
+    serve = commands.add("serve", help="Serve POST /v1/jobs: apply a patch, run the tests")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8085, help="0 picks a free port")
+    serve.add_argument("--repos", required=True, help="directory of repository snapshots")
+    serve.add_argument("--max-jobs", type=int, default=2, help="jobs run at the same time")
+    serve.add_argument("--cpu-time-s", type=float, default=120.0)
+    serve.add_argument("--wall-time-s", type=float, default=600.0)
+    serve.add_argument("--memory-mb", type=int, default=2048)
+    serve.add_argument("--max-output-bytes", type=int, default=1_000_000)
+    serve.add_argument("--max-processes", type=int, default=64)
+    serve.add_argument("--python", default=None, help="interpreter for {python} in test commands")
+    serve.set_defaults(handler=_serve)

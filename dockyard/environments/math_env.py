@@ -1,0 +1,77 @@
+"""``math``: verifiable answers (final boxed answer or last number) against the ground truth."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dockyard.config.sections.env import MathEnvConfig
+from dockyard.environments.base import (
+    Environment,
+    GroupScore,
+    InvalidScoringInput,
+    JSONValue,
+    SampleScore,
+    ScoreFlag,
+    ScoringGroup,
+)
+from dockyard.environments.math_answers import answers_equivalent, extract_answer
+from dockyard.environments.registry import register_environment
+
+
+def ground_truth_text(group: ScoringGroup, keys: tuple[str, ...] = ("answer", "solution")) -> str:
+    """The reference answer: ``group.ground_truth`` itself, or ``extra['answer']``."""
+    candidates: list[JSONValue] = [group.ground_truth, *(group.extra.get(key) for key in keys)]
+    for candidate in candidates:
+        if isinstance(candidate, bool):
+            continue
+        if isinstance(candidate, str | int | float):
+            return str(candidate)
+    raise InvalidScoringInput(
+        "missing_ground_truth", f"group {group.group_id} has no scalar ground truth for {keys}"
+    )
+
+
+def score_math_answer(response: str, truth: str, settings: MathEnvConfig) -> SampleScore:
+    extracted = extract_answer(response, settings.answer_format)
+    if extracted is None:
+        return SampleScore(
+            reward=0.0,
+            components={"correct": 0.0, "has_answer": 0.0},
+            flags=frozenset({ScoreFlag.INVALID_ACTION}),
+            detail="no answer found",
+        )
+    verdict = answers_equivalent(
+        extracted.text,
+        truth,
+        relative_tolerance=settings.relative_tolerance,
+        symbolic=settings.symbolic_equivalence,
+    )
+    flags = (
+        frozenset({ScoreFlag.REFUSED_EXPRESSION}) if verdict.method == "refused" else frozenset()
+    )
+    correct = 1.0 if verdict.equal else 0.0
+    return SampleScore(
+        reward=correct,
+        components={"correct": correct, "has_answer": 1.0},
+        flags=flags,
+        detail=f"{extracted.source} answer {extracted.text[:80]!r}: {verdict.method}",
+    )
+
+
+@register_environment
+class MathEnvironment(Environment):
+    """Reward 1 for an answer equivalent to the ground truth, else 0.
+
+    Equivalence is CPU work (sympy), so the group is scored in a worker thread.
+    """
+
+    name = "math"
+    settings: MathEnvConfig
+
+    async def score(self, group: ScoringGroup) -> GroupScore:
+        truth = ground_truth_text(group)
+        return await asyncio.to_thread(self._score_sync, group, truth)
+
+    def _score_sync(self, group: ScoringGroup, truth: str) -> GroupScore:
+        scores = [score_math_answer(s.response_text, truth, self.settings) for s in group.samples]
+        return GroupScore(group_id=group.group_id, samples=scores)

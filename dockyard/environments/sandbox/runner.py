@@ -1,0 +1,382 @@
+"""Sandboxed subprocess runs with limits, a wall clock, byte-capped output and total cleanup.
+
+Blocking API (callers in asyncio use ``asyncio.to_thread``; the HTTP sandbox service calls it
+from its handler threads). A run never outlives :meth:`SandboxSession.run`: when the program
+exits, times out, overflows its output cap, or ``cancel`` is set, every process of the run is
+killed before ``run`` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dockyard.config.sections.env import SandboxLimits
+from dockyard.environments.sandbox.identity import (
+    RunIdentity,
+    SandboxUnavailableError,
+    kill_everything_of,
+    kill_process_group,
+    resolve_sandbox_python,
+    running_as_root,
+    uid_pool,
+)
+
+_BOOTSTRAP = Path(__file__).with_name("_bootstrap.py")
+_POLL_INTERVAL_S = 0.05
+_READ_CHUNK = 65536
+# How long pipes may stay open after the program exited and its processes were killed.
+_DRAIN_GRACE_S = 1.0
+_SETUP_TIMEOUT_S = 10.0
+_BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# Installed in every sandboxed *Python* program in front of the user's code: a second line of
+# defence when the kernel offered no network namespace (Python-level only; a program that execs
+# a non-Python binary is not covered by it).
+_PYTHON_GUARD = """\
+import sys
+def _dockyard_guard(event, args):
+    if event == "socket.__new__" and args[1] not in (1, -1):
+        raise PermissionError("network access is disabled in the sandbox")
+    if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo"):
+        raise PermissionError("network access is disabled in the sandbox")
+sys.addaudithook(_dockyard_guard)
+del _dockyard_guard
+import runpy
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What the kernel actually granted this run (reported by the child before exec)."""
+
+    network: str  # "netns", "userns+netns" or "shared" (Python guard only)
+    uid: int
+    privileges_dropped: bool  # ran under its own unprivileged uid
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    returncode: int | None  # negative: killed by that signal
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool  # wall clock or CPU limit
+    output_limit_exceeded: bool
+    cancelled: bool
+    wall_time_s: float
+    isolation: Isolation
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not (
+            self.timed_out or self.output_limit_exceeded or self.cancelled
+        )
+
+    @property
+    def cpu_limit_exceeded(self) -> bool:
+        return self.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and not self.cancelled
+
+
+class _CappedBuffer:
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.overflowed = False
+
+    def add(self, data: bytes) -> None:
+        room = self.cap - self.size
+        if len(data) > room:
+            self.overflowed = True
+            data = data[: max(room, 0)]
+        self.chunks.append(data)
+        self.size += len(data)
+
+    def value(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+class Sandbox:
+    """Runs untrusted programs under :class:`SandboxLimits`; one instance per environment."""
+
+    def __init__(self, limits: SandboxLimits, *, scratch_root: Path | None = None) -> None:
+        self.limits = limits
+        self.scratch_root = scratch_root
+        self.drops_privileges = running_as_root()
+        self.python = resolve_sandbox_python(limits, self.drops_privileges)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[SandboxSession]:
+        """A throwaway directory and (as root) a fresh uid, for one or more runs."""
+        pool = uid_pool(self.limits) if self.drops_privileges else None
+        identity = pool.acquire() if pool else None
+        directory = Path(tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=self.scratch_root))
+        session: SandboxSession | None = None
+        try:
+            os.chmod(directory, 0o700)
+            if identity:
+                os.chown(directory, identity.uid, identity.gid)
+            session = SandboxSession(self, directory, identity)
+            yield session
+        finally:
+            try:
+                if identity and session_needs_sweep(session):
+                    kill_everything_of(identity)
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+                if pool and identity:
+                    pool.release(identity)
+
+    def run_python(
+        self,
+        source: str,
+        *,
+        stdin: bytes = b"",
+        deadline: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> SandboxResult:
+        """Run ``source`` as ``main.py`` in a fresh session."""
+        with self.session() as session:
+            session.write_file("main.py", source.encode())
+            return session.run_python("main.py", stdin=stdin, deadline=deadline, cancel=cancel)
+
+
+def session_needs_sweep(session: SandboxSession | None) -> bool:
+    return session is None or session._needs_sweep
+
+
+class SandboxSession:
+    def __init__(self, sandbox: Sandbox, directory: Path, identity: RunIdentity | None) -> None:
+        self.sandbox = sandbox
+        self.directory = directory
+        self.identity = identity
+        self._needs_sweep = False  # whether a run may have left processes behind
+
+    def write_file(self, relative_path: str, data: bytes, mode: int = 0o600) -> Path:
+        path = self.directory / relative_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        os.chmod(path, mode)
+        self.give_to_sandbox(path)
+        return path
+
+    def give_to_sandbox(self, path: Path) -> None:
+        """Make ``path`` (recursively) owned by the run's uid so the program can use it."""
+        if not self.identity:
+            return
+        targets = [path]
+        if path.is_dir() and not path.is_symlink():
+            for root, directories, files in os.walk(path):
+                targets.extend(Path(root, name) for name in (*directories, *files))
+        for target in targets:
+            os.lchown(target, self.identity.uid, self.identity.gid)
+
+    def run_python(
+        self,
+        script: str,
+        *,
+        args: Sequence[str] = (),
+        stdin: bytes = b"",
+        deadline: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> SandboxResult:
+        argv = [self.sandbox.python, "-I", "-c", _PYTHON_GUARD, script, *args]
+        return self.run(argv, stdin=stdin, deadline=deadline, cancel=cancel)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        wall_time_s: float | None = None,
+        deadline: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> SandboxResult:
+        """Run ``argv`` (absolute ``argv[0]`` or a name on the base PATH) under the limits.
+
+        The wall clock is ``min(limits.wall_time_s, wall_time_s, deadline - now)``.
+        """
+        limits = self.sandbox.limits
+        started = time.monotonic()
+        wall = min(limits.wall_time_s, wall_time_s or float("inf"))
+        if deadline is not None:
+            wall = min(wall, max(deadline - started, 0.0))
+        program = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=_BASE_PATH)
+        if program is None:
+            raise SandboxUnavailableError(f"{argv[0]!r} not found on {_BASE_PATH}")
+        child_env = {
+            "PATH": _BASE_PATH,
+            "HOME": str(self.directory),
+            "TMPDIR": str(self.directory),
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **(env or {}),
+        }
+        status_read, status_write = os.pipe()
+        identity = self.identity
+        bootstrap_args = [
+            str(status_write),
+            str(identity.uid) if identity else "-",
+            str(identity.gid) if identity else "-",
+            str(cwd or self.directory),
+            "1",  # isolate the network
+            str(max(1, round(limits.cpu_time_s))),
+            str(limits.memory_mb * 1024 * 1024),
+            str(limits.max_file_size_mb * 1024 * 1024),
+            str(limits.max_open_files),
+            str(limits.max_processes),
+            *(f"{key}={value}" for key, value in child_env.items()),
+            "--",
+            program,
+            *argv[1:],
+        ]
+        self._needs_sweep = True
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_BOOTSTRAP), *bootstrap_args],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(status_write,),
+                start_new_session=True,  # its own process group, killed as a whole
+                env={},
+            )
+        finally:
+            os.close(status_write)
+        try:
+            isolation = self._read_status(status_read, process)
+            return self._supervise(process, stdin, started, wall, isolation, cancel)
+        finally:
+            os.close(status_read)
+            self._kill_all(process)
+            if process.returncode is None:
+                process.wait()
+
+    def _read_status(self, status_read: int, process: subprocess.Popen[bytes]) -> Isolation:
+        report = b""
+        deadline = time.monotonic() + _SETUP_TIMEOUT_S
+        with selectors.DefaultSelector() as selector:
+            selector.register(status_read, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not selector.select(timeout=deadline - time.monotonic()):
+                    break
+                chunk = os.read(status_read, 4096)
+                if not chunk:
+                    break
+                report += chunk
+        words = report.decode(errors="replace").strip().split(" ", 2)
+        if len(words) != 3 or words[0] != "ok":
+            reason = report.decode(errors="replace").strip() or "no status from the sandbox child"
+            raise SandboxUnavailableError(f"sandbox setup failed: {reason}")
+        uid = int(words[2])
+        return Isolation(
+            network=words[1],
+            uid=uid,
+            privileges_dropped=self.identity is not None and uid != 0,
+        )
+
+    def _supervise(
+        self,
+        process: subprocess.Popen[bytes],
+        stdin: bytes,
+        started: float,
+        wall: float,
+        isolation: Isolation,
+        cancel: threading.Event | None,
+    ) -> SandboxResult:
+        cap = self.sandbox.limits.max_output_bytes
+        buffers = {"stdout": _CappedBuffer(cap), "stderr": _CappedBuffer(cap)}
+        assert process.stdin and process.stdout and process.stderr
+        pending_input = memoryview(stdin)
+        timed_out = cancelled = False
+        drain_deadline: float | None = None
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ, "stdout")
+            selector.register(process.stderr, selectors.EVENT_READ, "stderr")
+            if pending_input:
+                os.set_blocking(process.stdin.fileno(), False)
+                selector.register(process.stdin, selectors.EVENT_WRITE, "stdin")
+            else:
+                process.stdin.close()
+            while selector.get_map():
+                now = time.monotonic()
+                if drain_deadline is None:
+                    if now - started >= wall:
+                        timed_out = True
+                    elif cancel is not None and cancel.is_set():
+                        cancelled = True
+                    if timed_out or cancelled or any(b.overflowed for b in buffers.values()):
+                        drain_deadline = now + _DRAIN_GRACE_S
+                        self._kill_all(process)
+                    elif _has_exited(process):
+                        # The program is done; nothing it left behind may keep running.
+                        drain_deadline = now + _DRAIN_GRACE_S
+                        self._kill_all(process)
+                elif now > drain_deadline:
+                    break
+                for key, _ in selector.select(timeout=_POLL_INTERVAL_S):
+                    if key.data == "stdin":
+                        try:
+                            written = os.write(key.fd, pending_input[:_READ_CHUNK])
+                        except (BrokenPipeError, OSError):
+                            written = len(pending_input)
+                        pending_input = pending_input[written:]
+                        if not pending_input:
+                            selector.unregister(key.fileobj)
+                            process.stdin.close()
+                        continue
+                    chunk = os.read(key.fd, _READ_CHUNK)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                        continue
+                    buffers[key.data].add(chunk)
+        for stream in (process.stdin, process.stdout, process.stderr):
+            with contextlib.suppress(OSError):
+                stream.close()
+        self._kill_all(process)  # the leader is not reaped yet, so its group id is still ours
+        returncode = process.wait()
+        return SandboxResult(
+            returncode=returncode,
+            stdout=buffers["stdout"].value(),
+            stderr=buffers["stderr"].value(),
+            timed_out=timed_out or returncode == -signal.SIGXCPU,
+            output_limit_exceeded=any(b.overflowed for b in buffers.values()),
+            cancelled=cancelled,
+            wall_time_s=time.monotonic() - started,
+            isolation=isolation,
+        )
+
+    def _kill_all(self, process: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the process group and, as root, every process of the run's uid; reap nothing.
+
+        The group is only signalled while its leader is unreaped (a zombie still owns the group
+        id), so a recycled pid can never make this hit an unrelated process group.
+        """
+        if process.returncode is None:
+            kill_process_group(process.pid)
+        if self.identity and self._needs_sweep:
+            kill_everything_of(self.identity)
+            self._needs_sweep = False
+
+
+def _has_exited(process: subprocess.Popen[bytes]) -> bool:
+    """Exit check that leaves the child unreaped (``WNOWAIT``), unlike ``Popen.poll``."""
+    try:
+        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True

@@ -1,0 +1,205 @@
+"""``swe``: score a generated patch by running the repository's tests in the sandbox service.
+
+Ground truth (``group.ground_truth`` mapping, else ``group.extra``): ``repo`` (snapshot name on
+the service), optional ``test_command`` (argv, ``{python}`` = the sandbox interpreter) and
+``protected_paths`` (globs added to the defaults and to ``env.swe.protected_paths``).
+
+Samples of a group are sent concurrently. Each sample's job starts at URL
+``crc32(group_id/index) % len(urls)`` (deterministic spreading) and moves to the next URL on a
+connection failure or a 502/503/504, for ``connect_retries`` rounds over all URLs, all within
+``task_timeout``. If no URL answers, :class:`SandboxServiceUnavailableError` is raised: an
+infrastructure failure, for the scorer to nak and retry, never a reward of 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+
+import httpx
+
+from dockyard.config.sections.env import SWEEnvConfig
+from dockyard.environments.base import (
+    Environment,
+    GroupScore,
+    InvalidScoringInput,
+    SampleScore,
+    ScoreFlag,
+    ScoringGroup,
+)
+from dockyard.environments.registry import register_environment
+from dockyard.environments.swe.integrity import DEFAULT_PROTECTED_PATHS, integrity_problems
+from dockyard.environments.swe.protocol import JOBS_PATH, SWEJobRequest, SWEJobResult
+from dockyard.utils.logging import get_logger
+
+logger = get_logger(__name__)
+
+_RETRYABLE_STATUS = {502, 503, 504}
+_DIFF_FENCE = re.compile(r"```(?:diff|patch)[ \t]*\n(.*?)```", re.DOTALL)
+_BACKOFF_BASE_S = 0.1
+_CONNECT_TIMEOUT_S = 5.0
+
+
+class SandboxServiceUnavailableError(ConnectionError):
+    """No sandbox URL accepted the job within the retries and the task timeout."""
+
+
+def extract_patch(response: str) -> str | None:
+    """The last ```diff block, or the response from its first diff header on."""
+    fenced = _DIFF_FENCE.findall(response)
+    if fenced:
+        return fenced[-1]
+    match = re.search(r"^(?:diff --git |--- )", response, re.MULTILINE)
+    return response[match.start() :] if match else None
+
+
+def url_order(urls: Sequence[str], group_id: str, sample_index: int, rounds: int) -> list[str]:
+    """The URLs one sample's job tries, in order: spread by a stable hash, then round-robin."""
+    start = zlib.crc32(f"{group_id}/{sample_index}".encode()) % len(urls)
+    one_round = [urls[(start + offset) % len(urls)] for offset in range(len(urls))]
+    return one_round * rounds
+
+
+def _job_fields(group: ScoringGroup) -> Mapping[str, object]:
+    truth = group.ground_truth if isinstance(group.ground_truth, Mapping) else group.extra
+    repo = truth.get("repo")
+    if not isinstance(repo, str) or not repo:
+        raise InvalidScoringInput("missing_repo", f"group {group.group_id} names no repo")
+    fields: dict[str, object] = {"repo": repo}
+    for key in ("test_command", "protected_paths"):
+        value = truth.get(key)
+        if value is not None:
+            if not isinstance(value, Sequence) or isinstance(value, str):
+                raise InvalidScoringInput(f"bad_{key}", f"{key} must be a list of strings")
+            fields[key] = [str(item) for item in value]
+    return fields
+
+
+@register_environment
+class SWEEnvironment(Environment):
+    name = "swe"
+    settings: SWEEnvConfig
+
+    def __init__(self, settings: SWEEnvConfig) -> None:
+        super().__init__(settings)
+        self._client: httpx.AsyncClient | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient()
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def score(self, group: ScoringGroup) -> GroupScore:
+        if not self.settings.sandbox_urls:
+            raise SandboxServiceUnavailableError("env.swe.sandbox_urls is empty")
+        fields = _job_fields(group)
+        deadline = time.monotonic() + self.settings.task_timeout
+        scores = await asyncio.gather(
+            *(
+                self._score_sample(group, index, sample.response_text, fields, deadline)
+                for index, sample in enumerate(group.samples)
+            )
+        )
+        return GroupScore(group_id=group.group_id, samples=list(scores))
+
+    async def _score_sample(
+        self,
+        group: ScoringGroup,
+        index: int,
+        response: str,
+        fields: Mapping[str, object],
+        deadline: float,
+    ) -> SampleScore:
+        patch = extract_patch(response)
+        if patch is None:
+            return SampleScore(
+                0.0, {"tests_passed": 0.0}, frozenset({ScoreFlag.INVALID_ACTION}), "no diff"
+            )
+        protected = [*self.settings.protected_paths, *fields.get("protected_paths", [])]
+        if self.settings.integrity_check:
+            problems = integrity_problems(patch, [*DEFAULT_PROTECTED_PATHS, *protected])
+            if problems:
+                return _refused("; ".join(problems))
+        request = SWEJobRequest(
+            repo=fields["repo"],
+            patch=patch,
+            protected_paths=protected,
+            integrity_check=self.settings.integrity_check,
+            timeout_s=max(deadline - time.monotonic(), 0.001),
+            **({"test_command": fields["test_command"]} if "test_command" in fields else {}),
+        )
+        result = await self._submit(request, group.group_id, index, deadline)
+        return self._to_score(result)
+
+    async def _submit(
+        self, request: SWEJobRequest, group_id: str, index: int, deadline: float
+    ) -> SWEJobResult:
+        urls = url_order(self.settings.sandbox_urls, group_id, index, self.settings.connect_retries)
+        failures: list[str] = []
+        for attempt, url in enumerate(urls):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if attempt and attempt % len(self.settings.sandbox_urls) == 0:
+                rounds_done = attempt // len(self.settings.sandbox_urls)
+                await asyncio.sleep(min(_BACKOFF_BASE_S * 2**rounds_done, remaining))
+            request.timeout_s = max(deadline - time.monotonic(), 0.001)
+            timeout = httpx.Timeout(request.timeout_s + 1.0, connect=_CONNECT_TIMEOUT_S)
+            try:
+                response = await self._http().post(
+                    url.rstrip("/") + JOBS_PATH,
+                    content=request.model_dump_json(),
+                    headers={"Content-Type": "application/json"},
+                    timeout=timeout,
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as error:
+                failures.append(f"{url}: {type(error).__name__}")
+                logger.warning("sandbox unreachable, trying the next", url=url, error=str(error))
+                continue
+            if response.status_code in _RETRYABLE_STATUS:
+                failures.append(f"{url}: HTTP {response.status_code}")
+                continue
+            response.raise_for_status()
+            return SWEJobResult.model_validate_json(response.content)
+        raise SandboxServiceUnavailableError(
+            f"no sandbox accepted the job ({'; '.join(failures) or 'task timeout reached'})"
+        )
+
+    def _to_score(self, result: SWEJobResult) -> SampleScore:
+        fraction = result.tests_passed / result.tests_total if result.tests_total else 0.0
+        passed = result.status == "passed"
+        reward = float(passed) if self.settings.reward_mode == "binary" else fraction
+        flags: set[ScoreFlag] = set()
+        if result.status == "integrity_violation":
+            return _refused(result.detail)
+        if result.status == "patch_failed":
+            flags.add(ScoreFlag.PATCH_FAILED)
+            reward = 0.0
+        if result.status == "timeout":
+            flags.add(ScoreFlag.TEST_TIMEOUT)
+        detail = f"{result.status}: {result.tests_passed}/{result.tests_total} tests passed"
+        if result.detail:
+            detail += f"; {result.detail}"
+        return SampleScore(
+            reward=reward,
+            components={"tests_passed": float(result.tests_passed), "pass_fraction": fraction},
+            flags=frozenset(flags),
+            detail=detail[:500],
+        )
+
+
+def _refused(reason: str) -> SampleScore:
+    return SampleScore(
+        0.0,
+        {"tests_passed": 0.0, "pass_fraction": 0.0},
+        frozenset({ScoreFlag.INTEGRITY_VIOLATION}),
+        f"refused: {reason}"[:500],
+    )

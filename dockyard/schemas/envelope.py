@@ -1,0 +1,185 @@
+"""The msgpack map inside the zstd frame, laid out so arrays decode without a copy.
+
+The frame content is *one* msgpack map, readable by any msgpack library::
+
+    {"schema": str, "schema_version": str, "meta": map, "pad": bin, "data": bin32}
+
+``meta`` holds the message fields, arrays as ``{dtype, shape, data: [offset, nbytes]}``
+references into ``data`` (the array section). The encoder always writes ``data`` last, with a
+bin32 header, after a ``pad`` of 0-7 zero bytes that puts the array section at a multiple of 8
+bytes from the start of the content. The decoder streams the map's entries with msgpack; when
+it reaches the last key ``data`` it does not let msgpack copy the bytes but takes a
+``memoryview`` of the decompressed buffer instead. Any other (valid) key order still decodes,
+with one copy of the array section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from dockyard.schemas.errors import CodecError, ReasonCode
+from dockyard.schemas.limits import DecodeLimits
+
+KEY_SCHEMA = "schema"
+KEY_VERSION = "schema_version"
+KEY_META = "meta"
+KEY_PAD = "pad"
+KEY_DATA = "data"
+_ENVELOPE_KEYS = frozenset({KEY_SCHEMA, KEY_VERSION, KEY_META, KEY_PAD, KEY_DATA})
+_ALIGNMENT = 8
+_MAX_BIN32 = (1 << 32) - 1
+#: How much of the frame msgpack buffers at a time; the array section is never read through it.
+_READ_SIZE = 64 * 1024
+
+
+def _fixstr(text: str) -> bytes:
+    raw = text.encode()
+    return bytes([0xA0 | len(raw)]) + raw
+
+
+_PAD_KEY = _fixstr(KEY_PAD)
+_DATA_KEY = _fixstr(KEY_DATA)
+
+
+def build_envelope_prefix(
+    schema: str, version: str, meta: dict[str, Any], data_nbytes: int
+) -> bytes:
+    """Everything of the content before the array section's bytes."""
+    if data_nbytes > _MAX_BIN32:
+        raise CodecError(ReasonCode.UNENCODABLE, f"array section of {data_nbytes} B exceeds 4 GiB")
+    try:
+        head = b"".join(
+            (
+                b"\x85",  # fixmap with 5 entries
+                _fixstr(KEY_SCHEMA),
+                msgpack.packb(schema),
+                _fixstr(KEY_VERSION),
+                msgpack.packb(version),
+                _fixstr(KEY_META),
+                msgpack.packb(meta, use_bin_type=True),
+            )
+        )
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise CodecError(ReasonCode.UNENCODABLE, f"msgpack cannot encode: {exc}") from exc
+    # pad entry = key + bin8 header (2 B) + k zero bytes; data entry = key + bin32 header (5 B).
+    fixed = len(head) + len(_PAD_KEY) + 2 + len(_DATA_KEY) + 5
+    padding = -fixed % _ALIGNMENT
+    return b"".join(
+        (
+            head,
+            _PAD_KEY,
+            bytes((0xC4, padding)),
+            bytes(padding),
+            _DATA_KEY,
+            b"\xc6",
+            data_nbytes.to_bytes(4, "big"),
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    schema: str
+    version: str
+    meta: dict[str, Any]
+    data: memoryview | bytes
+
+
+class _ChunkReader:
+    """A file-like over the content for msgpack: copies only the chunks msgpack asks for."""
+
+    __slots__ = ("_position", "_view")
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._position = 0
+
+    def read(self, size: int) -> bytes:
+        chunk = bytes(self._view[self._position : self._position + size])
+        self._position += len(chunk)
+        return chunk
+
+
+_BIN_HEADERS = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+
+
+def _bin_in_place(view: memoryview, position: int) -> memoryview | None:
+    """The bin value at ``position`` as a view when it ends the content exactly; else None."""
+    if position >= len(view):
+        return None
+    width = _BIN_HEADERS.get(view[position])
+    if width is None:
+        return None
+    start = position + 1 + width
+    length = int.from_bytes(view[position + 1 : start], "big")
+    if start + length != len(view):
+        return None
+    return view[start:]
+
+
+def parse_envelope(content: bytes, limits: DecodeLimits) -> Envelope:
+    view = memoryview(content)
+    unpacker = msgpack.Unpacker(
+        _ChunkReader(view),
+        read_size=min(_READ_SIZE, limits.max_decompressed_bytes),
+        max_buffer_size=limits.max_decompressed_bytes,
+        raw=False,
+        strict_map_key=True,
+        max_str_len=limits.max_str_bytes,
+        max_bin_len=limits.max_bin_bytes,
+        max_array_len=limits.max_container_len,
+        max_map_len=limits.max_container_len,
+        max_ext_len=0,
+    )
+    entries: dict[str, Any] = {}
+    ended_in_place = False
+    try:
+        count = unpacker.read_map_header()
+    except msgpack.OutOfData as exc:
+        raise CodecError(ReasonCode.BAD_MSGPACK, "empty or truncated content") from exc
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise CodecError(ReasonCode.BAD_ENVELOPE, "the content is not a msgpack map") from exc
+    try:
+        if count > len(_ENVELOPE_KEYS) + 16:
+            raise CodecError(ReasonCode.BAD_ENVELOPE, f"the top-level map has {count} entries")
+        for index in range(count):
+            key = unpacker.unpack()
+            if not isinstance(key, str) or key in entries:
+                raise CodecError(ReasonCode.BAD_ENVELOPE, f"bad or repeated top-level key {key!r}")
+            if key == KEY_DATA and index == count - 1:
+                in_place = _bin_in_place(view, unpacker.tell())
+                if in_place is not None:
+                    entries[key] = in_place
+                    ended_in_place = True
+                    break
+            entries[key] = unpacker.unpack()
+    except CodecError:
+        raise
+    except msgpack.OutOfData as exc:
+        raise CodecError(ReasonCode.BAD_MSGPACK, "msgpack data ends early (truncated)") from exc
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        # ValueError covers limit violations, invalid UTF-8 and non-str map keys.
+        raise CodecError(ReasonCode.BAD_MSGPACK, f"msgpack: {exc}") from exc
+    if not ended_in_place and unpacker.tell() != len(view):
+        raise CodecError(
+            ReasonCode.BAD_MSGPACK, f"{len(view) - unpacker.tell()} bytes after the top-level map"
+        )
+    return _checked(entries)
+
+
+def _checked(entries: dict[str, Any]) -> Envelope:
+    missing = {KEY_SCHEMA, KEY_VERSION, KEY_META} - entries.keys()
+    if missing:
+        raise CodecError(ReasonCode.BAD_ENVELOPE, f"the top-level map lacks {sorted(missing)}")
+    schema, version, meta = entries[KEY_SCHEMA], entries[KEY_VERSION], entries[KEY_META]
+    data = entries.get(KEY_DATA, b"")
+    if not isinstance(schema, str) or not isinstance(version, str):
+        raise CodecError(ReasonCode.BAD_ENVELOPE, "schema and schema_version must be strings")
+    if not isinstance(meta, dict):
+        raise CodecError(ReasonCode.BAD_ENVELOPE, f"meta must be a map, not {type(meta).__name__}")
+    if not isinstance(data, bytes | memoryview):
+        raise CodecError(ReasonCode.BAD_ENVELOPE, f"data must be bin, not {type(data).__name__}")
+    return Envelope(schema=schema, version=version, meta=meta, data=data)

@@ -1,0 +1,58 @@
+"""``PromptGroup``: one prompt × G generations, as the dispatcher hands it to rollout workers."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field, JsonValue
+
+from dockyard.schemas.arrays import TokenIdArray
+from dockyard.schemas.base import IDENTIFIER_PATTERN, INT64_MAX, Message, WireModel
+
+
+class ChatMessage(WireModel):
+    """One turn of a chat-formatted prompt (before the chat template was applied)."""
+
+    role: str = Field(min_length=1, max_length=64)
+    content: str
+
+
+class DatasetPosition(WireModel):
+    """Where in the dataset the prompt came from: lets a restarted dispatcher resume exactly."""
+
+    dataset: str = Field(min_length=1, description="dataset name as configured")
+    epoch: int = Field(ge=0, le=INT64_MAX)
+    index: int = Field(
+        ge=0, le=INT64_MAX, description="position within the epoch's (shuffled) order"
+    )
+
+
+class PromptGroup(Message):
+    SCHEMA_NAME: ClassVar[str] = "prompt_group"
+    SCHEMA_VERSION: ClassVar[str] = "1.0"
+
+    group_id: str = Field(pattern=IDENTIFIER_PATTERN, description="unique per run")
+    #: Re-dispatch counter: 0 for the first dispatch; the dispatcher increments it only when it
+    #: deliberately issues the same prompt again (e.g. the first attempt was dropped as stale).
+    #: Broker redelivery does *not* change it, so a redelivered group keeps its identity.
+    attempt: int = Field(0, ge=0, le=INT64_MAX)
+    prompt_token_ids: TokenIdArray
+    prompt_text: str = Field(description="the prompt as text, after the chat template")
+    prompt_messages: list[ChatMessage] = Field(default_factory=list)
+    environment: str = Field(min_length=1, description="reward environment that scores it")
+    agent: str = Field(min_length=1, description="agent/rollout policy that generates it")
+    num_generations: int = Field(
+        ge=1, le=INT64_MAX, description="G: samples to generate for this prompt"
+    )
+    dataset_position: DatasetPosition
+    ground_truth: str | None = Field(None, description="reference answer for the scorer")
+    #: Environment-specific data for the scorer (test cases, tool specs, ...): JSON values.
+    extra: dict[str, JsonValue] = Field(default_factory=dict)
+    dispatch_weight_version: int = Field(
+        ge=0, le=INT64_MAX, description="policy version when dispatched"
+    )
+    trace_id: str = Field(min_length=1, max_length=128)
+    created_at_unix_s: float = Field(0.0, ge=0.0, description="dispatch time, Unix seconds")
+
+    def message_id(self) -> str:
+        return f"{self.SCHEMA_NAME}:{self.group_id}:{self.attempt}"

@@ -1,0 +1,14 @@
+"""Every environment test must leave no sandboxed process behind (checked after each test)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sandbox_probes import live_sandbox_processes
+
+
+@pytest.fixture(autouse=True)
+def no_stray_sandbox_processes() -> Iterator[None]:
+    yield
+    assert live_sandbox_processes() == [], "a sandboxed process outlived its test"

@@ -1,0 +1,446 @@
+"""A corpus of malformed payloads: each refused with the right reason, fast, in little memory."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zstandard
+from schema_factories import (
+    craft,
+    make_rollout,
+    make_scored,
+    make_weight_version,
+    repack,
+    unpack_payload,
+)
+
+from dockyard.schemas import (
+    HEADER_CODEC,
+    HEADER_SCHEMA,
+    HEADER_SCHEMA_VERSION,
+    CodecError,
+    DecodeLimits,
+    ReasonCode,
+    Rollout,
+    WeightVersion,
+    decode,
+    encode,
+)
+
+MiB = 1024 * 1024
+
+
+def refusal(payload: bytes, headers: dict[str, str] | None = None, **kwargs: Any) -> CodecError:
+    """Decode ``payload`` expecting a refusal; also bound its time and Python allocations."""
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(CodecError) as caught:
+            decode(headers, payload, **kwargs)
+        elapsed = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 1.0, f"refusal took {elapsed:.2f} s"
+    limits: DecodeLimits = kwargs.get("limits", DecodeLimits())
+    budget = min(limits.max_decompressed_bytes, 16 * MiB) + 2 * len(payload) + 2 * MiB
+    assert peak < budget, f"refusal allocated {peak / MiB:.1f} MiB"
+    return caught.value
+
+
+def mutated(message: Any, change: Callable[[dict[str, Any]], None]) -> bytes:
+    envelope = unpack_payload(encode(message).payload)
+    change(envelope)
+    return repack(envelope)
+
+
+def sample_meta(envelope: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    return envelope["meta"]["samples"][index]
+
+
+# ----------------------------------------------------------------------------- frames
+
+
+def test_payload_over_the_compressed_limit_is_refused_before_anything_else() -> None:
+    payload = encode(make_rollout()).payload
+    error = refusal(payload, limits=DecodeLimits(max_compressed_bytes=len(payload) - 1))
+    assert error.reason is ReasonCode.PAYLOAD_TOO_LARGE
+
+
+@pytest.mark.parametrize("cut", [0, 3, 10, -1, -5])
+def test_truncated_frames(cut: int) -> None:
+    payload = encode(make_rollout()).payload
+    truncated = payload[:cut] if cut >= 0 else payload[: len(payload) + cut]
+    assert refusal(truncated).reason is ReasonCode.CORRUPT_FRAME
+
+
+def test_not_a_zstd_frame() -> None:
+    assert refusal(b"{'not': 'zstd'}").reason is ReasonCode.CORRUPT_FRAME
+
+
+def test_flipped_byte_fails_the_checksum() -> None:
+    payload = bytearray(encode(make_rollout(length=256)).payload)
+    payload[len(payload) // 2] ^= 0xFF
+    assert refusal(bytes(payload)).reason is ReasonCode.CORRUPT_FRAME
+
+
+@pytest.mark.parametrize("tail", [b"garbage", b"\x28\xb5\x2f\xfd"])
+def test_bytes_after_the_frame(tail: bytes) -> None:
+    payload = encode(make_rollout()).payload + tail
+    assert refusal(payload).reason is ReasonCode.CORRUPT_FRAME
+
+
+def test_two_frames_are_refused() -> None:
+    payload = encode(make_rollout()).payload
+    assert refusal(payload + payload).reason is ReasonCode.CORRUPT_FRAME
+
+
+def _frame_header_declaring(size: int) -> bytes:
+    # Magic, descriptor (8-byte content size, single segment), the size, then one RLE block.
+    block = (1 | (1 << 1) | (128 * 1024) << 3).to_bytes(3, "little") + b"\x00"
+    return b"\x28\xb5\x2f\xfd" + bytes([0xE0]) + size.to_bytes(8, "little") + block
+
+
+def test_bomb_declaring_a_terabyte_is_refused_before_decompressing() -> None:
+    payload = _frame_header_declaring(1 << 40)
+    assert zstandard.get_frame_parameters(payload).content_size == 1 << 40
+    assert refusal(payload).reason is ReasonCode.DECOMPRESSED_TOO_LARGE
+
+
+@pytest.fixture(scope="module")
+def gigabyte_of_zeros_frame() -> bytes:
+    """A valid 1 GiB frame (a few tens of KB compressed), built without holding 1 GiB."""
+    compressor = zstandard.ZstdCompressor(level=1).compressobj(size=1 << 30)
+    zeros = bytes(4 * MiB)
+    frame = b"".join(compressor.compress(zeros) for _ in range(256)) + compressor.flush()
+    return frame
+
+
+def test_real_bomb_with_declared_size_is_refused(gigabyte_of_zeros_frame: bytes) -> None:
+    assert len(gigabyte_of_zeros_frame) < 1 * MiB
+    error = refusal(gigabyte_of_zeros_frame)
+    assert error.reason is ReasonCode.DECOMPRESSED_TOO_LARGE
+    assert str(1 << 30) in error.detail
+
+
+def test_frame_without_declared_size_is_stopped_at_the_budget() -> None:
+    streaming = zstandard.ZstdCompressor(level=1).compressobj()
+    zeros = bytes(4 * MiB)
+    frame = b"".join(streaming.compress(zeros) for _ in range(64)) + streaming.flush()  # 256 MiB
+    assert zstandard.get_frame_parameters(frame).content_size == zstandard.CONTENTSIZE_UNKNOWN
+    error = refusal(frame, limits=DecodeLimits(max_decompressed_bytes=8 * MiB))
+    assert error.reason is ReasonCode.DECOMPRESSED_TOO_LARGE
+
+
+def test_declared_size_just_over_the_limit() -> None:
+    payload = encode(make_rollout()).payload
+    size = zstandard.get_frame_parameters(payload).content_size
+    error = refusal(payload, limits=DecodeLimits(max_decompressed_bytes=size - 1))
+    assert error.reason is ReasonCode.DECOMPRESSED_TOO_LARGE
+
+
+# ----------------------------------------------------------------------------- msgpack
+
+
+def _zstd(content: bytes) -> bytes:
+    return zstandard.ZstdCompressor().compress(content)
+
+
+_HEAD = b"\x83" + b"".join(msgpack.packb(x) for x in ("schema", "rollout", "schema_version", "1.0"))
+_HEAD += msgpack.packb("meta")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        _HEAD + b"\xc1",  # a byte msgpack never uses
+        msgpack.packb({"schema": "rollout"})[:-3],  # truncated inside the map
+        _HEAD + b"\xdb\xff\xff\xff\xff" + b"x" * 10,  # a str claiming 4 GiB
+        _HEAD + b"\x91" * 5000 + b"\xc0",  # nested arrays deeper than the stack limit
+        msgpack.packb({"schema": "x"}) + b"\x00",  # bytes after the top-level map
+        _HEAD + b"\x81\x01\xa1x",  # an integer map key inside meta (strict_map_key)
+        msgpack.packb({"schema": b"\xff\xfe"}).replace(b"\xc4", b"\xa2", 1),  # invalid UTF-8
+    ],
+    ids=["reserved", "truncated", "huge-str", "deep", "trailing", "int-key", "bad-utf8"],
+)
+def test_bad_msgpack(content: bytes) -> None:
+    assert refusal(_zstd(content)).reason is ReasonCode.BAD_MSGPACK
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        msgpack.packb([1, 2, 3]),
+        b"\x81\x01\xa1x",  # an integer key at the top level
+        msgpack.packb({"schema": 3, "schema_version": "1.0", "meta": {}}),
+        msgpack.packb({"schema": "rollout", "schema_version": "1.0", "meta": [1]}),
+        msgpack.packb({"schema": "rollout", "schema_version": "1.0"}),
+        msgpack.packb({"schema": "rollout", "schema_version": "1.0", "meta": {}, "data": 5}),
+    ],
+    ids=["not-a-map", "int-key", "schema-int", "meta-list", "no-meta", "data-int"],
+)
+def test_bad_envelope(content: bytes) -> None:
+    assert refusal(_zstd(content)).reason is ReasonCode.BAD_ENVELOPE
+
+
+# ----------------------------------------------------------------------------- identity
+
+
+def test_unknown_schema() -> None:
+    assert refusal(craft({}, schema="rollout_v9")).reason is ReasonCode.UNKNOWN_SCHEMA
+
+
+@pytest.mark.parametrize("version", ["2.0", "0.9", "1", "v1.0", "1.0.0", ""])
+def test_unsupported_versions(version: str) -> None:
+    meta = unpack_payload(encode(make_weight_version()).payload)["meta"]
+    payload = craft(meta, schema="weight_version", version=version)
+    error = refusal(payload)
+    assert error.reason is ReasonCode.UNSUPPORTED_VERSION
+
+
+def test_header_and_payload_disagree() -> None:
+    encoded = encode(make_weight_version())
+    headers = {**encoded.headers, HEADER_SCHEMA: "rollout"}
+    assert refusal(encoded.payload, headers).reason is ReasonCode.HEADER_MISMATCH
+    headers = {**encoded.headers, HEADER_SCHEMA_VERSION: "1.1"}
+    assert refusal(encoded.payload, headers).reason is ReasonCode.HEADER_MISMATCH
+
+
+def test_unsupported_codec_header() -> None:
+    encoded = encode(make_weight_version())
+    headers = {**encoded.headers, HEADER_CODEC: "json"}
+    assert refusal(encoded.payload, headers).reason is ReasonCode.UNSUPPORTED_CODEC
+
+
+def test_unexpected_schema_is_refused_from_the_header_before_decompressing() -> None:
+    headers = {HEADER_SCHEMA: "weight_version"}
+    error = refusal(b"not even zstd", headers, expected=Rollout)
+    assert error.reason is ReasonCode.UNEXPECTED_SCHEMA
+    payload = encode(make_weight_version()).payload
+    assert refusal(payload, expected=Rollout).reason is ReasonCode.UNEXPECTED_SCHEMA
+    assert decode(None, payload, expected=WeightVersion) == make_weight_version()
+
+
+# ----------------------------------------------------------------------------- fields
+
+
+def _set(path: list[Any], value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(envelope: dict[str, Any]) -> None:
+        node = envelope["meta"]
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+
+    return change
+
+
+def _delete(path: list[Any]) -> Callable[[dict[str, Any]], None]:
+    def change(envelope: dict[str, Any]) -> None:
+        node = envelope["meta"]
+        for key in path[:-1]:
+            node = node[key]
+        del node[path[-1]]
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (_set(["group", "num_generations"], "two"), ReasonCode.WRONG_TYPE),
+        (_set(["group", "group_id"], 17), ReasonCode.WRONG_TYPE),
+        (_set(["samples"], {"0": {}}), ReasonCode.WRONG_TYPE),
+        (_set(["samples", 0, "sampling"], [1.0]), ReasonCode.WRONG_TYPE),
+        (_set(["samples", 0, "response_token_ids"], [1, 2, 3]), ReasonCode.WRONG_TYPE),
+        (_delete(["group", "trace_id"]), ReasonCode.MISSING_FIELD),
+        (_delete(["samples", 1, "behaviour_logprobs"]), ReasonCode.MISSING_FIELD),
+        (_set(["group", "group_id"], "has space"), ReasonCode.INVALID_FIELD),
+        (_set(["samples", 0, "finish_reason"], "bored"), ReasonCode.INVALID_FIELD),
+        (_set(["samples", 0, "sampling", "top_p"], 1.5), ReasonCode.INVALID_FIELD),
+        (_set(["group", "num_generations"], 3), ReasonCode.LENGTH_MISMATCH),
+        (_set(["samples", 1, "sample_index"], 0), ReasonCode.INVALID_FIELD),
+        (_set(["samples", 0, "sampling", "temperature"], float("inf")), ReasonCode.NON_FINITE),
+    ],
+    ids=[
+        "int-as-str",
+        "str-as-int",
+        "list-as-map",
+        "model-as-list",
+        "array-as-list",
+        "missing-trace-id",
+        "missing-logprobs",
+        "bad-group-id",
+        "bad-finish-reason",
+        "top-p-range",
+        "sample-count",
+        "sample-order",
+        "inf-temperature",
+    ],
+)
+def test_field_refusals(change: Callable[[dict[str, Any]], None], reason: ReasonCode) -> None:
+    error = refusal(mutated(make_rollout(), change))
+    assert error.reason is reason, error.detail
+
+
+def _descriptor(field: str, **changes: Any) -> Callable[[dict[str, Any]], None]:
+    def change(envelope: dict[str, Any]) -> None:
+        sample_meta(envelope)[field].update(changes)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (_descriptor("behaviour_logprobs", shape=[7], data=None), ReasonCode.BAD_ARRAY),
+        (_descriptor("behaviour_logprobs", dtype="object"), ReasonCode.BAD_ARRAY),
+        (_descriptor("behaviour_logprobs", dtype="<U8"), ReasonCode.BAD_ARRAY),
+        (_descriptor("behaviour_logprobs", dtype="int32"), ReasonCode.BAD_ARRAY),
+        (_descriptor("response_token_ids", dtype="float32"), ReasonCode.BAD_ARRAY),
+        (_descriptor("response_token_ids", shape=[2, 4]), ReasonCode.BAD_ARRAY),
+        (_descriptor("response_token_ids", shape=[-8]), ReasonCode.BAD_ARRAY),
+        (_descriptor("behaviour_logprobs", data=[0, 31]), ReasonCode.BAD_ARRAY),
+        (_descriptor("behaviour_logprobs", data=[1 << 40, 32]), ReasonCode.BAD_ARRAY),
+        (_descriptor("behaviour_logprobs", extra_key=1), ReasonCode.BAD_ARRAY),
+        (_descriptor("loss_mask", dtype="int16", data=[0, 16]), ReasonCode.BAD_ARRAY),
+        (
+            _descriptor("behaviour_logprobs", shape=[10**9], data=[0, 4 * 10**9]),
+            ReasonCode.ARRAY_TOO_LARGE,
+        ),
+        (
+            _descriptor("behaviour_logprobs", shape=[1 << 40, 1 << 40], data=[0, 0]),
+            ReasonCode.ARRAY_TOO_LARGE,
+        ),
+        (_descriptor("behaviour_logprobs", shape=[4], data=[0, 16]), ReasonCode.LENGTH_MISMATCH),
+        (_descriptor("token_weight_versions", shape=[9], data=[0, 18]), ReasonCode.LENGTH_MISMATCH),
+        (_descriptor("loss_mask", shape=[1], data=[0, 1]), ReasonCode.LENGTH_MISMATCH),
+    ],
+    ids=[
+        "data-not-a-range",
+        "object-dtype",
+        "unicode-dtype",
+        "int-logprobs",
+        "float-token-ids",
+        "2d-token-ids",
+        "negative-dim",
+        "nbytes-disagrees",
+        "range-outside-section",
+        "unknown-descriptor-key",
+        "int16-mask",
+        "billion-elements",
+        "overflowing-shape",
+        "short-logprobs",
+        "long-versions",
+        "short-mask",
+    ],
+)
+def test_array_refusals(change: Callable[[dict[str, Any]], None], reason: ReasonCode) -> None:
+    error = refusal(mutated(make_rollout(), change))
+    assert error.reason is reason, error.detail
+
+
+def _poke_logprob(value: float) -> Callable[[dict[str, Any]], None]:
+    def change(envelope: dict[str, Any]) -> None:
+        offset, _ = sample_meta(envelope, 1)["behaviour_logprobs"]["data"]
+        data = bytearray(envelope["data"])
+        data[offset + 8 : offset + 12] = np.float32(value).tobytes()
+        envelope["data"] = bytes(data)
+
+    return change
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_logprobs(value: float) -> None:
+    error = refusal(mutated(make_rollout(), _poke_logprob(value)))
+    assert error.reason is ReasonCode.NON_FINITE
+    assert "samples.1.behaviour_logprobs" in error.detail
+
+
+def test_non_finite_teacher_logprobs_and_rewards() -> None:
+    def teacher(envelope: dict[str, Any]) -> None:
+        offset, _ = envelope["meta"]["scores"][0]["teacher_logprobs"]["data"]
+        data = bytearray(envelope["data"])
+        data[offset : offset + 4] = np.float32("nan").tobytes()
+        envelope["data"] = bytes(data)
+
+    assert refusal(mutated(make_scored(), teacher)).reason is ReasonCode.NON_FINITE
+    reward = _set(["scores", 1, "reward"], float("nan"))
+    assert refusal(mutated(make_scored(), reward)).reason is ReasonCode.NON_FINITE
+
+
+def test_teacher_logprob_length_mismatch() -> None:
+    def shorten(envelope: dict[str, Any]) -> None:
+        envelope["meta"]["scores"][0]["teacher_logprobs"].update(shape=[3], data=[0, 12])
+
+    assert refusal(mutated(make_scored(), shorten)).reason is ReasonCode.LENGTH_MISMATCH
+
+
+def test_vocabulary_bound_on_token_ids() -> None:
+    rollout = make_rollout()
+    top = max(int(s.response_token_ids.max()) for s in rollout.samples)
+    payload = encode(rollout).payload
+    assert decode(None, payload, limits=DecodeLimits(vocab_size=top + 1)) == rollout
+    error = refusal(payload, limits=DecodeLimits(vocab_size=top))
+    assert error.reason is ReasonCode.TOKEN_OUT_OF_VOCAB
+    assert str(top) in error.detail
+
+
+def test_negative_token_ids_are_out_of_vocabulary() -> None:
+    def negative(envelope: dict[str, Any]) -> None:
+        descriptor = sample_meta(envelope)["response_token_ids"]
+        offset, _ = descriptor["data"]
+        values = np.array([-1] * 4, dtype="<i2").tobytes()
+        data = bytearray(envelope["data"])
+        data[offset : offset + 8] = values
+        envelope["data"] = bytes(data)
+        descriptor.update(dtype="int16", shape=[8], data=[offset, 16])
+
+    assert refusal(mutated(make_rollout(), negative)).reason is ReasonCode.TOKEN_OUT_OF_VOCAB
+
+
+def test_uint8_mask_with_values_other_than_0_and_1() -> None:
+    def twos(envelope: dict[str, Any]) -> None:
+        descriptor = sample_meta(envelope)["loss_mask"]
+        offset, _ = descriptor["data"]
+        data = bytearray(envelope["data"])
+        data[offset : offset + 8] = bytes([2] * 8)
+        envelope["data"] = bytes(data)
+        descriptor["dtype"] = "uint8"
+
+    assert refusal(mutated(make_rollout(), twos)).reason is ReasonCode.INVALID_FIELD
+
+
+def test_a_refusal_round_trips_into_a_dead_letter() -> None:
+    from dockyard.schemas import DeadLetter
+
+    bad = b"\x00garbage"
+    with pytest.raises(CodecError) as caught:
+        decode(None, bad)
+    letter = DeadLetter(
+        original_subject="dockyard.rollouts",
+        original_payload=bad,
+        stage="scorer",
+        reason=caught.value.reason,
+        message=caught.value.detail,
+    )
+    decoded = decode(None, encode(letter).payload, expected=DeadLetter)
+    assert decoded.reason == ReasonCode.CORRUPT_FRAME
+    assert decoded.original_payload == bad
+
+
+def iter_reasons() -> Iterator[ReasonCode]:
+    yield from ReasonCode
+
+
+def test_codec_error_pickles_with_its_reason() -> None:
+    import pickle
+
+    error = CodecError(ReasonCode.NON_FINITE, "samples.0: NaN")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.reason, copy.detail) == (ReasonCode.NON_FINITE, "samples.0: NaN")
