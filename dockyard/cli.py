@@ -109,6 +109,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as error:
         print(f"dockyard: error: {error}", file=sys.stderr)
         return error.exit_code
+    except Exception as error:
+        # Errors that explain themselves (a data plane that refuses, a missing binary) are
+        # reported as one line; anything else keeps its traceback for debugging.
+        if type(error).__module__.startswith("dockyard.") and args.log_level.upper() != "DEBUG":
+            print(f"dockyard: error: {type(error).__name__}: {error}", file=sys.stderr)
+            return 1
+        raise
     except KeyboardInterrupt:
         print("dockyard: interrupted", file=sys.stderr)
         return 130

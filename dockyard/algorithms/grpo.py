@@ -23,6 +23,7 @@ from dockyard.config.sections.grpo import GRPOConfig
 from dockyard.config.sections.logger import LoggerConfig
 from dockyard.config.sections.loss import ClippedPGLossConfig
 from dockyard.config.sections.policy import PolicyConfig
+from dockyard.config.sections.run import RunConfig
 from dockyard.config.sections.sft import SFTConfig
 
 __all__ = ["ClippedPGLossConfig", "ClusterConfig", "DataPlaneConfig", "GRPOConfig", "MasterConfig"]
@@ -56,6 +57,7 @@ class MasterConfig(Section):
         default_factory=OnPolicyDistillationConfig
     )
     sft: SFTConfig | None = Field(None, description="supervised warm start before GRPO")
+    run: RunConfig = Field(default_factory=RunConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
         return [issue for rule in self.cross_section_rules() for issue in rule()]

@@ -31,6 +31,14 @@ def to_scoring_group(rollout: Rollout, tokenizer: object) -> ScoringGroup:
 
 
 def to_scored_rollout(rollout: Rollout, score: GroupScore, scorer_id: str) -> ScoredRollout:
+    from dockyard.schemas.scored import MAX_SCORE_DETAIL_CHARS
+
+    def bounded_detail(detail: str) -> str:
+        # The wire bounds the human-readable detail; a longer one keeps its start, marked as cut.
+        if len(detail) <= MAX_SCORE_DETAIL_CHARS:
+            return detail
+        return detail[: MAX_SCORE_DETAIL_CHARS - 1] + "…"
+
     scores = [
         SampleScore(
             sample_index=index,
@@ -39,6 +47,9 @@ def to_scored_rollout(rollout: Rollout, score: GroupScore, scorer_id: str) -> Sc
             invalid_action=ScoreFlag.INVALID_ACTION in sample_score.flags,
             timed_out=ScoreFlag.TIMEOUT in sample_score.flags,
             teacher_logprobs=sample_score.teacher_logprobs,
+            # Sorted: the same score always encodes to the same bytes.
+            flags=sorted(str(flag) for flag in sample_score.flags),
+            detail=bounded_detail(sample_score.detail),
         )
         for index, sample_score in enumerate(score.samples)
     ]

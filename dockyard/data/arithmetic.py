@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from dockyard.config.sections.data import DatasetConfig
 from dockyard.data.base import PromptRecord, register_dataset
 
-VALIDATION_SPLITS = ("validation", "val", "test")
+VALIDATION_SPLITS = ("validation", "val", "test", "dev")
 HELD_OUT_PERCENT = 10
 
 

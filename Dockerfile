@@ -1,0 +1,8 @@
+# One image for every dockyard role; docker-compose.yml picks the role by command.
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY dockyard ./dockyard
+COPY configs ./configs
+RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu -e .
+ENTRYPOINT ["dockyard", "--log-format", "json"]

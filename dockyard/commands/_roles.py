@@ -1,0 +1,40 @@
+"""What every role command shares: config loading (exit 2 on a bad config), the data plane,
+signal handling for a graceful drain."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Callable
+
+from dockyard.cli import CliError
+
+EXIT_INVALID_CONFIG = 2
+
+
+def load_role_config(args: argparse.Namespace):  # -> MasterConfig (imported lazily)
+    from dockyard.config.errors import ConfigError
+    from dockyard.config.loader import load_config_report
+
+    try:
+        report = load_config_report(args.config, args.overrides)
+    except ConfigError as error:
+        raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return report.config
+
+
+def add_status_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--status-dir", default=None, help="write heartbeat JSON files here (used by `run`)"
+    )
+
+
+def on_shutdown_signals(stop: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT ask the role to drain instead of dying mid-message."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop)

@@ -1,0 +1,155 @@
+"""The scorer: a pool of instances sharing one durable consumer of raw rollouts.
+
+Each instance keeps up to ``max_concurrency`` groups in flight. A scored rollout is published
+*before* the rollout is acked; a redelivered rollout yields the same message id (group id +
+attempt), so the broker's dedupe window drops the second copy. Environment failures nak with
+exponential backoff and become dead letters after ``max_deliver`` deliveries; bad input that no
+retry can fix (:class:`InvalidScoringInput`) is dead-lettered at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from dockyard.broker.typed import MessagePlane, Received
+from dockyard.consumers.scoring import to_scored_rollout, to_scoring_group
+from dockyard.environments.base import (
+    Environment,
+    EnvironmentContext,
+    InvalidScoringInput,
+    ScoreFlag,
+)
+from dockyard.environments.registry import build_environment
+from dockyard.environments.timeouts import score_with_timeout
+from dockyard.schemas import Rollout
+from dockyard.utils.logging import get_logger
+from dockyard.utils.status import StatusFile
+
+log = get_logger(__name__)
+
+REASON_ENVIRONMENT_ERROR = "environment_error"
+
+
+@dataclass
+class EnvironmentStats:
+    groups: int = 0
+    timeouts: int = 0
+    failures: int = 0
+    latency_s_total: float = 0.0
+
+    @property
+    def mean_latency_s(self) -> float:
+        return self.latency_s_total / self.groups if self.groups else 0.0
+
+
+@dataclass
+class ScorerStats:
+    by_env: dict[str, EnvironmentStats] = field(
+        default_factory=lambda: defaultdict(EnvironmentStats)
+    )
+    dead_lettered: Counter[str] = field(default_factory=Counter)
+
+
+class Scorer:
+    def __init__(
+        self,
+        messages: MessagePlane,
+        context: EnvironmentContext,
+        tokenizer: object,
+        *,
+        scorer_id: str,
+        only_env: str | None = None,
+        max_concurrency: int = 8,
+        max_deliver: int = 5,
+        nak_delay_s: float = 1.0,
+        status: StatusFile | None = None,
+    ) -> None:
+        self.messages = messages
+        self.context = context
+        self.tokenizer = tokenizer
+        self.scorer_id = scorer_id
+        self.only_env = only_env
+        self.max_deliver = max_deliver
+        self.nak_delay_s = nak_delay_s
+        self.slots = asyncio.Semaphore(max_concurrency)
+        self.max_concurrency = max_concurrency
+        self.environments: dict[str, Environment] = {}
+        self.stats = ScorerStats()
+        self.status = status or StatusFile(None, "scorer", scorer_id)
+        self.stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def environment(self, name: str) -> Environment:
+        if name not in self.environments:
+            self.environments[name] = build_environment(name, self.context)
+        return self.environments[name]
+
+    async def run(self) -> None:
+        self.status.update("running")
+        tasks: set[asyncio.Task[None]] = set()
+        consumer = self.messages.names.rollout_consumer
+        try:
+            while not self.stopping.is_set():
+                free = self.max_concurrency - len(tasks)
+                if free <= 0:
+                    _, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                received = await self.messages.fetch(consumer, Rollout, batch=free, timeout_s=0.5)
+                for item in received:
+                    task = asyncio.create_task(self.score_one(item))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)  # drain what is in hand
+        finally:
+            for environment in self.environments.values():
+                await environment.aclose()
+            self.status.update("stopped")
+
+    async def score_one(self, item: Received[Rollout]) -> None:
+        rollout = item.message
+        env_name = rollout.group.environment
+        stats = self.stats.by_env[env_name]
+        started = time.perf_counter()
+        try:
+            if self.only_env is not None and env_name != self.only_env:
+                raise InvalidScoringInput(
+                    "wrong_environment", f"this scorer serves {self.only_env!r}, not {env_name!r}"
+                )
+            environment = self.environment(env_name)
+            group = to_scoring_group(rollout, self.tokenizer)
+            score = await score_with_timeout(environment, group)
+        except InvalidScoringInput as error:
+            await self._dead_letter(item, error.reason_code, str(error))
+            return
+        except Exception as error:  # an environment bug or an unavailable dependency
+            stats.failures += 1
+            if item.delivery.num_delivered >= self.max_deliver:
+                await self._dead_letter(item, REASON_ENVIRONMENT_ERROR, repr(error))
+            else:
+                delay = self.nak_delay_s * 2 ** (item.delivery.num_delivered - 1)
+                log.warning("scorer.environment_failed", env=env_name, error=repr(error))
+                await item.nak(delay)
+            return
+        if any(ScoreFlag.TIMEOUT in sample.flags for sample in score.samples):
+            stats.timeouts += 1
+        await self.messages.publish(to_scored_rollout(rollout, score, self.scorer_id))
+        await item.ack()
+        stats.groups += 1
+        stats.latency_s_total += time.perf_counter() - started
+        self.status.update(
+            groups=sum(s.groups for s in self.stats.by_env.values()),
+            failures=sum(s.failures for s in self.stats.by_env.values()),
+            timeouts=sum(s.timeouts for s in self.stats.by_env.values()),
+            mean_latency_s=stats.mean_latency_s,
+        )
+
+    async def _dead_letter(self, item: Received[Rollout], reason: str, detail: str) -> None:
+        self.stats.dead_lettered[reason] += 1
+        await self.messages.plane.dead_letter(item.delivery, reason, detail, stage="scorer")
+        log.warning("scorer.dead_lettered", reason=reason, detail=detail)

@@ -1,0 +1,81 @@
+"""The trainer's ledger: which groups were dispatched, trained (at which step) or dropped.
+
+It is the seen-set that makes training idempotent (a redelivered or replayed scored group that
+is already in the ledger is skipped) and the audit trail the fault tests read: every dispatched
+group must end up trained exactly once or explicitly dropped as stale.
+
+The authoritative copy is saved inside each checkpoint; ``ledger.jsonl`` in the run directory is
+an append-only trail. On resume the trail is rewritten to match the checkpoint, because the steps
+after the checkpoint are undone and their groups will be trained again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Ledger:
+    trained: dict[str, int] = field(default_factory=dict)  # group id -> step
+    dropped: dict[str, str] = field(default_factory=dict)  # group id -> reason
+    dispatched: list[str] = field(default_factory=list)
+    trail: Path | None = None
+
+    def seen(self, group_id: str) -> bool:
+        return group_id in self.trained or group_id in self.dropped
+
+    def record_dispatched(self, group_ids: list[str]) -> None:
+        self.dispatched.extend(group_ids)
+        self._append([{"event": "dispatched", "group_id": g} for g in group_ids])
+
+    def record_trained(self, group_ids: list[str], step: int) -> None:
+        for group_id in group_ids:
+            self.trained[group_id] = step
+        self._append([{"event": "trained", "group_id": g, "step": step} for g in group_ids])
+
+    def record_dropped(self, group_id: str, reason: str) -> None:
+        self.dropped[group_id] = reason
+        self._append([{"event": "dropped", "group_id": group_id, "reason": reason}])
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.dispatched) - len(self.trained) - len(self.dropped)
+
+    def _append(self, events: list[dict[str, object]]) -> None:
+        if self.trail is None or not events:
+            return
+        with self.trail.open("a") as handle:
+            for event in events:
+                handle.write(json.dumps(event) + "\n")
+
+    def snapshot(self) -> dict[str, object]:
+        return {"trained": self.trained, "dropped": self.dropped, "dispatched": self.dispatched}
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, object], trail: Path | None) -> Ledger:
+        ledger = cls(
+            trained=dict(snapshot["trained"]),  # type: ignore[arg-type]
+            dropped=dict(snapshot["dropped"]),  # type: ignore[arg-type]
+            dispatched=list(snapshot["dispatched"]),  # type: ignore[arg-type]
+            trail=trail,
+        )
+        if trail is not None:
+            ledger.rewrite_trail()
+        return ledger
+
+    def rewrite_trail(self) -> None:
+        assert self.trail is not None
+        events: list[dict[str, object]] = [
+            {"event": "dispatched", "group_id": g} for g in self.dispatched
+        ]
+        events += [{"event": "trained", "group_id": g, "step": s} for g, s in self.trained.items()]
+        events += [
+            {"event": "dropped", "group_id": g, "reason": r} for g, r in self.dropped.items()
+        ]
+        self.trail.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def read_trail(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,403 @@
+"""The trainer process: consume scored groups, train, publish weights, validate, checkpoint.
+
+Exactly-once training:
+
+- the ledger (in every checkpoint) is the seen-set: a group already trained or dropped is
+  skipped, whichever way it comes back (redelivery, replay, a re-dispatch after a restart);
+- scored messages are acked as they are taken in; the checkpoint records the first stream
+  sequence whose group the ledger does not cover yet, and a resumed trainer replays the scored
+  subject from there before going live — so the steps lost in a crash are retrained from
+  exactly the groups they used, and nothing is skipped.
+
+Staleness: a group whose oldest token came from weight version ``g`` is accepted while the
+trainer's current version ``v`` satisfies ``v − g ≤ max_trajectory_age_steps`` (async) or
+``v == g`` (sync); older groups are dropped, counted and written to the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dockyard.algorithms.grpo import MasterConfig
+from dockyard.broker.typed import MessagePlane
+from dockyard.broker.weights.base import WeightBlobStore
+from dockyard.consumers.trainer.batch import build_batch
+from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoint, write_checkpoint
+from dockyard.consumers.trainer.evaluation import Evaluator
+from dockyard.consumers.trainer.health import diagnose
+from dockyard.consumers.trainer.ledger import Ledger
+from dockyard.consumers.trainer.plot import plot_run
+from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
+from dockyard.consumers.trainer.sft import run_sft
+from dockyard.data.base import build_dataset
+from dockyard.environments.base import EnvironmentContext
+from dockyard.environments.registry import build_environment
+from dockyard.producers.dispatcher import Dispatcher, DispatcherState
+from dockyard.schemas import CodecError, ScoredRollout, WeightVersion, decode
+from dockyard.utils.checkpoint_manager import CheckpointManager
+from dockyard.utils.logging import get_logger
+from dockyard.utils.metrics import MetricsLogger
+from dockyard.utils.status import StatusFile
+
+log = get_logger(__name__)
+
+LEDGER_FILE = "ledger.jsonl"
+
+
+class TrainerStarved(RuntimeError):
+    """No scored data for ``run.starvation_timeout_s``: the run ends with the diagnosis."""
+
+
+@dataclass(frozen=True)
+class Pending:
+    scored: ScoredRollout
+    seq: int
+    received_at: float
+
+
+@dataclass
+class TrainerSummary:
+    steps: int
+    weight_version: int
+    val_accuracy_start: float | None = None
+    val_accuracy_end: float | None = None
+    dropped_stale: int = 0
+    duplicates: int = 0
+    history: list[tuple[int, float]] = field(default_factory=list)  # (step, val accuracy)
+
+
+class TrainerLoop:
+    def __init__(
+        self,
+        config: MasterConfig,
+        messages: MessagePlane,
+        weights: WeightBlobStore,
+        run_dir: Path,
+        *,
+        status: StatusFile | None = None,
+        producer_id: str | None = None,
+    ) -> None:
+        self.config = config
+        self.messages = messages
+        self.plane = messages.plane
+        self.weights = weights
+        self.run_dir = run_dir
+        self.status = status or StatusFile(None, "trainer", "0")
+        self.producer_id = producer_id or f"trainer-{uuid.uuid4().hex[:8]}"
+        self.summary = TrainerSummary(steps=0, weight_version=-1)
+        self.pending: list[Pending] = []
+        self.step = 0
+        self.weight_version = -1
+        self.last_seq = 0  # highest scored-stream sequence taken in
+        self.stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        from dockyard.models import load_policy
+
+        cfg = self.config
+        torch.manual_seed(cfg.grpo.seed)
+        self.model, self.tokenizer = load_policy(cfg.policy.model_name, cfg.policy.precision)
+        self.trainer = PolicyTrainer(self.model, cfg)
+        default_env = cfg.data.default_env
+        self.train_data = build_dataset(cfg.data.train, default_env)
+        context = EnvironmentContext(env=cfg.env, distillation=cfg.on_policy_distillation)
+        self.evaluator: Evaluator | None = None
+        if cfg.data.validation is not None:
+            validation = build_dataset(cfg.data.validation, default_env)
+            env_name = cfg.data.validation.env or default_env
+            self.evaluator = Evaluator(
+                self.model,
+                self.tokenizer,
+                validation,
+                build_environment(env_name, context),
+                max_new_tokens=cfg.policy.generation.max_new_tokens,
+                max_samples=cfg.grpo.max_val_samples,
+            )
+        self.checkpoints = (
+            CheckpointManager(cfg.checkpointing, self.run_dir / "checkpoints")
+            if cfg.checkpointing.enabled
+            else None
+        )
+        self.metrics = MetricsLogger(cfg.logger, self.run_dir)
+        self.ledger = Ledger(trail=self.run_dir / LEDGER_FILE)
+        self.dispatcher = Dispatcher(
+            cfg, self.messages, self.train_data, self.tokenizer, run_id=cfg.run.name
+        )
+
+    async def _resume_or_start(self) -> int:
+        """Returns the scored-stream sequence to replay from (0 = nothing to replay)."""
+        latest = self.checkpoints.latest() if self.checkpoints else None
+        event = await self.messages.current_weight_version()
+        published = event.version if event is not None else -1
+        if latest is None:
+            self.metrics.log_hyperparams(self.config)
+            await self._warm_start()
+            if self.config.grpo.val_at_start:
+                await self._validate(0)
+            self.weight_version = published + 1
+            await self._publish_weights()
+            return 0
+        state = read_checkpoint(latest.path, self.trainer)
+        self.step = state.step
+        self.ledger = Ledger.restore(state.ledger, self.run_dir / LEDGER_FILE)
+        self.dispatcher.state = DispatcherState(**state.dispatcher)
+        self.dispatcher._order = self.dispatcher._epoch_order(self.dispatcher.state.epoch)
+        # Versions only go up: the checkpoint's weights become a new version for the fleet.
+        self.weight_version = max(published, state.weight_version) + 1
+        log.info("trainer.resumed", step=self.step, checkpoint=str(latest.path))
+        await self._publish_weights()
+        return state.replay_from_seq
+
+    async def _warm_start(self) -> None:
+        sft = self.config.sft
+        if sft is None or not sft.enabled or sft.max_num_steps == 0:
+            return
+        if self.evaluator is None:
+            raise ValueError("sft needs data.validation for its early-stop check")
+        evaluator = self.evaluator
+        if sft.dev_dataset is not None:
+            dev = build_dataset(sft.dev_dataset, self.config.data.default_env)
+            evaluator = Evaluator(
+                self.model,
+                self.tokenizer,
+                dev,
+                self.evaluator.environment,
+                max_new_tokens=self.config.policy.generation.max_new_tokens,
+            )
+        self.status.update("warm-start", detail="supervised warm start")
+        result = await asyncio.to_thread(
+            run_sft,
+            self.model,
+            self.tokenizer,
+            self.train_data,
+            sft,
+            lambda: evaluator.evaluate_blocking().accuracy,
+        )
+        self.metrics.log_metrics(
+            {
+                "sft/steps": result.steps,
+                "sft/val_accuracy": result.val_accuracy or 0.0,
+                "timing/sft_s": result.seconds,
+            },
+            step=0,
+        )
+        log.info("sft.done", steps=result.steps, val_accuracy=result.val_accuracy)
+
+    # -- the loop ----------------------------------------------------------------------------
+    async def run(self) -> TrainerSummary:
+        self._build()
+        replay_from = await self._resume_or_start()
+        self.status.update("running", step=self.step, weight_version=self.weight_version)
+        if replay_from:
+            await self._replay(replay_from)
+        try:
+            await self._train_until_done()
+        finally:
+            self.metrics.close()
+        return self.summary
+
+    async def _train_until_done(self) -> None:
+        cfg = self.config
+        per_step = cfg.grpo.num_prompts_per_step
+        last_data = time.monotonic()
+        warned = False
+        waiting_since = time.monotonic()
+        while self.step < cfg.grpo.max_num_steps and not self.stopping.is_set():
+            dispatched = await self.dispatcher.top_up(self.ledger.in_flight, self.weight_version)
+            self.ledger.record_dispatched(dispatched)
+            received = await self.messages.fetch(
+                self.messages.names.scored_consumer,
+                ScoredRollout,
+                batch=cfg.data_plane.consumer.fetch_batch if cfg.data_plane else 16,
+                timeout_s=0.5,
+            )
+            for item in received:
+                self._take(item.message, item.delivery.seq)
+                await item.ack()
+            if received:
+                last_data, warned = time.monotonic(), False
+            elif self.dispatcher.exhausted and self.ledger.in_flight == 0 and not self.pending:
+                log.warning("trainer.dataset_exhausted", step=self.step)
+                break
+            else:
+                idle = time.monotonic() - last_data
+                if idle > cfg.run.starvation_warning_s and not warned:
+                    diagnosis = await diagnose(self.plane)
+                    log.warning("trainer.starving", idle_s=round(idle), detail=diagnosis.describe())
+                    self.status.update(detail=diagnosis.describe())
+                    warned = True
+                if idle > cfg.run.starvation_timeout_s:
+                    diagnosis = await diagnose(self.plane)
+                    raise TrainerStarved(f"no scored data for {idle:.0f}s; {diagnosis.describe()}")
+            if len(self.pending) >= per_step:
+                wait_s = time.monotonic() - waiting_since
+                await self._train_step(self.pending[:per_step], wait_s)
+                self.pending = self.pending[per_step:]
+                waiting_since = time.monotonic()
+        if self.config.grpo.val_at_end:
+            await self._validate(self.step)
+        if self.checkpoints is not None:
+            self._save_checkpoint()
+        metrics_file = self.run_dir / "metrics.jsonl"
+        if metrics_file.exists():
+            plot_run(metrics_file, self.run_dir / "progress.png")
+        self.summary.steps = self.step
+        self.status.update("finished", step=self.step)
+
+    def _take(self, scored: ScoredRollout, seq: int) -> None:
+        self.last_seq = max(self.last_seq, seq)
+        group_id = scored.group_id
+        if self.ledger.seen(group_id) or any(p.scored.group_id == group_id for p in self.pending):
+            self.summary.duplicates += 1
+            return
+        oldest = min(
+            (s.min_weight_version() for s in scored.rollout.samples),
+            key=lambda v: v if v is not None else self.weight_version,
+        )
+        age = self.weight_version - (oldest if oldest is not None else self.weight_version)
+        max_age = (
+            self.config.grpo.async_grpo.max_trajectory_age_steps
+            if self.config.grpo.async_grpo.enabled
+            else 0
+        )
+        if age > max_age:
+            self.ledger.record_dropped(group_id, f"stale: age {age} > {max_age}")
+            self.summary.dropped_stale += 1
+            return
+        self.pending.append(Pending(scored, seq, time.monotonic()))
+
+    async def _replay(self, from_seq: int) -> None:
+        count = 0
+        async for stored in self.plane.replay(self.messages.names.scored, from_seq=from_seq):
+            try:
+                scored = decode(stored.headers, stored.data, expected=ScoredRollout)
+            except CodecError:
+                continue  # refused when it first arrived; it is in the dead letters
+            self._take(scored, stored.seq)
+            count += 1
+        log.info("trainer.replayed", from_seq=from_seq, messages=count, pending=len(self.pending))
+
+    async def _train_step(self, groups: list[Pending], wait_s: float) -> None:
+        cfg = self.config
+        scored = [p.scored for p in groups]
+        batch = build_batch(scored, self.tokenizer.pad_token_id)  # type: ignore[attr-defined]
+        ages = (self.weight_version - batch.min_weight_versions).float()
+        outcome = await asyncio.to_thread(self.trainer.step, batch)
+        self.step += 1
+        self.ledger.record_trained([s.group_id for s in scored], self.step)
+        publish_started = time.perf_counter()
+        self.weight_version += 1
+        await self._publish_weights()
+        publish_s = time.perf_counter() - publish_started
+        tokens = batch.num_response_tokens
+        metrics: dict[str, float] = {
+            **outcome.as_metrics(),
+            "train/reward_mean": float(batch.rewards.mean()),
+            "train/reward_std": float(batch.rewards.std()),
+            "train/response_length_mean": float(batch.response_lengths.float().mean()),
+            "train/tokens_per_s": tokens / max(outcome.seconds, 1e-9),
+            "staleness/mean": float(ages.mean()),
+            "staleness/max": float(ages.max()),
+            "pipeline/dropped_stale": float(self.summary.dropped_stale),
+            "pipeline/duplicates": float(self.summary.duplicates),
+            "pipeline/in_flight": float(self.ledger.in_flight),
+            "timing/wait_for_data_s": wait_s,
+            "timing/publish_weights_s": publish_s,
+            "weights/version": float(self.weight_version),
+        }
+        if cfg.grpo.val_period and self.step % cfg.grpo.val_period == 0:
+            metrics.update(await self._validate(self.step, log_now=False))
+        self.metrics.log_metrics(metrics, step=self.step)
+        log.info(
+            "trainer.step",
+            step=self.step,
+            reward=round(metrics["train/reward_mean"], 4),
+            val_accuracy=metrics.get("val/accuracy"),
+            staleness=metrics["staleness/mean"],
+            seconds=round(outcome.seconds, 3),
+        )
+        self.status.update(
+            step=self.step,
+            weight_version=self.weight_version,
+            reward=metrics["train/reward_mean"],
+            val_accuracy=metrics.get(
+                "val/accuracy", self.status.status.counters.get("val_accuracy", -1)
+            ),
+            staleness=metrics["staleness/mean"],
+            tokens_per_s=metrics["train/tokens_per_s"],
+        )
+        if self.checkpoints is not None and self.step % cfg.checkpointing.save_period == 0:
+            self._save_checkpoint(metrics)
+
+    async def _validate(self, step: int, *, log_now: bool = True) -> dict[str, float]:
+        if self.evaluator is None:
+            return {}
+        result = await self.evaluator.evaluate()
+        metrics = result.as_metrics()
+        if self.summary.val_accuracy_start is None:
+            self.summary.val_accuracy_start = result.accuracy
+        self.summary.val_accuracy_end = result.accuracy
+        self.summary.history.append((step, result.accuracy))
+        self.status.update(val_accuracy=result.accuracy)
+        if log_now:
+            self.metrics.log_metrics(metrics, step=step)
+        log.info("trainer.validation", step=step, accuracy=result.accuracy)
+        return metrics
+
+    async def _publish_weights(self) -> None:
+        state = {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
+        ref = await self.weights.put(self.weight_version, state)
+        event = WeightVersion(
+            version=self.weight_version,
+            step=self.step,
+            blob_ref=ref.uri,
+            digest=ref.digest,
+            nbytes=ref.nbytes,
+            format="safetensors",
+            dtype=str(next(iter(state.values())).dtype).removeprefix("torch."),
+            created_at_unix_s=time.time(),
+            producer_id=self.producer_id,
+        )
+        await self.messages.publish(event)
+        self.summary.weight_version = self.weight_version
+        await self.weights.prune()
+
+    def _save_checkpoint(self, metrics: dict[str, float] | None = None) -> None:
+        assert self.checkpoints is not None
+        # Everything from here on may be lost with the steps after this checkpoint: replay it.
+        replay_from = min((p.seq for p in self.pending), default=self.last_seq + 1)
+        state = TrainerState(
+            step=self.step,
+            weight_version=self.weight_version,
+            dispatcher=self.dispatcher.state_dict(),
+            replay_from_seq=replay_from,
+            ledger=self.ledger.snapshot(),
+        )
+        values = {k.replace("/", ":"): v for k, v in (metrics or {}).items()}
+        self.checkpoints.save(
+            self.step,
+            lambda directory: write_checkpoint(
+                directory,
+                self.trainer,
+                self.tokenizer,
+                state,
+                save_optimizer=self.config.checkpointing.save_optimizer,
+            ),
+            values,
+        )
+        self.summary.steps = self.step
+
+
+def group_ids(groups: Iterable[Pending]) -> list[str]:
+    return [p.scored.group_id for p in groups]

@@ -1,0 +1,151 @@
+"""Starting, watching, restarting and stopping the role processes of one run.
+
+Every role is the same ``dockyard <role>`` command a user would start by hand on another
+machine; the supervisor only adds the broker URL and a status directory. A role that dies
+(crash, OOM kill, SIGKILL) is restarted, up to ``max_restarts`` times: the data plane makes that
+safe (nothing acked is lost, nothing is trained twice). The run ends when the trainer exits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class RoleProcess:
+    role: str
+    instance: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.instance}"
+
+    def start(self, env: dict[str, str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = self.log_path.open("ab")
+        # A new session: a terminal's Ctrl-C reaches the supervisor only, which then drains
+        # the roles in order instead of every process dying at once.
+        self.process = subprocess.Popen(
+            self.argv, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        handle.close()
+
+    def poll(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def wait(self, timeout_s: float) -> int | None:
+        if self.process is None:
+            return None
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config_path: Path,
+        overrides: list[str],
+        run_dir: Path,
+        *,
+        num_rollout_workers: int,
+        num_scorers: int,
+        max_restarts: int = 3,
+    ) -> None:
+        self.run_dir = run_dir
+        self.status_dir = run_dir / "status"
+        self.max_restarts = max_restarts
+        base = [sys.executable, "-m", "dockyard", "--log-format", "json"]
+        common = ["--config", str(config_path), *overrides, "--status-dir", str(self.status_dir)]
+        logs = run_dir / "logs"
+        self.trainer = RoleProcess(
+            "trainer",
+            "0",
+            [*base, "trainer", *common, "--run-dir", str(run_dir)],
+            logs / "trainer.log",
+        )
+        self.workers = [
+            RoleProcess(
+                "rollout",
+                str(i),
+                [*base, "rollout", *common, "--worker-id", f"w{i}"],
+                logs / f"rollout-{i}.log",
+            )
+            for i in range(num_rollout_workers)
+        ]
+        self.scorers = [
+            RoleProcess(
+                "scorer",
+                str(i),
+                [*base, "score", *common, "--scorer-id", f"s{i}"],
+                logs / f"scorer-{i}.log",
+            )
+            for i in range(num_scorers)
+        ]
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    @property
+    def roles(self) -> list[RoleProcess]:
+        return [self.trainer, *self.workers, *self.scorers]
+
+    def start(self) -> None:
+        for role in self.roles:
+            role.start(self.env)
+            log.info(
+                "fleet.started", role=role.name, pid=role.process.pid if role.process else None
+            )
+
+    def check(self) -> int | None:
+        """Restart dead helpers; the trainer's exit status once it has exited, else None."""
+        code = self.trainer.poll()
+        if code is not None:
+            if code == 0 or self.trainer.restarts >= self.max_restarts or code == 3:
+                return code
+            self._restart(self.trainer, code)
+            return None
+        for role in [*self.workers, *self.scorers]:
+            role_code = role.poll()
+            if role_code is not None:
+                if role.restarts >= self.max_restarts:
+                    raise RuntimeError(
+                        f"{role.name} died {role.restarts + 1} times (last exit {role_code}); "
+                        f"see {role.log_path}"
+                    )
+                self._restart(role, role_code)
+        return None
+
+    def _restart(self, role: RoleProcess, code: int) -> None:
+        role.exit_codes.append(code)
+        role.restarts += 1
+        log.warning("fleet.restarting", role=role.name, exit_code=code, restarts=role.restarts)
+        role.start(self.env)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM every role (they drain), then SIGKILL what is still running."""
+        for role in self.roles:
+            role.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for role in self.roles:
+            if role.wait(max(0.1, deadline - time.monotonic())) is None:
+                role.signal(signal.SIGKILL)
+                role.wait(5.0)

@@ -1,0 +1,108 @@
+"""The dispatcher (trainer side): dataset → prompt groups on the work queue, paced.
+
+It never generates work the trainer would throw away. The trainer tells it how many groups are
+in flight (dispatched, not yet trained or dropped) and it tops the pipeline up to a capacity:
+
+- async GRPO: ``(max_trajectory_age_steps + 1) × num_prompts_per_step`` — every group in flight
+  can still be trained within the staleness budget (the admission rule of AReaL);
+- sync GRPO: one step's prompts, and only once the previous step's weights are published
+  (``in_flight == 0``).
+
+The dataset order is a deterministic permutation per epoch, and the position is part of the
+trainer checkpoint, so a restarted run dispatches exactly what was not dispatched before —
+with the same group ids, which the broker's dedupe window and the trainer's ledger recognise.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+
+from dockyard.algorithms.grpo import MasterConfig
+from dockyard.broker.typed import MessagePlane
+from dockyard.data.base import Dataset
+from dockyard.producers.prompts import make_prompt_group
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class DispatcherState:
+    epoch: int = 0
+    position: int = 0  # next index into the epoch's order
+    dispatched: int = 0  # total groups published by this run
+
+
+def capacity(config: MasterConfig) -> int:
+    per_step = config.grpo.num_prompts_per_step
+    if config.grpo.async_grpo.enabled:
+        return (config.grpo.async_grpo.max_trajectory_age_steps + 1) * per_step
+    return per_step
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        config: MasterConfig,
+        messages: MessagePlane,
+        dataset: Dataset,
+        tokenizer: object,
+        *,
+        run_id: str,
+        state: DispatcherState | None = None,
+    ) -> None:
+        self.config = config
+        self.messages = messages
+        self.dataset = dataset
+        self.tokenizer = tokenizer
+        self.run_id = run_id
+        self.state = state or DispatcherState()
+        self.capacity = capacity(config)
+        self._order = self._epoch_order(self.state.epoch)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.dataset)))
+        if self.config.data.shuffle:
+            random.Random(self.config.grpo.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def budget(self, in_flight: int) -> int:
+        if not self.config.grpo.async_grpo.enabled and in_flight > 0:
+            return 0  # sync: the next step's prompts wait for this step's weights
+        return max(0, self.capacity - in_flight)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.state.epoch >= self.config.grpo.max_num_epochs
+
+    async def top_up(self, in_flight: int, weight_version: int) -> list[str]:
+        """Publish up to the budget; returns the group ids dispatched."""
+        count = self.budget(in_flight)
+        groups = []
+        while len(groups) < count and not self.exhausted:
+            index = self._order[self.state.position]
+            groups.append(
+                make_prompt_group(
+                    self.dataset[index],
+                    self.tokenizer,
+                    run_id=self.run_id,
+                    dataset_name=self.dataset.name,
+                    epoch=self.state.epoch,
+                    position=self.state.position,
+                    num_generations=self.config.grpo.num_generations_per_prompt,
+                    weight_version=weight_version,
+                )
+            )
+            self.state.position += 1
+            if self.state.position >= len(self._order):
+                self.state.epoch += 1
+                self.state.position = 0
+                self._order = self._epoch_order(self.state.epoch)
+        if groups:
+            await self.messages.publish_many(groups)
+            self.state.dispatched += len(groups)
+        return [group.group_id for group in groups]
+
+    def state_dict(self) -> dict[str, int]:
+        return asdict(self.state)

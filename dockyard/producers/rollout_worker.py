@@ -1,0 +1,176 @@
+"""The rollout worker: prompt groups in, rollouts out, weights followed by version.
+
+Delivery: a prompt group is acked only after its rollout is stored in the experience stream, so
+a worker that dies mid-generation loses nothing (the group is redelivered to another worker and
+the rollout's message id — group id + attempt — makes a late duplicate harmless).
+
+Refit: a background task follows weight-version events, fetches the blob (the store verifies its
+digest; a mismatch is refused and the old weights stay), and hands it to the engine, whose
+in-flight policy decides what happens to a batch being decoded. Every token records the version
+that produced it either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from dockyard.broker.typed import MessagePlane, Received
+from dockyard.broker.weights.base import (
+    BlobDigestMismatch,
+    BlobNotFound,
+    WeightBlobStore,
+    new_ref,
+)
+from dockyard.producers.engines.base import (
+    GenerationEngine,
+    GenerationRequest,
+    SamplingParams,
+)
+from dockyard.producers.rollouts import build_rollout
+from dockyard.schemas import EngineInfo, PromptGroup, WeightVersion
+from dockyard.utils.logging import get_logger
+from dockyard.utils.status import StatusFile
+
+log = get_logger(__name__)
+
+
+class WorkerUnhealthy(RuntimeError):
+    """Repeated engine failures: the worker stops taking work and exits non-zero."""
+
+
+class RolloutWorker:
+    def __init__(
+        self,
+        messages: MessagePlane,
+        weights: WeightBlobStore,
+        engine: GenerationEngine,
+        params: SamplingParams,
+        *,
+        worker_id: str,
+        engine_info: EngineInfo,
+        fetch_batch: int = 16,
+        nak_delay_s: float = 1.0,
+        max_consecutive_failures: int = 3,
+        status: StatusFile | None = None,
+    ) -> None:
+        self.messages = messages
+        self.weights = weights
+        self.engine = engine
+        self.params = params
+        self.worker_id = worker_id
+        self.engine_info = engine_info
+        self.fetch_batch = fetch_batch
+        self.nak_delay_s = nak_delay_s
+        self.max_consecutive_failures = max_consecutive_failures
+        self.status = status or StatusFile(None, "rollout", worker_id)
+        self.stopping = asyncio.Event()
+        # Generate only with published weights: the first weight event is loaded before work.
+        self.weights_ready = asyncio.Event()
+        self.groups_done = 0
+        self.failures = 0
+        self.refits = 0
+        self.refused_refits = 0
+        self.last_refit_latency_s = 0.0
+
+    def stop(self) -> None:
+        """Graceful drain: finish the batch in hand, publish it, then return from ``run``."""
+        self.stopping.set()
+
+    async def run(self) -> None:
+        follower = asyncio.create_task(self.follow_weights(), name="weight-follower")
+        self.status.update("running")
+        try:
+            await self.generation_loop()
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+            self.status.update("stopped")
+
+    async def generation_loop(self) -> None:
+        consecutive_failures = 0
+        consumer = self.messages.names.prompt_consumer
+        while not self.weights_ready.is_set() and not self.stopping.is_set():
+            await asyncio.wait(
+                [asyncio.ensure_future(e.wait()) for e in (self.weights_ready, self.stopping)],
+                timeout=1.0,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        while not self.stopping.is_set():
+            received = await self.messages.fetch(
+                consumer, PromptGroup, batch=self.fetch_batch, timeout_s=0.5
+            )
+            if not received:
+                continue
+            try:
+                await self.process(received)
+                consecutive_failures = 0
+            except Exception as error:  # an engine failure must not lose the work
+                consecutive_failures += 1
+                self.failures += 1
+                log.error("rollout.engine_failed", error=repr(error), groups=len(received))
+                for item in received:
+                    await item.nak(self.nak_delay_s)
+                self.status.update(detail=f"engine error: {error!r}", failures=self.failures)
+                if consecutive_failures >= self.max_consecutive_failures:
+                    self.status.update("unhealthy")
+                    raise WorkerUnhealthy(
+                        f"{consecutive_failures} consecutive engine failures; last: {error!r}"
+                    ) from error
+
+    async def process(self, received: Sequence[Received[PromptGroup]]) -> None:
+        started = time.time()
+        by_size: dict[int, list[Received[PromptGroup]]] = {}
+        for item in received:
+            by_size.setdefault(item.message.num_generations, []).append(item)
+        for num_generations, items in by_size.items():
+            requests = [
+                GenerationRequest(item.message.prompt_token_ids.tolist(), item.message.group_id)
+                for item in items
+            ]
+            results = await self.engine.generate(requests, self.params, num_generations)
+            rollouts = [
+                build_rollout(
+                    item.message,
+                    results[index * num_generations : (index + 1) * num_generations],
+                    self.params,
+                    engine=self.engine_info,
+                    worker_id=self.worker_id,
+                    started_at_unix_s=started,
+                )
+                for index, item in enumerate(items)
+            ]
+            await self.messages.publish_many(rollouts)
+            for item in items:
+                await item.ack()  # only once the rollout is stored
+            self.groups_done += len(items)
+        self.status.update(
+            groups=self.groups_done,
+            weight_version=self.engine.current_version,
+            seconds_per_batch=time.time() - started,
+        )
+
+    async def follow_weights(self) -> None:
+        async for event in self.messages.weight_versions():
+            if event.version <= self.engine.current_version and self.refits:
+                continue
+            await self.refit(event)
+
+    async def refit(self, event: WeightVersion) -> None:
+        started = time.perf_counter()
+        ref = new_ref(event.version, event.digest, event.nbytes, event.blob_ref)
+        try:
+            tensors = await self.weights.get_tensors(ref)
+        except (BlobDigestMismatch, BlobNotFound) as error:
+            # Corrupt or missing bytes never reach the engine: the old weights stay in use.
+            self.refused_refits += 1
+            log.error("refit.refused", version=event.version, reason=str(error))
+            self.status.update(detail=f"refused v{event.version}: {type(error).__name__}")
+            return
+        await self.engine.update_weights(event.version, tensors)
+        self.weights_ready.set()
+        self.refits += 1
+        self.last_refit_latency_s = time.perf_counter() - started
+        log.info("refit.done", version=event.version, seconds=self.last_refit_latency_s)
+        self.status.update(weight_version=event.version, refit_s=self.last_refit_latency_s)

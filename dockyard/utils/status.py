@@ -1,0 +1,55 @@
+"""Role heartbeats as small JSON files, so a supervisor (``dockyard run``) can show per-role
+health without joining the data plane. Written atomically (temp file + rename)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class RoleStatus:
+    role: str
+    instance: str
+    state: str = "starting"  # starting | running | draining | stopped | unhealthy | failed
+    detail: str = ""
+    counters: dict[str, float] = field(default_factory=dict)
+    updated_at_unix_s: float = 0.0
+    pid: int = field(default_factory=os.getpid)
+
+
+class StatusFile:
+    """Writes one role instance's status into ``directory`` (no-op when ``directory`` is None)."""
+
+    def __init__(self, directory: Path | str | None, role: str, instance: str) -> None:
+        self.status = RoleStatus(role=role, instance=instance)
+        self.path = Path(directory) / f"{role}-{instance}.json" if directory else None
+
+    def update(
+        self, state: str | None = None, detail: str | None = None, **counters: float
+    ) -> None:
+        if state is not None:
+            self.status.state = state
+        if detail is not None:
+            self.status.detail = detail
+        self.status.counters.update(counters)
+        self.status.updated_at_unix_s = time.time()
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self.status.__dict__))
+        temporary.replace(self.path)
+
+
+def read_statuses(directory: Path) -> list[RoleStatus]:
+    statuses = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            statuses.append(RoleStatus(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue  # being replaced right now; the next poll reads it
+    return statuses

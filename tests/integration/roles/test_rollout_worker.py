@@ -1,0 +1,150 @@
+"""The rollout worker against a real nats-server: prompt group in → rollout out, generated with
+the published weights; a refit whose blob is corrupt is refused and the old weights stay."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import numpy as np
+import torch
+
+from dockyard.broker.jetstream import JetStreamPlane
+from dockyard.broker.typed import MessagePlane
+from dockyard.broker.weights.factory import create_weight_store
+from dockyard.models import build_arithmetic_policy
+from dockyard.producers.engines.sampling import make_sampling_params
+from dockyard.producers.engines.torch_engine import TorchEngine
+from dockyard.producers.rollout_worker import RolloutWorker
+from dockyard.schemas import EngineInfo, Rollout, WeightVersion, decode
+from tests.integration.roles.factories import prompt_group
+
+
+async def wait_for(predicate, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+async def publish_weights(messages, store, version: int, state, before_event=None):
+    ref = await store.put(version, {k: v.clone().contiguous() for k, v in state.items()})
+    if before_event is not None:
+        before_event(ref)
+    event = WeightVersion(
+        version=version,
+        step=version,
+        blob_ref=ref.uri,
+        digest=ref.digest,
+        nbytes=ref.nbytes,
+        created_at_unix_s=time.time(),
+        producer_id="test-trainer",
+    )
+    await messages.publish(event)
+    return event
+
+
+@contextlib.asynccontextmanager
+async def running_worker(plane, store, engine):
+    worker = RolloutWorker(
+        MessagePlane(plane, stage="rollout"),
+        store,
+        engine,
+        make_sampling_params(max_new_tokens=4, temperature=1.0, seed=0),
+        worker_id="w-test",
+        engine_info=EngineInfo(name="torch", version="test"),
+    )
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 20)
+
+
+async def rollouts(plane) -> list[Rollout]:
+    return [
+        decode(m.headers, m.data, expected=Rollout)
+        async for m in plane.replay(plane.names.rollouts)
+    ]
+
+
+async def test_prompt_group_in_rollout_out_with_the_published_weights(data_plane_config):
+    trained, tokenizer = build_arithmetic_policy(seed=1)
+    engine_model, _ = build_arithmetic_policy(seed=0)  # different initial weights
+    engine = TorchEngine(
+        engine_model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+    )
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        store = create_weight_store(plane)
+        await publish_weights(messages, store, 0, trained.state_dict())
+        await messages.publish(prompt_group("g-1", generations=3))
+        async with running_worker(plane, store, engine) as worker:
+            await wait_for(lambda: _has_rollouts(plane, 1))
+            assert worker.refits == 1
+        (rollout,) = await rollouts(plane)
+        assert rollout.group_id == "g-1" and len(rollout.samples) == 3
+        for sample in rollout.samples:
+            assert (sample.token_weight_versions == 0).all()
+            assert np.isfinite(sample.behaviour_logprobs).all()
+        # The engine now holds the published weights, not its initial ones.
+        for name, tensor in trained.state_dict().items():
+            assert torch.equal(engine.model.state_dict()[name], tensor)
+        assert (await plane.consumer_lag(plane.names.prompt_consumer)).backlog == 0
+
+
+async def test_a_corrupt_blob_is_refused_and_the_old_weights_stay(
+    data_plane_config_factory, nats_server, tmp_path
+):
+    config = data_plane_config_factory(
+        nats_server.url, weight_transport={"kind": "filesystem", "path": str(tmp_path / "blobs")}
+    )
+    good, tokenizer = build_arithmetic_policy(seed=1)
+    other, _ = build_arithmetic_policy(seed=2)
+    engine = TorchEngine(
+        build_arithmetic_policy(seed=0)[0],
+        eos_token_ids=[tokenizer.eos_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    async with JetStreamPlane(config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        store = create_weight_store(plane)
+        await publish_weights(messages, store, 0, good.state_dict())
+        async with running_worker(plane, store, engine) as worker:
+            await wait_for(lambda: _refits(worker, 1))
+
+            # Version 1's bytes are damaged on the shared filesystem before its event goes out.
+            def corrupt(ref) -> None:
+                blob = next(
+                    p
+                    for p in (tmp_path / "blobs").rglob("*")
+                    if ref.hex in p.name and p.is_file() and p.stat().st_size > 1000
+                )
+                data = bytearray(blob.read_bytes())
+                data[len(data) // 2] ^= 0xFF
+                blob.write_bytes(bytes(data))
+
+            await publish_weights(messages, store, 1, other.state_dict(), before_event=corrupt)
+            await wait_for(lambda: _refused(worker, 1))
+            assert engine.current_version == 0
+            await messages.publish(prompt_group("g-after"))
+            await wait_for(lambda: _has_rollouts(plane, 1))
+        (rollout,) = await rollouts(plane)
+        assert all((s.token_weight_versions == 0).all() for s in rollout.samples)
+        for name, tensor in good.state_dict().items():
+            assert torch.equal(engine.model.state_dict()[name], tensor)
+
+
+async def _has_rollouts(plane, count: int) -> bool:
+    return len(await rollouts(plane)) >= count
+
+
+async def _refits(worker, count: int) -> bool:
+    return worker.refits >= count
+
+
+async def _refused(worker, count: int) -> bool:
+    return worker.refused_refits >= count

@@ -1,0 +1,115 @@
+"""The scorer pool against a real nats-server: rollouts in, scored rollouts out; a crash
+mid-task is redelivered and yields exactly one scored message; a poison rollout is a dead
+letter and the scorer carries on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from dockyard.broker.jetstream import JetStreamPlane
+from dockyard.broker.typed import MessagePlane
+from dockyard.config.sections.env import EnvConfig
+from dockyard.consumers.scorer import Scorer
+from dockyard.consumers.scoring import to_scored_rollout, to_scoring_group
+from dockyard.environments.base import EnvironmentContext
+from dockyard.environments.registry import build_environment
+from dockyard.schemas import DeadLetter, Rollout, ScoredRollout, decode
+from tests.integration.roles.factories import TOKENIZER, prompt_group, rollout
+
+
+async def wait_for(predicate, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+async def stored(plane: JetStreamPlane, subject: str) -> list:
+    return [m async for m in plane.replay(subject)]
+
+
+@contextlib.asynccontextmanager
+async def running_scorer(messages: MessagePlane):
+    scorer = Scorer(
+        messages,
+        EnvironmentContext(env=EnvConfig()),
+        TOKENIZER,
+        scorer_id="s-test",
+        max_deliver=3,
+        nak_delay_s=0.1,
+    )
+    task = asyncio.create_task(scorer.run())
+    try:
+        yield scorer
+    finally:
+        scorer.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_rollouts_in_scored_rollouts_out(data_plane_config):
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        group = prompt_group("g-1", 12, 34, generations=3)
+        await messages.publish(rollout(group, ["46", "45", "x"]))
+        async with running_scorer(messages):
+            await wait_for(lambda: _count(plane, plane.names.scored, 1))
+        (message,) = await stored(plane, plane.names.scored)
+        scored = decode(message.headers, message.data, expected=ScoredRollout)
+        assert scored.group_id == "g-1"
+        assert [s.reward for s in scored.scores] == [1.0, 0.0, 0.0]
+        assert [s.invalid_action for s in scored.scores] == [False, False, True]
+        lag = await plane.consumer_lag(plane.names.rollout_consumer)
+        assert lag.backlog == 0  # acked after publishing
+
+
+async def test_a_crash_mid_task_is_redelivered_and_scored_exactly_once(data_plane_config):
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        await messages.publish(rollout(prompt_group("g-crash"), ["46", "46"]))
+        # A scorer takes the rollout, publishes its score, and dies before acking.
+        (taken,) = await messages.fetch(plane.names.rollout_consumer, Rollout)
+        environment = build_environment("arithmetic")
+        score = await environment.score(to_scoring_group(taken.message, TOKENIZER))
+        await messages.publish(to_scored_rollout(taken.message, score, "dead-scorer"))
+        # After the ack wait, the survivor gets the redelivery and publishes the same id again.
+        async with running_scorer(messages) as survivor:
+            await wait_for(lambda: _backlog_zero(plane))
+            assert sum(s.groups for s in survivor.stats.by_env.values()) == 1
+        assert len(await stored(plane, plane.names.scored)) == 1
+
+
+async def test_a_poison_rollout_is_dead_lettered_and_the_scorer_continues(data_plane_config):
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="scorer")
+        await plane.publish(plane.names.rollouts, b"\x28\xb5\x2f\xfdnot a frame", msg_id="poison")
+        await messages.publish(rollout(prompt_group("g-after"), ["46", "40"]))
+        async with running_scorer(messages):
+            await wait_for(lambda: _count(plane, plane.names.scored, 1))
+            await wait_for(lambda: _count(plane, plane.names.dead_letters, 1))
+        (dead,) = await stored(plane, plane.names.dead_letters)
+        letter = decode(dead.headers, dead.data, expected=DeadLetter)
+        assert letter.reason == "corrupt_frame"
+        assert letter.stage == "scorer"
+        assert letter.original_subject == plane.names.rollouts
+
+
+async def test_an_unknown_environment_is_a_dead_letter_not_a_retry(data_plane_config):
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        group = prompt_group("g-unknown").model_copy(update={"environment": "nonexistent"})
+        await messages.publish(rollout(group, ["46", "46"]))
+        async with running_scorer(messages) as scorer:
+            await wait_for(lambda: _count(plane, plane.names.dead_letters, 1))
+            assert scorer.stats.dead_lettered
+
+
+async def _count(plane: JetStreamPlane, subject: str, expected: int) -> bool:
+    return len(await stored(plane, subject)) >= expected
+
+
+async def _backlog_zero(plane: JetStreamPlane) -> bool:
+    lag = await plane.consumer_lag(plane.names.rollout_consumer)
+    return lag.backlog == 0
