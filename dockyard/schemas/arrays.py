@@ -52,6 +52,9 @@ ARRAY_ALIGNMENT = 8
 CTX_BLOB = "dockyard_array_section"
 CTX_LIMITS = "dockyard_limits"
 CTX_COLLECTOR = "dockyard_array_collector"
+#: Set by the codec when every array in the input was resolved and checked once per message
+#: (``dockyard.schemas.precheck``): the field validators then accept those arrays as they are.
+CTX_PRECHECKED = "dockyard_arrays_prechecked"
 
 
 def _refuse(reason: ReasonCode, message: str) -> PydanticCustomError:
@@ -141,6 +144,14 @@ def _as_array(value: Any, info: ValidationInfo, default_dtype: np.dtype) -> np.n
     raise _refuse(ReasonCode.WRONG_TYPE, f"expected an array, got {type(value).__name__}")
 
 
+def _prechecked(value: Any, info: ValidationInfo) -> bool:
+    # Only the codec's pre-pass puts ndarrays into decoded metadata (msgpack never makes one).
+    if type(value) is not np.ndarray:
+        return False
+    context = info.context
+    return context is not None and CTX_PRECHECKED in context
+
+
 def _limits(info: ValidationInfo) -> DecodeLimits | None:
     context = info.context
     return context.get(CTX_LIMITS) if context else None
@@ -162,6 +173,8 @@ def _check_non_negative(arr: np.ndarray, reason: ReasonCode, what: str) -> None:
 
 
 def validate_token_ids(value: Any, info: ValidationInfo) -> np.ndarray:
+    if _prechecked(value, info):
+        return value
     arr = _as_array(value, info, np.dtype(np.int64))
     _check_1d(arr, "iu", "token ids")
     _check_non_negative(arr, ReasonCode.TOKEN_OUT_OF_VOCAB, "token ids")
@@ -177,6 +190,8 @@ def validate_token_ids(value: Any, info: ValidationInfo) -> np.ndarray:
 
 
 def validate_logprobs(value: Any, info: ValidationInfo) -> np.ndarray:
+    if _prechecked(value, info):
+        return value
     arr = _as_array(value, info, np.dtype(np.float32))
     _check_1d(arr, "f", "log-probs")
     # min and max propagate NaN and expose ±inf: two reductions and no temporary array.
@@ -186,6 +201,8 @@ def validate_logprobs(value: Any, info: ValidationInfo) -> np.ndarray:
 
 
 def validate_versions(value: Any, info: ValidationInfo) -> np.ndarray:
+    if _prechecked(value, info):
+        return value
     arr = _as_array(value, info, np.dtype(np.int64))
     _check_1d(arr, "iu", "weight versions")
     _check_non_negative(arr, ReasonCode.INVALID_FIELD, "weight versions")
@@ -193,6 +210,8 @@ def validate_versions(value: Any, info: ValidationInfo) -> np.ndarray:
 
 
 def validate_mask(value: Any, info: ValidationInfo) -> np.ndarray:
+    if _prechecked(value, info):
+        return value
     arr = _as_array(value, info, np.dtype(np.bool_))
     if arr.ndim != 1 or arr.dtype.kind not in "bu" or arr.dtype.itemsize != 1:
         raise _refuse(ReasonCode.BAD_ARRAY, f"a loss mask is 1-D bool or uint8, got {arr.dtype}")
@@ -231,6 +250,24 @@ class ArrayCollector:
 
 _UINT16_MAX = np.iinfo(np.uint16).max
 _UINT32_MAX = np.iinfo(np.uint32).max
+#: Each signed integer dtype (either byte order) and the unsigned dtype of the same width and
+#: byte order: viewed as unsigned, a negative value is ≥ 2**(bits-1), so *one* ``max`` tells
+#: whether every value lies in [0, limit] (min and max would take two passes).
+_UNSIGNED_VIEW: dict[np.dtype, np.dtype] = {
+    np.dtype(f"{order}i{size}"): np.dtype(f"{order}u{size}")
+    for order in "<>"
+    for size in (1, 2, 4, 8)
+}
+
+
+def narrow_unsigned_max(arr: np.ndarray) -> int | None:
+    """The largest value of a non-empty integer ``arr`` read as unsigned (a negative value
+    counts as huge), i.e. the bound narrowing must respect; None for other dtypes."""
+    dtype = arr.dtype
+    if dtype.kind == "u":
+        return int(arr.max())
+    unsigned = _UNSIGNED_VIEW.get(dtype)
+    return None if unsigned is None else int(arr.view(unsigned).max())
 
 
 def narrow_unsigned(arr: np.ndarray) -> np.ndarray:
@@ -243,9 +280,9 @@ def narrow_unsigned(arr: np.ndarray) -> np.ndarray:
     dtype = arr.dtype
     if dtype.kind not in "iu" or dtype.itemsize <= 2 or arr.size == 0:
         return arr
-    if dtype.kind == "i" and arr.min() < 0:
+    high = narrow_unsigned_max(arr)
+    if high is None:
         return arr
-    high = arr.max()
     if high <= _UINT16_MAX:
         return arr.astype(np.uint16)
     if high <= _UINT32_MAX and dtype.itemsize > 4:
@@ -269,24 +306,98 @@ def _identity(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+@dataclass(frozen=True, eq=False)
+class ArrayKind:
+    """What an array field holds: the wire dtypes it accepts, how the encoder writes it, and the
+    value checks a decoder runs. It rides along as metadata of the field's ``Annotated`` type,
+    so the codec's per-message passes (``layout`` on encode, ``precheck`` on decode) find every
+    array field of a model without a pydantic call per array.
+    """
+
+    name: str
+    #: The little-endian wire dtypes a decoded array of this kind may have (all 1-D).
+    dtypes: frozenset[np.dtype]
+    #: Encoder-side transform (dtype narrowing); values are preserved exactly.
+    transform: Callable[[np.ndarray], np.ndarray]
+    #: ``values_ok(arr, limits)``: True when every value passes this kind's decode checks.
+    #: The same checks as the field validator above, as one boolean over any run of values.
+    values_ok: Callable[[np.ndarray, DecodeLimits], bool]
+    #: ``needs_values_check(dtype, limits)``: False when no value of ``dtype`` can fail.
+    needs_values_check: Callable[[np.dtype, DecodeLimits], bool]
+
+
+def _wire(*names: str) -> frozenset[np.dtype]:
+    return frozenset(WIRE_DTYPES[name] for name in names)
+
+
+_INTEGER_WIRE = _wire("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64")
+
+
+def _token_ids_ok(arr: np.ndarray, limits: DecodeLimits) -> bool:
+    if not arr.size:
+        return True
+    if arr.dtype.kind == "i" and int(arr.min()) < 0:
+        return False
+    return limits.vocab_size is None or int(arr.max()) < limits.vocab_size
+
+
+def _logprobs_ok(arr: np.ndarray, limits: DecodeLimits) -> bool:
+    return not arr.size or (math.isfinite(arr.min()) and math.isfinite(arr.max()))
+
+
+def _versions_ok(arr: np.ndarray, limits: DecodeLimits) -> bool:
+    return not arr.size or arr.dtype.kind != "i" or int(arr.min()) >= 0
+
+
+def _mask_ok(arr: np.ndarray, limits: DecodeLimits) -> bool:
+    return not arr.size or arr.dtype.kind != "u" or int(arr.max()) <= 1
+
+
+TOKEN_IDS = ArrayKind(
+    "token_ids",
+    _INTEGER_WIRE,
+    narrow_unsigned,
+    _token_ids_ok,
+    lambda dtype, limits: dtype.kind == "i" or limits.vocab_size is not None,
+)
+LOGPROBS = ArrayKind(
+    "logprobs",
+    _wire("float16", "float32", "float64"),
+    _identity,
+    _logprobs_ok,
+    lambda dtype, limits: True,
+)
+VERSIONS = ArrayKind(
+    "versions",
+    _INTEGER_WIRE,
+    narrow_unsigned,
+    _versions_ok,
+    lambda dtype, limits: dtype.kind == "i",
+)
+MASK = ArrayKind(
+    "mask", _wire("bool", "uint8"), _identity, _mask_ok, lambda dtype, limits: dtype.kind == "u"
+)
+
+
 def _array_type(
     validator: Callable[[Any, ValidationInfo], np.ndarray],
-    transform: Callable[[np.ndarray], np.ndarray],
+    kind: ArrayKind,
     item_schema: dict[str, str],
 ) -> Any:
     return Annotated[
         np.ndarray,
         PlainValidator(validator),
-        PlainSerializer(_serializer(transform)),
+        PlainSerializer(_serializer(kind.transform)),
         WithJsonSchema({"type": "array", "items": item_schema}),
+        kind,
     ]
 
 
 #: Token ids (1-D, non-negative integers). Narrowed to uint16/uint32 on the wire.
-TokenIdArray = _array_type(validate_token_ids, narrow_unsigned, {"type": "integer"})
+TokenIdArray = _array_type(validate_token_ids, TOKEN_IDS, {"type": "integer"})
 #: Natural-log probabilities (1-D float16/32/64, finite). Travel at their own precision.
-LogProbArray = _array_type(validate_logprobs, _identity, {"type": "number"})
+LogProbArray = _array_type(validate_logprobs, LOGPROBS, {"type": "number"})
 #: Weight version of each token (1-D, non-negative integers). Narrowed like token ids.
-VersionArray = _array_type(validate_versions, narrow_unsigned, {"type": "integer"})
+VersionArray = _array_type(validate_versions, VERSIONS, {"type": "integer"})
 #: Loss mask (1-D bool, or uint8 of 0/1): 1 = a policy-generated token that is trained on.
-MaskArray = _array_type(validate_mask, _identity, {"type": "boolean"})
+MaskArray = _array_type(validate_mask, MASK, {"type": "boolean"})

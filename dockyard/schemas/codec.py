@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from pydantic import ValidationError
 
-from dockyard.schemas.arrays import CTX_BLOB, CTX_COLLECTOR, CTX_LIMITS, ArrayCollector
+from dockyard.schemas.arrays import CTX_BLOB, CTX_LIMITS, CTX_PRECHECKED
 from dockyard.schemas.base import Message, parse_schema_version
 from dockyard.schemas.envelope import build_envelope_prefix, parse_envelope
 from dockyard.schemas.errors import CodecError, ReasonCode
 from dockyard.schemas.frames import ZSTD_LEVEL, compress, decompress_bounded
+from dockyard.schemas.layout import lay_out
 from dockyard.schemas.limits import DEFAULT_LIMITS, DecodeLimits
 from dockyard.schemas.messages import MESSAGE_TYPES
+from dockyard.schemas.precheck import ArrayPrecheck, NotChecked
 
 HEADER_MSG_ID = "Nats-Msg-Id"
 HEADER_SCHEMA = "Dockyard-Schema"
@@ -64,10 +66,11 @@ def encode(message: Message, *, level: int = ZSTD_LEVEL) -> EncodedMessage:
     cls = type(message)
     if MESSAGE_TYPES.get(cls.SCHEMA_NAME) is not cls:
         raise CodecError(ReasonCode.UNENCODABLE, f"{cls.__name__} is not a registered message")
-    collector = ArrayCollector()
-    meta = message.model_dump(mode="python", context={CTX_COLLECTOR: collector})
-    prefix = build_envelope_prefix(cls.SCHEMA_NAME, cls.SCHEMA_VERSION, meta, collector.nbytes)
-    payload = compress(b"".join((prefix, *collector.chunks)), level)
+    laid_out = lay_out(message)
+    prefix = build_envelope_prefix(
+        cls.SCHEMA_NAME, cls.SCHEMA_VERSION, laid_out.meta, laid_out.nbytes
+    )
+    payload = compress(b"".join((prefix, *laid_out.chunks)), level)
     headers = {
         HEADER_MSG_ID: message.message_id(),
         HEADER_SCHEMA: cls.SCHEMA_NAME,
@@ -136,9 +139,23 @@ def decode(
         )
     cls = _resolve_type(envelope.schema, expected)
     _check_version(cls, envelope.version)
-    context = {CTX_BLOB: envelope.data, CTX_LIMITS: limits}
+    return _validate(cls, envelope.meta, envelope.data, limits)
+
+
+def _validate(
+    cls: type[Message], meta: dict[str, Any], blob: memoryview | bytes, limits: DecodeLimits
+) -> Message:
+    # Fast path: every array resolved and checked once per message, then pydantic validates
+    # the rest. When the pre-pass is unsure, the reference path validates array by array.
+    precheck = ArrayPrecheck(blob, limits)
     try:
-        return cls.model_validate(envelope.meta, context=context)
+        precheck.run(cls, meta)
+        context: dict[str, Any] = {CTX_BLOB: blob, CTX_LIMITS: limits, CTX_PRECHECKED: True}
+    except NotChecked:
+        precheck.restore()
+        context = {CTX_BLOB: blob, CTX_LIMITS: limits}
+    try:
+        return cls.model_validate(meta, context=context)
     except ValidationError as exc:
         raise _refusal(cls, exc) from None
 
@@ -177,6 +194,8 @@ def _reason_of(error_type: str) -> ReasonCode:
         return _REASONS_BY_VALUE[error_type]
     if error_type == "missing":
         return ReasonCode.MISSING_FIELD
+    if error_type == "finite_number":  # a float field that refuses NaN and infinities
+        return ReasonCode.NON_FINITE
     if error_type.endswith(("_type", "_parsing")) or error_type in {
         "is_instance_of",
         "model_attributes_type",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 from typing import ClassVar, Literal
 
@@ -25,18 +24,13 @@ class FinishReason(StrEnum):
 
 
 class SamplingParams(WireModel):
-    temperature: float = Field(ge=0.0)
+    # allow_inf_nan=False: refused as ``finite_number`` → ``non_finite``, without a Python call.
+    temperature: float = Field(ge=0.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1, le=INT64_MAX, description="-1 = disabled")
     max_new_tokens: int = Field(ge=1, le=INT64_MAX)
     seed: int | None = Field(None, ge=-INT64_MAX - 1, le=UINT64_MAX)
     stop: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _finite(self) -> SamplingParams:
-        if not math.isfinite(self.temperature):
-            raise PydanticCustomError(ReasonCode.NON_FINITE.value, "temperature is not finite")
-        return self
 
 
 class EngineInfo(WireModel):

@@ -3,8 +3,7 @@ log-probs) attached by the scorer pool."""
 
 from __future__ import annotations
 
-import math
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -14,29 +13,39 @@ from dockyard.schemas.base import INT64_MAX, Message, WireModel
 from dockyard.schemas.errors import ReasonCode
 from dockyard.schemas.rollout import Rollout
 
+#: A score flag: a short snake_case identifier (the environments' ``ScoreFlag`` values).
+FLAG_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+MAX_SCORE_FLAGS = 32
+MAX_SCORE_DETAIL_CHARS = 1000
+
+# NaN and infinities are refused by pydantic itself (error type ``finite_number``, which the
+# codec reports as ``non_finite``): no Python validator runs per score.
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
 
 class SampleScore(WireModel):
     """The score of ``rollout.samples[sample_index]``."""
 
     sample_index: int = Field(ge=0, le=INT64_MAX)
-    reward: float = Field(description="the scalar reward the advantage is computed from")
-    reward_components: dict[str, float] = Field(default_factory=dict)
+    reward: FiniteFloat = Field(description="the scalar reward the advantage is computed from")
+    reward_components: dict[str, FiniteFloat] = Field(default_factory=dict)
     invalid_action: bool = False
     timed_out: bool = False
     #: log p_teacher per response token (nats), aligned with ``response_token_ids`` (OPD).
     teacher_logprobs: LogProbArray | None = None
-
-    @model_validator(mode="after")
-    def _finite(self) -> SampleScore:
-        values = [self.reward, *self.reward_components.values()]
-        if not all(math.isfinite(value) for value in values):
-            raise PydanticCustomError(ReasonCode.NON_FINITE.value, "reward is not finite")
-        return self
+    #: Since 1.1. Every flag the environment raised (``invalid_action`` and ``timed_out`` are
+    #: also kept as booleans for 1.0 readers); a set: order carries no meaning.
+    flags: list[Annotated[str, Field(pattern=FLAG_PATTERN)]] = Field(
+        default_factory=list, max_length=MAX_SCORE_FLAGS
+    )
+    #: Since 1.1. Human-readable explanation from the environment ("" when none).
+    detail: str = Field("", max_length=MAX_SCORE_DETAIL_CHARS)
 
 
 class ScoredRollout(Message):
     SCHEMA_NAME: ClassVar[str] = "scored_rollout"
-    SCHEMA_VERSION: ClassVar[str] = "1.0"
+    #: 1.1 added ``SampleScore.flags`` and ``SampleScore.detail`` (both with defaults).
+    SCHEMA_VERSION: ClassVar[str] = "1.1"
 
     rollout: Rollout
     scores: list[SampleScore] = Field(min_length=1, description="one per sample, in order")

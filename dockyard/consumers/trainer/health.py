@@ -15,6 +15,10 @@ class PipelineDiagnosis:
     dead_letters: int
 
     @property
+    def nothing_in_flight(self) -> bool:
+        return not (self.prompts_waiting or self.rollouts_waiting or self.scored_waiting)
+
+    @property
     def starving_stage(self) -> str:
         if self.scored_waiting:
             return "trainer (scored groups are waiting; the trainer is not fetching them)"

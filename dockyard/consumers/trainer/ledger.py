@@ -27,8 +27,11 @@ class Ledger:
         return group_id in self.trained or group_id in self.dropped
 
     def record_dispatched(self, group_ids: list[str]) -> None:
-        self.dispatched.extend(group_ids)
-        self._append([{"event": "dispatched", "group_id": g} for g in group_ids])
+        # A restarted dispatcher re-issues the same ids; they are one group, not two.
+        known = set(self.dispatched)
+        new = [g for g in group_ids if g not in known]
+        self.dispatched.extend(new)
+        self._append([{"event": "dispatched", "group_id": g} for g in new])
 
     def record_trained(self, group_ids: list[str], step: int) -> None:
         for group_id in group_ids:

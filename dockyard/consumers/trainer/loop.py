@@ -141,13 +141,15 @@ class TrainerLoop:
         event = await self.messages.current_weight_version()
         published = event.version if event is not None else -1
         if latest is None:
+            self.ledger.rewrite_trail()  # a previous incarnation without a checkpoint is undone
             self.metrics.log_hyperparams(self.config)
             await self._warm_start()
             if self.config.grpo.val_at_start:
                 await self._validate(0)
             self.weight_version = published + 1
             await self._publish_weights()
-            return 0
+            # Scored groups of a previous incarnation (if any) are accounted for, not lost.
+            return 1 if published >= 0 else 0
         state = read_checkpoint(latest.path, self.trainer)
         self.step = state.step
         self.ledger = Ledger.restore(state.ledger, self.run_dir / LEDGER_FILE)
@@ -237,6 +239,8 @@ class TrainerLoop:
                     log.warning("trainer.starving", idle_s=round(idle), detail=diagnosis.describe())
                     self.status.update(detail=diagnosis.describe())
                     warned = True
+                    if diagnosis.nothing_in_flight and self.ledger.in_flight > len(self.pending):
+                        self._drop_lost_groups()
                 if idle > cfg.run.starvation_timeout_s:
                     diagnosis = await diagnose(self.plane)
                     raise TrainerStarved(f"no scored data for {idle:.0f}s; {diagnosis.describe()}")
@@ -276,6 +280,17 @@ class TrainerLoop:
             self.summary.dropped_stale += 1
             return
         self.pending.append(Pending(scored, seq, time.monotonic()))
+
+    def _drop_lost_groups(self) -> None:
+        """Groups dispatched but found nowhere in the pipeline (dead-lettered, or deduplicated
+        away after a restart) would hold the dispatcher's budget forever: drop them, say so."""
+        pending = {p.scored.group_id for p in self.pending}
+        lost = [
+            g for g in self.ledger.dispatched if not self.ledger.seen(g) and g not in pending
+        ]
+        for group_id in lost:
+            self.ledger.record_dropped(group_id, "lost: not found in any stage")
+        log.warning("trainer.dropped_lost_groups", count=len(lost))
 
     async def _replay(self, from_seq: int) -> None:
         count = 0

@@ -141,6 +141,7 @@ short_text = st.text(max_size=40)
 finite_floats = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 times = st.floats(min_value=0.0, max_value=4e9, allow_nan=False)
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**53), 2**53), short_text)
+flags = st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True)
 token_dtypes = st.sampled_from([np.int32, np.int64, np.uint16, np.uint32])
 
 
@@ -258,6 +259,8 @@ def scored_rollouts(draw: st.DrawFn) -> ScoredRollout:
                 invalid_action=draw(st.booleans()),
                 timed_out=draw(st.booleans()),
                 teacher_logprobs=teacher,
+                flags=draw(st.lists(flags, max_size=4, unique=True)),
+                detail=draw(st.text(max_size=60)),
             )
         )
     return ScoredRollout(

@@ -1,0 +1,141 @@
+"""scored_rollout 1.1: SampleScore.flags and .detail (round trip, bounds, compatibility)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from schema_factories import craft, make_rollout, make_scored, unpack_payload
+
+from dockyard.consumers.scoring import to_scored_rollout
+from dockyard.environments.base import GroupScore, ScoreFlag
+from dockyard.environments.base import SampleScore as EnvSampleScore
+from dockyard.schemas import CodecError, ReasonCode, SampleScore, ScoredRollout, decode, encode
+from dockyard.schemas.scored import MAX_SCORE_DETAIL_CHARS, MAX_SCORE_FLAGS
+
+
+def scored_with(flags: list[str], detail: str) -> ScoredRollout:
+    base = make_scored(num_samples=2, length=8)
+    scores = [score.model_copy(update={"flags": flags, "detail": detail}) for score in base.scores]
+    return ScoredRollout(rollout=base.rollout, scores=scores, scorer_id="scorer-1")
+
+
+def test_flags_and_detail_round_trip() -> None:
+    message = scored_with(["integrity_violation", "test_timeout"], "2 of 5 tests passed; ✓ utf-8")
+    decoded = decode(None, encode(message).payload, expected=ScoredRollout)
+    assert decoded == message
+    assert decoded.scores[1].flags == ["integrity_violation", "test_timeout"]
+    assert decoded.scores[0].detail == "2 of 5 tests passed; ✓ utf-8"
+    assert encode(message).headers["Dockyard-Schema-Version"] == "1.1"
+
+
+def test_defaults_are_empty() -> None:
+    score = SampleScore(sample_index=0, reward=1.0)
+    assert (score.flags, score.detail) == ([], "")
+
+
+def _payload(meta: dict[str, Any], version: str, data: bytes) -> bytes:
+    return craft(meta, schema="scored_rollout", version=version, data=data)
+
+
+def test_a_1_0_payload_without_the_new_fields_decodes_with_defaults() -> None:
+    message = make_scored()
+    envelope = unpack_payload(encode(message).payload)
+    for score in envelope["meta"]["scores"]:
+        del score["flags"], score["detail"]
+    decoded = decode(None, _payload(envelope["meta"], "1.0", envelope["data"]))
+    assert [(s.flags, s.detail) for s in decoded.scores] == [([], ""), ([], "")]
+    assert decoded == message  # the factory sets neither field
+
+
+def test_a_later_minor_with_unknown_score_fields_decodes() -> None:
+    # What a 1.0 reader does with 1.1 fields, one minor further: unknown keys are ignored.
+    message = scored_with(["timeout"], "ran past 30 s")
+    envelope = unpack_payload(encode(message).payload)
+    for score in envelope["meta"]["scores"]:
+        score["added_in_1_7"] = {"x": [1, 2]}
+    decoded = decode(None, _payload(envelope["meta"], "1.7", envelope["data"]))
+    assert decoded == message
+
+
+@pytest.mark.parametrize(
+    ("flags", "detail"),
+    [
+        (["Timeout"], ""),  # not snake_case
+        (["has space"], ""),
+        ([""], ""),
+        (["x" * 65], ""),  # longer than 64
+        ([f"flag_{i}" for i in range(MAX_SCORE_FLAGS + 1)], ""),  # too many
+        ([], "d" * (MAX_SCORE_DETAIL_CHARS + 1)),  # detail too long
+    ],
+    ids=["upper", "space", "empty", "long-flag", "too-many", "long-detail"],
+)
+def test_out_of_bounds_flags_and_detail_are_refused(flags: list[str], detail: str) -> None:
+    with pytest.raises(ValidationError):
+        SampleScore(sample_index=0, reward=0.0, flags=flags, detail=detail)
+    envelope = unpack_payload(encode(make_scored()).payload)
+    envelope["meta"]["scores"][1].update(flags=flags, detail=detail)
+    with pytest.raises(CodecError) as caught:
+        decode(None, _payload(envelope["meta"], "1.1", envelope["data"]))
+    assert caught.value.reason is ReasonCode.INVALID_FIELD
+    assert "scores.1." in caught.value.detail
+
+
+def test_the_bounds_themselves_are_accepted() -> None:
+    flags = [f"f{i}" for i in range(MAX_SCORE_FLAGS - 1)] + ["x" * 64]
+    message = scored_with(flags, "é" * MAX_SCORE_DETAIL_CHARS)  # chars, not bytes
+    assert decode(None, encode(message).payload) == message
+
+
+def test_non_finite_rewards_are_refused_as_non_finite() -> None:
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValidationError):
+            SampleScore(sample_index=0, reward=bad)
+        with pytest.raises(ValidationError):
+            SampleScore(sample_index=0, reward=0.0, reward_components={"x": bad})
+        envelope = unpack_payload(encode(make_scored()).payload)
+        envelope["meta"]["scores"][0]["reward_components"] = {"correct": bad}
+        with pytest.raises(CodecError) as caught:
+            decode(None, _payload(envelope["meta"], "1.1", envelope["data"]))
+        assert caught.value.reason is ReasonCode.NON_FINITE
+
+
+def test_to_scored_rollout_carries_every_flag_and_the_detail() -> None:
+    rollout = make_rollout(num_samples=3, length=4)
+    teacher = np.full(4, -0.5, dtype=np.float32)
+    group = GroupScore(
+        group_id=rollout.group.group_id,
+        samples=[
+            EnvSampleScore(
+                reward=0.0,
+                flags=frozenset({ScoreFlag.TIMEOUT, ScoreFlag.SANDBOX_UNAVAILABLE}),
+                detail="no sandbox answered",
+            ),
+            EnvSampleScore(
+                reward=1.0,
+                components={"tests": 1.0},
+                flags=frozenset({ScoreFlag.INVALID_ACTION, ScoreFlag.PATCH_FAILED}),
+                teacher_logprobs=teacher,
+            ),
+            EnvSampleScore(reward=0.5, detail="x" * (MAX_SCORE_DETAIL_CHARS + 50)),
+        ],
+    )
+    scored = to_scored_rollout(rollout, group, scorer_id="scorer-9")
+    first, second, third = scored.scores
+    assert first.flags == ["sandbox_unavailable", "timeout"]
+    assert (first.timed_out, first.invalid_action) == (True, False)
+    assert first.detail == "no sandbox answered"
+    assert second.flags == ["invalid_action", "patch_failed"]
+    assert (second.timed_out, second.invalid_action) == (False, True)
+    assert second.reward_components == {"tests": 1.0}
+    assert third.flags == [] and len(third.detail) == MAX_SCORE_DETAIL_CHARS
+    assert third.detail.endswith("…") and third.detail.startswith("x" * 100)
+    decoded = decode(None, encode(scored).payload, expected=ScoredRollout)
+    assert decoded == scored
+
+
+def test_every_environment_flag_is_a_valid_wire_flag() -> None:
+    assert len(ScoreFlag) <= MAX_SCORE_FLAGS
+    SampleScore(sample_index=0, reward=0.0, flags=sorted(str(flag) for flag in ScoreFlag))
