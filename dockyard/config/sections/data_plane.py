@@ -103,6 +103,9 @@ class DataPlaneConfig(Section):
     namespace: str = Field("dockyard", pattern=r"^[A-Za-z0-9_-]+$")
     max_payload: PositiveInt = Field(8 * MiB, description="bytes per NATS message")
     max_pending: PositiveInt = Field(64 * MiB, description="client pending buffer, bytes")
+    connect_timeout_s: PositiveFloat = Field(
+        15.0, description="give up the first connection after this long (reconnects never stop)"
+    )
     streams: StreamLimitsConfig = Field(default_factory=StreamLimitsConfig)
     consumer: ConsumerConfig = Field(default_factory=ConsumerConfig)
     publish: PublishConfig = Field(default_factory=PublishConfig)

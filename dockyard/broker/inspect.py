@@ -1,0 +1,136 @@
+"""Summaries of stored messages for people debugging a run (``dockyard replay``).
+
+Decoding goes through the codec; a message that does not decode is summarised as such, with
+the codec's reason, never skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from dockyard.broker.names import PlaneNames
+from dockyard.broker.plane import StoredMessage
+from dockyard.schemas import (
+    CodecError,
+    DeadLetter,
+    Message,
+    PromptGroup,
+    Rollout,
+    ScoredRollout,
+    WeightVersion,
+    decode,
+)
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def resolve_subject(names: PlaneNames, subject: str) -> str:
+    """Short names (prompts, rollouts, scored, weights, dead) or a full subject."""
+    short = {
+        "prompts": names.prompts,
+        "rollouts": names.rollouts,
+        "scored": names.scored,
+        "weights": names.weight_events,
+        "dead": names.dead_letters,
+    }
+    return short.get(subject, subject)
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """ISO-8601 (``2025-01-31T12:00:00Z``) or relative (``90s``, ``10m``, ``2h``, ``1d``)."""
+    match = _RELATIVE.match(text.strip())
+    if match:
+        amount, unit = match.groups()
+        return (now or datetime.now(UTC)) - timedelta(**{_UNITS[unit]: float(amount)})
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"--since {text!r}: use ISO-8601 or a relative time like 10m") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@dataclass
+class MessageSummary:
+    seq: int
+    time: datetime
+    subject: str
+    schema: str
+    group_id: str = ""
+    environment: str = ""
+    weight_version: str = ""
+    staleness: str = ""
+    rewards: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    note: str = ""
+    decoded: Message | None = None
+
+
+def _version_range(versions: Sequence[int]) -> str:
+    if not versions:
+        return ""
+    low, high = min(versions), max(versions)
+    return str(low) if low == high else f"{low}..{high}"
+
+
+def _rollout_fields(summary: MessageSummary, rollout: Rollout, current: int | None) -> None:
+    summary.group_id = rollout.group.group_id
+    summary.environment = rollout.group.environment
+    versions = [int(v) for s in rollout.samples for v in s.token_weight_versions]
+    summary.weight_version = _version_range(versions)
+    if current is not None and versions:
+        summary.staleness = str(current - min(versions))
+    summary.lengths = [len(s.response_token_ids) for s in rollout.samples]
+
+
+def summarise(stored: StoredMessage, current_version: int | None = None) -> MessageSummary:
+    summary = MessageSummary(stored.seq, stored.timestamp, stored.subject, schema="")
+    try:
+        message = decode(stored.headers, stored.data)
+    except CodecError as error:
+        summary.schema = "<undecodable>"
+        summary.note = f"{error.reason.value}: {error.detail}"[:160]
+        return summary
+    summary.decoded = message
+    summary.schema = type(message).SCHEMA_NAME
+    if isinstance(message, PromptGroup):
+        summary.group_id = message.group_id
+        summary.environment = message.environment
+        summary.weight_version = str(message.dispatch_weight_version)
+        if current_version is not None:
+            summary.staleness = str(current_version - message.dispatch_weight_version)
+    elif isinstance(message, Rollout):
+        _rollout_fields(summary, message, current_version)
+    elif isinstance(message, ScoredRollout):
+        _rollout_fields(summary, message.rollout, current_version)
+        summary.rewards = [score.reward for score in message.scores]
+    elif isinstance(message, WeightVersion):
+        summary.weight_version = str(message.version)
+        summary.note = f"{message.digest[:19]}… {message.nbytes} B"
+    elif isinstance(message, DeadLetter):
+        summary.note = f"{message.stage}: {message.reason}: {message.message}"[:160]
+    return summary
+
+
+def export_record(stored: StoredMessage) -> dict[str, object]:
+    """One JSON-serialisable line of ``replay export``."""
+    record: dict[str, object] = {
+        "stream": stored.stream,
+        "seq": stored.seq,
+        "subject": stored.subject,
+        "time": stored.timestamp.isoformat(),
+        "headers": dict(stored.headers),
+    }
+    try:
+        message = decode(stored.headers, stored.data)
+    except CodecError as error:
+        record["error"] = {"reason": error.reason.value, "detail": error.detail}
+        record["payload_base64"] = base64.b64encode(stored.data).decode()
+        return record
+    record["schema"] = type(message).SCHEMA_NAME
+    record["message"] = message.model_dump(mode="json")
+    return record

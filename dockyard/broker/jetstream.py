@@ -1,0 +1,561 @@
+"""The NATS JetStream plane: the non-colocated data plane for fleets across machines.
+
+Publishing: deterministic ``Nats-Msg-Id`` (dedupe window), acks awaited with a timeout, bounded
+retries, a bounded outbound buffer while the broker is away, ``publish_async`` windows wrapped in
+``asyncio.wait_for`` (their futures never resolve on a server API error). Consuming: durable pull
+consumers with a byte cap per request (:mod:`jetstream_pull`). Oversized payloads travel by
+reference (:mod:`chunking`). Messages that exhaust ``max_deliver`` are turned into dead letters
+from the server's advisory by whichever process consumes from that durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.errors import APIError, NotFoundError
+
+from dockyard.broker import chunking
+from dockyard.broker.connection import ConnectionEvents, connect, server_urls
+from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
+from dockyard.broker.jetstream_pull import JetStreamDelivery, PullChannel, user_headers
+from dockyard.broker.names import ConsumerSpec, Retention
+from dockyard.broker.plane import (
+    HEADER_MSG_ID,
+    REASON_CHUNKS_MISSING,
+    REASON_MAX_DELIVERIES,
+    ConsumerLag,
+    DataPlane,
+    DataPlaneError,
+    Delivery,
+    OutgoingMessage,
+    PayloadError,
+    PermissionDenied,
+    ProvisionReport,
+    PublishAck,
+    PublishError,
+    StoredMessage,
+    StreamState,
+)
+from dockyard.broker.provisioning import (
+    consumer_config,
+    ensure_consumer,
+    ensure_stream,
+    stream_config,
+)
+from dockyard.config.sections.data_plane import DataPlaneConfig
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+_RETRYABLE = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    asyncio.TimeoutError,
+)
+_MAX_BACKOFF_S = 2.0
+_ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+
+
+class JetStreamPlane(DataPlane):
+    def __init__(
+        self, config: DataPlaneConfig, *, provision: bool = True, client_name: str = "dockyard"
+    ) -> None:
+        super().__init__(config)
+        self._provision_on_start = provision
+        self._client_name = client_name
+        self._events = ConnectionEvents()
+        self._nc: NatsClient | None = None
+        self._js: JetStreamContext | None = None
+        self._embedded: EmbeddedNatsServer | None = None
+        self._channels: dict[str, PullChannel] = {}
+        self._advisory_subs: list[object] = []
+        self._known_consumers: set[str] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def nc(self) -> NatsClient:
+        if self._nc is None:
+            raise DataPlaneError("the JetStream plane is not started (use `async with plane`)")
+        return self._nc
+
+    @property
+    def js(self) -> JetStreamContext:
+        if self._js is None:
+            raise DataPlaneError("the JetStream plane is not started (use `async with plane`)")
+        return self._js
+
+    @property
+    def reconnects(self) -> int:
+        """How often the connection came back after a broker outage."""
+        return self._events.reconnects
+
+    @property
+    def embedded_server(self) -> EmbeddedNatsServer | None:
+        return self._embedded
+
+    async def start(self) -> None:
+        if self._nc is not None:
+            return
+        embedded_url = None
+        if self.config.is_embedded:
+            embedded_url = await asyncio.to_thread(self._start_embedded)
+        urls = server_urls(self.config, embedded_url)
+        try:
+            self._nc = await connect(self.config, urls, self._events, name=self._client_name)
+        except (nats.errors.NoServersError, OSError, TimeoutError) as error:
+            raise DataPlaneError(
+                f"cannot connect to the data plane at {urls}: {error!r}"
+            ) from error
+        self._js = self._nc.jetstream(timeout=self.config.publish.timeout_s)
+        if self._provision_on_start:
+            await self.provision()
+
+    def _start_embedded(self) -> str:
+        embedded = self.config.embedded
+        store = (
+            Path(embedded.store_dir)
+            if embedded.store_dir
+            else Path(tempfile.mkdtemp(prefix="dockyard-nats-"))
+        )
+        self._embedded = EmbeddedNatsServer(
+            EmbeddedServerSettings(
+                store_dir=store,
+                host=embedded.host,
+                port=embedded.port,
+                max_payload=self.config.max_payload,
+                max_pending=self.config.max_pending,
+            )
+        )
+        return self._embedded.start()
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+        if self._nc is not None:
+            self._events.closing = True
+            # Closing after the broker died must not fail the caller: nothing is left to flush.
+            with contextlib.suppress(TimeoutError, nats.errors.Error, OSError):
+                await asyncio.wait_for(self._nc.close(), timeout=5)
+            self._nc = None
+            self._js = None
+        if self._embedded is not None:
+            await asyncio.to_thread(self._embedded.stop)
+            self._embedded = None
+
+    # -- provisioning ------------------------------------------------------------------------
+    async def provision(self) -> ProvisionReport:
+        outcomes = []
+        for spec in self.names.all_streams():
+            wanted = stream_config(
+                spec, self.config, is_blob_store=spec.name == self.names.blobs_stream.name
+            )
+            outcomes.append(await ensure_stream(self.js, wanted))
+        for consumer in self.names.consumers():
+            outcomes.append(
+                await ensure_consumer(self.js, consumer, consumer_config(consumer, self.config))
+            )
+            self._known_consumers.add(consumer.durable)
+        return ProvisionReport(
+            created=tuple(o.name for o in outcomes if o.action == "created"),
+            updated=tuple(o.name for o in outcomes if o.action == "updated"),
+            unchanged=tuple(o.name for o in outcomes if o.action == "unchanged"),
+        )
+
+    async def ensure_consumer(self, spec: ConsumerSpec) -> None:
+        if spec.durable in self._known_consumers:
+            return
+        await ensure_consumer(self.js, spec, consumer_config(spec, self.config))
+        self._known_consumers.add(spec.durable)
+
+    # -- producing ---------------------------------------------------------------------------
+    @property
+    def usable_payload(self) -> int:
+        """Bytes one message may carry: the smaller of the config's and the server's cap."""
+        server_cap = self.nc.max_payload or self.config.max_payload
+        return min(self.config.max_payload, server_cap) - chunking.HEADER_ROOM
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        msg_id: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> PublishAck:
+        if len(payload) > self.usable_payload:
+            return await self._publish_chunked(subject, payload, msg_id, headers or {})
+        all_headers = dict(headers or {})
+        all_headers[HEADER_MSG_ID] = msg_id
+        return await self._publish_with_retries(subject, payload, all_headers)
+
+    async def _publish_chunked(
+        self, subject: str, payload: bytes, msg_id: str, headers: Mapping[str, str]
+    ) -> PublishAck:
+        split = chunking.split(
+            self.names,
+            subject,
+            payload,
+            msg_id=msg_id,
+            headers=headers,
+            chunk_size=self.usable_payload,
+        )
+        await self._publish_window(list(split.chunks))
+        reference = split.reference
+        all_headers = dict(reference.headers)
+        all_headers[HEADER_MSG_ID] = reference.msg_id
+        return await self._publish_with_retries(subject, b"", all_headers)
+
+    async def _publish_with_retries(
+        self, subject: str, payload: bytes, headers: dict[str, str]
+    ) -> PublishAck:
+        settings = self.config.publish
+        last_error: BaseException | None = None
+        for attempt in range(settings.retries + 1):
+            try:
+                return await self._publish_once(subject, payload, headers)
+            except _RETRYABLE as error:
+                last_error = error
+                log.warning(
+                    "publish.retry", subject=subject, attempt=attempt + 1, error=repr(error)
+                )
+                if not isinstance(error, nats.errors.TimeoutError | asyncio.TimeoutError):
+                    # Immediate failures (buffer full, reconnecting) back off; timeouts already
+                    # waited a whole timeout.
+                    await asyncio.sleep(min(_MAX_BACKOFF_S, 0.05 * 2**attempt))
+            except APIError as error:
+                raise PublishError(
+                    f"broker refused publish to {subject}: {error.description} "
+                    f"(code {error.err_code})"
+                ) from error
+        reason = (
+            "the outbound buffer is full (broker unreachable)"
+            if isinstance(last_error, nats.errors.OutboundBufferLimitError)
+            else "no acknowledgement"
+        )
+        raise PublishError(
+            f"publish to {subject} failed after {settings.retries + 1} attempts "
+            f"({settings.timeout_s:g}s each): {reason}; last error {last_error!r}"
+        ) from last_error
+
+    async def _publish_once(
+        self, subject: str, payload: bytes, headers: dict[str, str]
+    ) -> PublishAck:
+        denied = self._events.permissions.denied(subject)
+        publishing = asyncio.ensure_future(
+            self.js.publish(
+                subject, payload, timeout=self.config.publish.timeout_s, headers=headers
+            )
+        )
+        try:
+            done, _ = await asyncio.wait({publishing, denied}, return_when=asyncio.FIRST_COMPLETED)
+            if denied in done:
+                publishing.cancel()
+                raise PermissionDenied(
+                    f"not allowed to publish to {subject} with these credentials: {denied.result()}"
+                )
+            ack = publishing.result()
+        finally:
+            self._events.permissions.forget(subject, denied)
+            if not publishing.done():
+                publishing.cancel()
+        return PublishAck(ack.stream, ack.seq, bool(ack.duplicate))
+
+    async def publish_many(self, messages: Sequence[OutgoingMessage]) -> list[PublishAck]:
+        small = [m for m in messages if len(m.payload) <= self.usable_payload]
+        if len(small) != len(messages):  # keep order simple: mixed batches go one by one
+            return await super().publish_many(messages)
+        return await self._publish_window(list(messages))
+
+    async def _publish_window(self, messages: list[OutgoingMessage]) -> list[PublishAck]:
+        """Pipelined publishes, at most ``publish.window`` awaiting an ack at once.
+
+        A message whose pipelined ack does not come back in time is republished on the retrying
+        path with the same ``Nats-Msg-Id``, so the retry cannot create a duplicate.
+        """
+        window = self.config.publish.window
+        timeout = self.config.publish.timeout_s
+        results: list[PublishAck | None] = [None] * len(messages)
+        for start in range(0, len(messages), window):
+            part = messages[start : start + window]
+            futures: list[asyncio.Future[api.PubAck] | None] = []
+            for message in part:
+                headers = dict(message.headers)
+                headers[HEADER_MSG_ID] = message.msg_id
+                try:
+                    futures.append(
+                        await self.js.publish_async(
+                            message.subject, message.payload, headers=headers, wait_stall=timeout
+                        )
+                    )
+                except (*_RETRYABLE, nats.js.errors.TooManyStalledMsgsError):
+                    futures.append(None)
+            for offset, future in enumerate(futures):
+                index = start + offset
+                if future is not None:
+                    try:
+                        ack = await asyncio.wait_for(future, timeout=timeout)
+                        results[index] = PublishAck(ack.stream, ack.seq, bool(ack.duplicate))
+                        continue
+                    except (TimeoutError, APIError, nats.errors.Error) as error:
+                        log.warning("publish_async.fallback", error=repr(error))
+                message = messages[index]
+                results[index] = await self.publish(
+                    message.subject, message.payload, msg_id=message.msg_id, headers=message.headers
+                )
+        return [r for r in results if r is not None]
+
+    # -- consuming ---------------------------------------------------------------------------
+    async def _channel(self, spec: ConsumerSpec) -> PullChannel:
+        channel = self._channels.get(spec.durable)
+        if channel is None:
+            await self.ensure_consumer(spec)
+            channel = PullChannel(self.nc, spec, max_bytes=max(1, self.config.max_pending // 2))
+            await channel.open()
+            await self._watch_max_deliveries(spec)
+            self._channels[spec.durable] = channel
+        return channel
+
+    async def fetch(
+        self, consumer: ConsumerSpec, batch: int | None = None, timeout_s: float = 1.0
+    ) -> list[Delivery]:
+        channel = await self._channel(consumer)
+        want = batch or self.config.consumer.fetch_batch
+        try:
+            msgs = await channel.fetch(want, timeout_s)
+        except (nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError) as e:
+            log.warning("fetch.disconnected", consumer=consumer.durable, error=repr(e))
+            with contextlib.suppress(TimeoutError):  # wait for the reconnect, do not spin
+                await asyncio.wait_for(self._events.connected.wait(), timeout=timeout_s)
+            return []
+        deliveries: list[Delivery] = []
+        for msg in msgs:
+            delivery = await self._to_delivery(msg)
+            if delivery is not None:
+                deliveries.append(delivery)
+        return deliveries
+
+    async def _to_delivery(self, msg: Msg) -> Delivery | None:
+        headers = user_headers(msg.headers)
+        reference = chunking.reference_of(headers)
+        if reference is None:
+            return JetStreamDelivery(msg, data=msg.data, headers=headers)
+        try:
+            data = await self._reassemble(reference)
+        except PayloadError as error:
+            delivery = JetStreamDelivery(msg, data=b"", headers=headers)
+            await self.dead_letter(delivery, REASON_CHUNKS_MISSING, str(error))
+            return None
+        return JetStreamDelivery(msg, data=data, headers=chunking.strip_chunk_headers(headers))
+
+    async def _reassemble(self, reference: chunking.ChunkReference) -> bytes:
+        stream = self.names.chunks_stream.name
+
+        async def one(index: int) -> bytes:
+            subject = self.names.chunk_subject(reference.ref, index)
+            try:
+                raw = await self.js.get_msg(stream, subject=subject, direct=True)
+            except NotFoundError as error:
+                raise PayloadError(f"chunk {index} of {reference.ref} is gone") from error
+            return raw.data or b""
+
+        parts = await asyncio.gather(*(one(i) for i in range(reference.count)))
+        return chunking.join(reference, list(parts))
+
+    async def _watch_max_deliveries(self, spec: ConsumerSpec) -> None:
+        """Turn the server's max-deliveries advisory for ``spec`` into a dead letter."""
+
+        async def on_advisory(msg: Msg) -> None:
+            try:
+                advisory = json.loads(msg.data)
+                seq = int(advisory["stream_seq"])
+                deliveries = int(advisory.get("deliveries", 0))
+                original = await self.get(spec.stream, seq)
+                await self.publish_dead_letter(
+                    original,
+                    REASON_MAX_DELIVERIES,
+                    f"not acknowledged after {deliveries} deliveries to consumer {spec.durable}",
+                    delivery_count=deliveries,
+                )
+                if (
+                    self.names.stream_for_subject(original.subject).retention
+                    is Retention.WORK_QUEUE
+                ):
+                    # A work queue would otherwise keep the exhausted message forever.
+                    await self.js.delete_msg(spec.stream, seq)
+                log.warning("dead_letter.max_deliveries", stream=spec.stream, seq=seq)
+            except Exception as error:  # an advisory must never kill the subscription
+                log.error("dead_letter.advisory_failed", error=repr(error))
+
+        subscription = await self.nc.subscribe(
+            f"{_ADVISORY_MAX_DELIVERIES}.{spec.stream}.{spec.durable}", cb=on_advisory
+        )
+        self._advisory_subs.append(subscription)
+
+    async def consumer_lag(self, consumer: ConsumerSpec) -> ConsumerLag:
+        await self.ensure_consumer(consumer)
+        info = await self.js.consumer_info(consumer.stream, consumer.durable)
+        return ConsumerLag(
+            consumer.durable,
+            consumer.stream,
+            pending=int(info.num_pending or 0),
+            ack_pending=int(info.num_ack_pending or 0),
+            redelivered=int(info.num_redelivered or 0),
+        )
+
+    # -- reading history ---------------------------------------------------------------------
+    async def _stored(self, stream: str, raw: api.RawStreamMsg) -> StoredMessage:
+        headers = user_headers(raw.headers)
+        data = raw.data or b""
+        reference = chunking.reference_of(headers)
+        if reference is not None:
+            data = await self._reassemble(reference)
+            headers = chunking.strip_chunk_headers(headers)
+        timestamp = raw.time if isinstance(raw.time, datetime) else datetime.now(UTC)
+        return StoredMessage(stream, raw.subject or "", int(raw.seq or 0), timestamp, headers, data)
+
+    async def get(self, stream: str, seq: int) -> StoredMessage:
+        try:
+            raw = await self.js.get_msg(stream, seq, direct=True)
+        except NotFoundError:
+            raise KeyError(f"stream {stream} has no message {seq}") from None
+        return await self._stored(stream, raw)
+
+    async def latest(self, subject: str) -> StoredMessage | None:
+        stream = self.names.stream_for_subject(subject).name
+        try:
+            raw = await self.js.get_msg(stream, subject=subject, direct=True)
+        except NotFoundError:
+            return None
+        return await self._stored(stream, raw)
+
+    async def replay(
+        self,
+        subject: str,
+        *,
+        from_seq: int | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[StoredMessage]:
+        """Direct gets with ``next_by_subj`` walk the stream without creating a consumer."""
+        stream = self.names.stream_for_subject(subject).name
+        seq = from_seq or 1
+        if since is not None and from_seq is None:
+            seq = await self._first_seq_since(stream, since)
+        count = 0
+        while limit is None or count < limit:
+            try:
+                raw = await self.js.get_msg(stream, seq, subject=subject, direct=True, next=True)
+            except NotFoundError:
+                return
+            message = await self._stored(stream, raw)
+            seq = message.seq + 1
+            if since is not None and message.timestamp < since:
+                continue
+            count += 1
+            yield message
+
+    async def _first_seq_since(self, stream: str, since: datetime) -> int:
+        request = json.dumps({"start_time": since.astimezone(UTC).isoformat()}).encode()
+        try:
+            response = await self.nc.request(
+                f"$JS.API.DIRECT.GET.{stream}", request, timeout=self.config.publish.timeout_s
+            )
+        except nats.errors.TimeoutError:
+            return 1
+        sequence = (response.headers or {}).get("Nats-Sequence")
+        return int(sequence) if sequence else 1
+
+    async def watch(
+        self, subject: str, *, include_latest: bool = True
+    ) -> AsyncIterator[StoredMessage]:
+        stream = self.names.stream_for_subject(subject).name
+        queue: asyncio.Queue[Msg] = asyncio.Queue(maxsize=1024)
+
+        async def on_message(msg: Msg) -> None:
+            await queue.put(msg)
+
+        subscription = await self.js.subscribe(
+            subject,
+            stream=stream,
+            cb=on_message,
+            ordered_consumer=True,
+            deliver_policy=(
+                api.DeliverPolicy.LAST_PER_SUBJECT if include_latest else api.DeliverPolicy.NEW
+            ),
+        )
+        try:
+            while True:
+                msg = await queue.get()
+                metadata = msg.metadata
+                raw = api.RawStreamMsg(
+                    subject=msg.subject,
+                    seq=metadata.sequence.stream,
+                    data=msg.data,
+                    headers=msg.headers,
+                    time=metadata.timestamp,
+                )
+                yield await self._stored(stream, raw)
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def streams(self) -> list[StreamState]:
+        states: list[StreamState] = []
+        for spec in self.names.all_streams():
+            try:
+                info = await self.js.stream_info(spec.name)
+            except NotFoundError:
+                continue
+            lags = []
+            for consumer in await self.js.consumers_info(spec.name):
+                lags.append(
+                    ConsumerLag(
+                        consumer.name,
+                        spec.name,
+                        pending=int(consumer.num_pending or 0),
+                        ack_pending=int(consumer.num_ack_pending or 0),
+                        redelivered=int(consumer.num_redelivered or 0),
+                    )
+                )
+            state = info.state
+            states.append(
+                StreamState(
+                    name=spec.name,
+                    subjects=tuple(info.config.subjects or ()),
+                    retention=str(getattr(info.config.retention, "value", info.config.retention)),
+                    messages=state.messages,
+                    bytes=state.bytes,
+                    first_seq=state.first_seq,
+                    last_seq=state.last_seq,
+                    first_time=_parse_time(getattr(state, "first_ts", None)),
+                    last_time=_parse_time(getattr(state, "last_ts", None)),
+                    consumers=tuple(lags),
+                )
+            )
+        return states
+
+
+def _parse_time(value: object) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and value and not value.startswith("0001"):
+        return api.Base._parse_utc_iso(value)
+    return None
+
+
+def monotonic_deadline(seconds: float) -> float:
+    return time.monotonic() + seconds

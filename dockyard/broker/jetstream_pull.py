@@ -1,0 +1,163 @@
+"""Pull consumption with a byte cap per request, and the JetStream :class:`Delivery`.
+
+nats-py's ``fetch`` cannot send ``max_bytes``, and a batch whose total exceeds the server's
+``max_pending`` gets the client disconnected as a slow consumer (4 × 16 MiB did). So each durable
+gets one inbox subscription and we send ``$JS.API.CONSUMER.MSG.NEXT`` requests ourselves with
+``max_bytes`` = half of ``max_pending``. Each request has its own reply subject so the status
+that ends it (404 no messages, 408 expired, 409 limit reached) is never confused with an older
+request's; messages that arrive after a fetch returned wait in the queue for the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Mapping
+from datetime import datetime
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from dockyard.broker.names import ConsumerSpec
+from dockyard.broker.plane import Delivery
+
+_STATUS = "Status"
+# Headers the server adds to stored messages; the plane hides them from readers.
+_SERVER_HEADERS = (
+    "Nats-Subject",
+    "Nats-Sequence",
+    "Nats-Time-Stamp",
+    "Nats-Stream",
+    "Nats-Last-Sequence",
+    "Nats-Num-Pending",
+)
+
+
+def user_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    return {k: v for k, v in (headers or {}).items() if k not in _SERVER_HEADERS}
+
+
+class JetStreamDelivery(Delivery):
+    def __init__(self, msg: Msg, *, data: bytes, headers: Mapping[str, str]) -> None:
+        metadata = msg.metadata
+        self._msg = msg
+        self.stream = metadata.stream
+        self.subject = msg.subject
+        self.seq = metadata.sequence.stream
+        self.num_delivered = metadata.num_delivered
+        self.timestamp = metadata.timestamp
+        self.headers = dict(headers)
+        self.data = data
+
+    async def ack(self) -> None:
+        await self._msg.ack()
+
+    async def nak(self, delay_s: float | None = None) -> None:
+        await self._msg.nak(delay=delay_s)
+
+    async def term(self, reason: str = "") -> None:
+        await self._msg.term()
+
+    async def in_progress(self) -> None:
+        await self._msg.in_progress()
+
+
+def is_status(msg: Msg) -> bool:
+    return bool(msg.headers) and _STATUS in msg.headers and not msg.data  # type: ignore[operator]
+
+
+class PullChannel:
+    """One durable's inbox: pull requests go out, deliveries and statuses come back."""
+
+    def __init__(self, nc: NatsClient, spec: ConsumerSpec, *, max_bytes: int) -> None:
+        self._nc = nc
+        self._spec = spec
+        self._max_bytes = max_bytes
+        self._prefix = nc.new_inbox()
+        self._request_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
+        self._queue: asyncio.Queue[Msg] = asyncio.Queue()
+        self._subscription: Subscription | None = None
+        self._counter = 0
+
+    async def open(self) -> None:
+        async def on_message(msg: Msg) -> None:
+            self._queue.put_nowait(msg)
+
+        # The JS messages themselves are bounded by max_bytes per request; lift nats-py's own
+        # per-subscription caps so they never drop a delivery silently.
+        self._subscription = await self._nc.subscribe(
+            f"{self._prefix}.*",
+            cb=on_message,
+            pending_msgs_limit=0,
+            pending_bytes_limit=0,
+        )
+
+    async def close(self) -> None:
+        if self._subscription is not None:
+            with contextlib.suppress(Exception):  # the connection may already be gone
+                await self._subscription.unsubscribe()
+            self._subscription = None
+
+    def _reply(self) -> str:
+        self._counter += 1
+        return f"{self._prefix}.{self._counter}"
+
+    def _drain(self, out: list[Msg], want: int) -> None:
+        while len(out) < want and not self._queue.empty():
+            msg = self._queue.get_nowait()
+            if not is_status(msg):
+                out.append(msg)
+
+    async def _request(self, batch: int, *, no_wait: bool, expires_s: float | None) -> str:
+        request: dict[str, object] = {"batch": batch, "max_bytes": self._max_bytes}
+        if no_wait:
+            request["no_wait"] = True
+        if expires_s is not None:
+            request["expires"] = int(expires_s * 1e9)
+        reply = self._reply()
+        await self._nc.publish(self._request_subject, json.dumps(request).encode(), reply=reply)
+        return reply
+
+    async def _collect_until(
+        self, out: list[Msg], want: int, reply: str, deadline: float, *, stop_on_first: bool
+    ) -> None:
+        while len(out) < want:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                msg = await asyncio.wait_for(self._queue.get(), timeout=remaining)
+            except TimeoutError:
+                return
+            if is_status(msg):
+                if msg.subject == reply:
+                    return  # this request is finished
+                continue  # an older request's end
+            out.append(msg)
+            if stop_on_first:
+                self._drain(out, want)
+                return
+
+    async def fetch(self, batch: int, timeout_s: float) -> list[Msg]:
+        deadline = time.monotonic() + timeout_s
+        out: list[Msg] = []
+        self._drain(out, batch)
+        if len(out) >= batch:
+            return out
+        # First what is there now, without waiting...
+        reply = await self._request(batch - len(out), no_wait=True, expires_s=None)
+        await self._collect_until(out, batch, reply, deadline, stop_on_first=False)
+        if out or time.monotonic() >= deadline:
+            return out
+        # ...then a long poll that returns with the first message.
+        remaining = deadline - time.monotonic()
+        reply = await self._request(batch, no_wait=False, expires_s=remaining)
+        await self._collect_until(out, batch, reply, deadline, stop_on_first=True)
+        return out
+
+
+def timestamp_of(msg: Msg) -> datetime:
+    return msg.metadata.timestamp

@@ -1,0 +1,161 @@
+"""Every stream, subject and durable consumer name of the plane, derived from one namespace.
+
+The plane knows no roles; it knows the *data* that flows: prompt groups (a work queue), raw and
+scored rollouts (experience, kept for replay), weight-version events, dead letters, the chunk
+side-store for oversized messages and weight blobs. Durable consumers are named after the data
+they read, so several processes sharing one durable form a pool (the scorers do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Retention(StrEnum):
+    WORK_QUEUE = "work_queue"  # a message is deleted once acked: each prompt group is done once
+    LIMITS = "limits"  # kept until the stream's limits: history stays replayable
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    retention: Retention
+    # Direct get lets readers fetch single messages (chunks, the latest weight event) cheaply.
+    allow_direct: bool = True
+    # A full work queue refuses new work (back-pressure); a full history drops the oldest.
+    discard_new: bool = False
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """A durable pull consumer: every process that uses the same spec shares its messages."""
+
+    durable: str
+    stream: str
+    filter_subject: str
+
+
+@dataclass(frozen=True)
+class PlaneNames:
+    namespace: str
+
+    # -- subjects ---------------------------------------------------------------------------
+    @property
+    def prompts(self) -> str:
+        return f"{self.namespace}.prompts"
+
+    @property
+    def rollouts(self) -> str:
+        return f"{self.namespace}.experience.rollouts"
+
+    @property
+    def scored(self) -> str:
+        return f"{self.namespace}.experience.scored"
+
+    @property
+    def weight_events(self) -> str:
+        return f"{self.namespace}.weights.events"
+
+    @property
+    def dead_letters(self) -> str:
+        return f"{self.namespace}.dead"
+
+    def chunk_subject(self, ref: str, index: int) -> str:
+        return f"{self.namespace}.chunks.{ref}.{index}"
+
+    def blob_data_subject(self, digest: str) -> str:
+        return f"{self.namespace}.blobs.{digest}.data"
+
+    def blob_manifest_subject(self, digest: str) -> str:
+        return f"{self.namespace}.blobs.{digest}.meta"
+
+    @property
+    def blob_manifests_wildcard(self) -> str:
+        return f"{self.namespace}.blobs.*.meta"
+
+    # -- streams -----------------------------------------------------------------------------
+    @property
+    def prompts_stream(self) -> StreamSpec:
+        return StreamSpec(
+            f"{self.namespace}_prompts", (self.prompts,), Retention.WORK_QUEUE, discard_new=True
+        )
+
+    @property
+    def experience_stream(self) -> StreamSpec:
+        return StreamSpec(
+            f"{self.namespace}_experience", (self.rollouts, self.scored), Retention.LIMITS
+        )
+
+    @property
+    def weights_stream(self) -> StreamSpec:
+        return StreamSpec(f"{self.namespace}_weights", (self.weight_events,), Retention.LIMITS)
+
+    @property
+    def dead_letters_stream(self) -> StreamSpec:
+        return StreamSpec(f"{self.namespace}_dead", (self.dead_letters,), Retention.LIMITS)
+
+    @property
+    def chunks_stream(self) -> StreamSpec:
+        return StreamSpec(
+            f"{self.namespace}_chunks", (f"{self.namespace}.chunks.>",), Retention.LIMITS
+        )
+
+    @property
+    def blobs_stream(self) -> StreamSpec:
+        return StreamSpec(
+            f"{self.namespace}_blobs", (f"{self.namespace}.blobs.>",), Retention.LIMITS
+        )
+
+    def message_streams(self) -> tuple[StreamSpec, ...]:
+        """The streams a typed message can land in (the ones replay shows by default)."""
+        return (
+            self.prompts_stream,
+            self.experience_stream,
+            self.weights_stream,
+            self.dead_letters_stream,
+        )
+
+    def all_streams(self) -> tuple[StreamSpec, ...]:
+        return (*self.message_streams(), self.chunks_stream, self.blobs_stream)
+
+    def stream_for_subject(self, subject: str) -> StreamSpec:
+        for spec in self.all_streams():
+            for pattern in spec.subjects:
+                if subject_matches(pattern, subject):
+                    return spec
+        raise KeyError(f"no stream of namespace {self.namespace!r} holds subject {subject!r}")
+
+    # -- durable consumers -------------------------------------------------------------------
+    @property
+    def prompt_consumer(self) -> ConsumerSpec:
+        return ConsumerSpec(f"{self.namespace}_prompts", self.prompts_stream.name, self.prompts)
+
+    @property
+    def rollout_consumer(self) -> ConsumerSpec:
+        """Raw rollouts, shared by the whole scorer pool."""
+        return ConsumerSpec(
+            f"{self.namespace}_rollouts", self.experience_stream.name, self.rollouts
+        )
+
+    @property
+    def scored_consumer(self) -> ConsumerSpec:
+        return ConsumerSpec(f"{self.namespace}_scored", self.experience_stream.name, self.scored)
+
+    def consumers(self) -> tuple[ConsumerSpec, ...]:
+        return (self.prompt_consumer, self.rollout_consumer, self.scored_consumer)
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` is one token, a trailing ``>`` one or more."""
+    pattern_tokens = pattern.split(".")
+    subject_tokens = subject.split(".")
+    for index, token in enumerate(pattern_tokens):
+        if token == ">":
+            return len(subject_tokens) > index
+        if index >= len(subject_tokens):
+            return False
+        if token != "*" and token != subject_tokens[index]:
+            return False
+    return len(subject_tokens) == len(pattern_tokens)

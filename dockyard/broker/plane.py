@@ -1,0 +1,287 @@
+"""The :class:`DataPlane` interface and the value types that cross it.
+
+The plane moves opaque ``(subject, headers, payload bytes)``; the typed layer
+(:mod:`dockyard.broker.typed`) puts message models on top through the codec. Two
+implementations share these semantics and one contract test suite:
+:class:`~dockyard.broker.jetstream.JetStreamPlane` (NATS JetStream, for fleets across machines)
+and :class:`~dockyard.broker.memory.MemoryPlane` (one process, what ``data_plane: null`` selects).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+
+from dockyard.broker.names import ConsumerSpec, PlaneNames
+from dockyard.config.sections.data_plane import DataPlaneConfig
+
+HEADER_MSG_ID = "Nats-Msg-Id"
+# Oversized messages travel by reference to the chunk stream (see chunking.py).
+HEADER_CHUNKS = "Dockyard-Chunks"
+HEADER_CHUNK_REF = "Dockyard-Chunk-Ref"
+HEADER_PAYLOAD_SIZE = "Dockyard-Payload-Size"
+HEADER_PAYLOAD_SHA256 = "Dockyard-Payload-Sha256"
+# Set on every dead letter so it can be triaged without decoding its body.
+HEADER_DEAD_REASON = "Dockyard-Dead-Reason"
+HEADER_DEAD_DETAIL = "Dockyard-Dead-Detail"
+HEADER_ORIGINAL_SUBJECT = "Dockyard-Original-Subject"
+HEADER_ORIGINAL_STREAM = "Dockyard-Original-Stream"
+HEADER_ORIGINAL_SEQ = "Dockyard-Original-Seq"
+
+# Reason codes the plane itself raises (the codec adds its own, e.g. ``schema_mismatch``).
+REASON_MAX_DELIVERIES = "max_deliveries"
+REASON_CHUNKS_MISSING = "chunks_missing"
+
+
+class DataPlaneError(Exception):
+    """Base class of every error the plane raises."""
+
+
+class PublishError(DataPlaneError):
+    """A publish was not acknowledged after its retries (broker down, stream full, ...)."""
+
+
+class PermissionDenied(DataPlaneError):
+    """The credentials in use may not publish or subscribe to a subject."""
+
+
+class ProvisioningDrift(DataPlaneError):
+    """An existing stream or consumer differs from what the config asks for."""
+
+
+class PayloadError(DataPlaneError):
+    """A payload could not be reassembled or failed its integrity check."""
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    subject: str
+    payload: bytes
+    msg_id: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PublishAck:
+    stream: str
+    seq: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A message read back from a stream (replay, direct get, watches)."""
+
+    stream: str
+    subject: str
+    seq: int
+    timestamp: datetime
+    headers: Mapping[str, str]
+    data: bytes
+
+    @property
+    def msg_id(self) -> str | None:
+        return self.headers.get(HEADER_MSG_ID)
+
+
+class Delivery(abc.ABC):
+    """One delivery of a message from a durable pull consumer; settle it exactly once."""
+
+    stream: str
+    subject: str
+    seq: int
+    num_delivered: int
+    timestamp: datetime
+    headers: Mapping[str, str]
+    data: bytes
+
+    @property
+    def msg_id(self) -> str | None:
+        return self.headers.get(HEADER_MSG_ID)
+
+    def as_stored(self) -> StoredMessage:
+        return StoredMessage(
+            self.stream, self.subject, self.seq, self.timestamp, self.headers, self.data
+        )
+
+    @abc.abstractmethod
+    async def ack(self) -> None: ...
+
+    @abc.abstractmethod
+    async def nak(self, delay_s: float | None = None) -> None:
+        """Ask for redelivery, after ``delay_s`` if given."""
+
+    @abc.abstractmethod
+    async def term(self, reason: str = "") -> None:
+        """Never redeliver (the message went to dead letters, or is known bad)."""
+
+    @abc.abstractmethod
+    async def in_progress(self) -> None:
+        """Reset the ack timer: still working on it."""
+
+
+@dataclass(frozen=True)
+class ConsumerLag:
+    durable: str
+    stream: str
+    pending: int  # matching messages not yet delivered
+    ack_pending: int  # delivered, not yet acked
+    redelivered: int  # delivered more than once and not yet acked
+
+    @property
+    def backlog(self) -> int:
+        return self.pending + self.ack_pending
+
+
+@dataclass(frozen=True)
+class StreamState:
+    name: str
+    subjects: tuple[str, ...]
+    retention: str
+    messages: int
+    bytes: int
+    first_seq: int
+    last_seq: int
+    first_time: datetime | None
+    last_time: datetime | None
+    consumers: tuple[ConsumerLag, ...]
+
+
+@dataclass(frozen=True)
+class ProvisionReport:
+    created: tuple[str, ...]
+    updated: tuple[str, ...]
+    unchanged: tuple[str, ...]
+
+
+class DataPlane(abc.ABC):
+    """Publish, consume, replay: the only way roles exchange data.
+
+    Use as ``async with plane: ...`` (``start`` + ``close``); ``start`` provisions streams and
+    consumers when the config allows it, so every role can start in any order.
+    """
+
+    def __init__(self, config: DataPlaneConfig) -> None:
+        self.config = config
+        self.names = PlaneNames(config.namespace)
+
+    async def __aenter__(self) -> DataPlane:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def provision(self) -> ProvisionReport:
+        """Create (or update the limits of) every stream and durable consumer; idempotent."""
+
+    @abc.abstractmethod
+    async def ensure_consumer(self, spec: ConsumerSpec) -> None:
+        """Create-or-update one durable consumer (for consumers beyond the standard ones)."""
+
+    # -- producing ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        msg_id: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> PublishAck:
+        """Publish once: a repeated ``msg_id`` inside the dedupe window is a duplicate."""
+
+    async def publish_many(self, messages: Sequence[OutgoingMessage]) -> list[PublishAck]:
+        """Publish several messages; implementations pipeline inside a bounded window."""
+        return [
+            await self.publish(m.subject, m.payload, msg_id=m.msg_id, headers=m.headers)
+            for m in messages
+        ]
+
+    # -- consuming ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def fetch(
+        self, consumer: ConsumerSpec, batch: int | None = None, timeout_s: float = 1.0
+    ) -> list[Delivery]:
+        """Up to ``batch`` deliveries, waiting at most ``timeout_s``; ``[]`` when none came."""
+
+    @abc.abstractmethod
+    async def consumer_lag(self, consumer: ConsumerSpec) -> ConsumerLag: ...
+
+    async def dead_letter(
+        self, delivery: Delivery, reason: str, detail: str, *, stage: str = "data_plane"
+    ) -> PublishAck:
+        """Move a delivery to the dead-letter stream with its reason, then ``term`` it."""
+        ack = await self.publish_dead_letter(
+            delivery.as_stored(),
+            reason,
+            detail,
+            stage=stage,
+            delivery_count=delivery.num_delivered,
+        )
+        await delivery.term(reason)
+        return ack
+
+    async def publish_dead_letter(
+        self,
+        original: StoredMessage,
+        reason: str,
+        detail: str,
+        *,
+        stage: str = "data_plane",
+        delivery_count: int = 0,
+    ) -> PublishAck:
+        from dockyard.broker.dead_letters import build_dead_letter
+
+        message = build_dead_letter(
+            self.names, original, reason, detail, stage=stage, delivery_count=delivery_count
+        )
+        return await self.publish(
+            message.subject, message.payload, msg_id=message.msg_id, headers=message.headers
+        )
+
+    # -- reading history ---------------------------------------------------------------------
+    @abc.abstractmethod
+    async def get(self, stream: str, seq: int) -> StoredMessage:
+        """One message by stream sequence (``KeyError`` when absent)."""
+
+    @abc.abstractmethod
+    async def latest(self, subject: str) -> StoredMessage | None:
+        """The last message on a subject (e.g. the current weight-version event)."""
+
+    @abc.abstractmethod
+    def replay(
+        self,
+        subject: str,
+        *,
+        from_seq: int | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[StoredMessage]:
+        """Stored messages on ``subject`` in order, from a sequence or a time; ends at the tail."""
+
+    @abc.abstractmethod
+    def watch(self, subject: str, *, include_latest: bool = True) -> AsyncIterator[StoredMessage]:
+        """New messages on ``subject`` as they arrive (after the latest one, if asked); endless."""
+
+    @abc.abstractmethod
+    async def streams(self) -> list[StreamState]:
+        """Every stream of this namespace with its sequence range, size and consumers' lag."""
+
+    async def current_weight_event(self) -> StoredMessage | None:
+        return await self.latest(self.names.weight_events)

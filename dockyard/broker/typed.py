@@ -1,0 +1,139 @@
+"""Message models on top of the byte-moving plane: publish through the codec, fetch + decode.
+
+This is the layer roles use. A delivery that does not decode (corrupt frame, wrong schema,
+unsupported version, non-finite values, ...) never reaches the role: it is dead-lettered with the
+codec's reason code, ``term``-ed, counted, and the fetch carries on with the next message.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from dockyard.broker.names import ConsumerSpec
+from dockyard.broker.plane import DataPlane, Delivery, OutgoingMessage, PublishAck
+from dockyard.schemas import (
+    DEFAULT_LIMITS,
+    CodecError,
+    DeadLetter,
+    DecodeLimits,
+    Message,
+    PromptGroup,
+    Rollout,
+    ScoredRollout,
+    WeightVersion,
+    decode,
+    encode,
+)
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+M = TypeVar("M", bound=Message)
+
+
+@dataclass
+class Received(Generic[M]):
+    """A decoded message with the delivery to settle (``ack`` once it is processed)."""
+
+    message: M
+    delivery: Delivery
+
+    async def ack(self) -> None:
+        await self.delivery.ack()
+
+    async def nak(self, delay_s: float | None = None) -> None:
+        await self.delivery.nak(delay_s)
+
+    async def in_progress(self) -> None:
+        await self.delivery.in_progress()
+
+
+class MessagePlane:
+    """Typed access to a :class:`DataPlane` for one stage (the name recorded in dead letters)."""
+
+    def __init__(
+        self, plane: DataPlane, *, stage: str, limits: DecodeLimits = DEFAULT_LIMITS
+    ) -> None:
+        self.plane = plane
+        self.names = plane.names
+        self.stage = stage
+        self.limits = limits
+        self.dead_lettered: Counter[str] = Counter()  # by reason code
+
+    def subject_for(self, message_type: type[Message]) -> str:
+        subjects: dict[type[Message], str] = {
+            PromptGroup: self.names.prompts,
+            Rollout: self.names.rollouts,
+            ScoredRollout: self.names.scored,
+            WeightVersion: self.names.weight_events,
+            DeadLetter: self.names.dead_letters,
+        }
+        try:
+            return subjects[message_type]
+        except KeyError:
+            raise TypeError(f"no subject carries {message_type.__name__}") from None
+
+    def _outgoing(self, message: Message) -> OutgoingMessage:
+        encoded = encode(message)
+        headers = dict(encoded.headers)
+        msg_id = headers.pop("Nats-Msg-Id")
+        return OutgoingMessage(self.subject_for(type(message)), encoded.payload, msg_id, headers)
+
+    async def publish(self, message: Message) -> PublishAck:
+        out = self._outgoing(message)
+        return await self.plane.publish(
+            out.subject, out.payload, msg_id=out.msg_id, headers=out.headers
+        )
+
+    async def publish_many(self, messages: Sequence[Message]) -> list[PublishAck]:
+        return await self.plane.publish_many([self._outgoing(m) for m in messages])
+
+    async def fetch(
+        self,
+        consumer: ConsumerSpec,
+        expected: type[M],
+        *,
+        batch: int | None = None,
+        timeout_s: float = 1.0,
+    ) -> list[Received[M]]:
+        out: list[Received[M]] = []
+        for delivery in await self.plane.fetch(consumer, batch, timeout_s):
+            try:
+                message = decode(
+                    delivery.headers, delivery.data, limits=self.limits, expected=expected
+                )
+            except CodecError as error:
+                await self.plane.dead_letter(
+                    delivery, error.reason.value, error.detail, stage=self.stage
+                )
+                self.dead_lettered[error.reason.value] += 1
+                log.warning(
+                    "message.dead_lettered",
+                    stage=self.stage,
+                    subject=delivery.subject,
+                    seq=delivery.seq,
+                    reason=error.reason.value,
+                    detail=error.detail,
+                )
+                continue
+            out.append(Received(message, delivery))
+        return out
+
+    async def current_weight_version(self) -> WeightVersion | None:
+        stored = await self.plane.current_weight_event()
+        if stored is None:
+            return None
+        return decode(stored.headers, stored.data, limits=self.limits, expected=WeightVersion)
+
+    async def weight_versions(self) -> AsyncIterator[WeightVersion]:
+        """The current weight version, then every new one; undecodable events are skipped."""
+        async for stored in self.plane.watch(self.names.weight_events):
+            try:
+                yield decode(
+                    stored.headers, stored.data, limits=self.limits, expected=WeightVersion
+                )
+            except CodecError as error:
+                log.error("weight_event.undecodable", seq=stored.seq, reason=error.reason.value)

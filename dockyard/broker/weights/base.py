@@ -1,0 +1,144 @@
+"""The :class:`WeightBlobStore` interface, blob references and the retention rule."""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dockyard.broker.plane import DataPlaneError
+from dockyard.utils.logging import get_logger
+
+if TYPE_CHECKING:
+    import torch
+
+log = get_logger(__name__)
+
+BlobSource = bytes | bytearray | memoryview | Path | Mapping[str, "torch.Tensor"]
+DIGEST_PREFIX = "sha256:"
+HASH_BLOCK = 8 * 1024 * 1024
+
+
+class BlobNotFound(DataPlaneError, KeyError):
+    """No blob with that digest (never stored, or pruned)."""
+
+
+class BlobDigestMismatch(DataPlaneError):
+    """The bytes read do not hash to the digest that names them: refuse to load them."""
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """What a ``WeightVersion`` event carries about its blob."""
+
+    version: int
+    digest: str  # "sha256:<64 hex>"
+    nbytes: int
+    uri: str
+    created_at_unix_s: float
+
+    @property
+    def hex(self) -> str:
+        return self.digest.removeprefix(DIGEST_PREFIX)
+
+
+def digest_of_bytes(data: bytes | bytearray | memoryview) -> str:
+    return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def digest_of_file(path: Path) -> str:
+    hasher = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(HASH_BLOCK):
+            hasher.update(block)
+    return DIGEST_PREFIX + hasher.hexdigest()
+
+
+def tensors_to_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    """safetensors, the format every engine's refit path loads."""
+    from safetensors.torch import save
+
+    return save({name: tensor.detach().contiguous().cpu() for name, tensor in tensors.items()})
+
+
+def source_to_bytes(source: BlobSource) -> bytes:
+    if isinstance(source, bytes | bytearray | memoryview):
+        return bytes(source)
+    if isinstance(source, Path):
+        return source.read_bytes()
+    return tensors_to_bytes(source)
+
+
+def check_digest(expected: str, actual: str, where: str) -> None:
+    if expected != actual:
+        raise BlobDigestMismatch(
+            f"blob {where}: bytes hash to {actual}, but the blob is named {expected}; "
+            f"refusing to load it"
+        )
+
+
+def prunable(refs: list[BlobRef], keep_last: int, grace_s: float, now: float) -> list[BlobRef]:
+    """Versions that may be deleted: beyond the newest ``keep_last``, and superseded long enough.
+
+    A version stays for ``grace_s`` after the version that replaced it was put, so a worker that
+    started fetching it just before the new event can finish.
+    """
+    ordered = sorted(refs, key=lambda r: r.version)
+    doomed = []
+    for index, ref in enumerate(ordered[: max(0, len(ordered) - keep_last)]):
+        superseded_at = ordered[index + 1].created_at_unix_s
+        if now - superseded_at >= grace_s:
+            doomed.append(ref)
+    return doomed
+
+
+class WeightBlobStore(abc.ABC):
+    def __init__(self, *, keep_last: int, grace_s: float) -> None:
+        self.keep_last = keep_last
+        self.grace_s = grace_s
+
+    @abc.abstractmethod
+    async def put(self, version: int, source: BlobSource) -> BlobRef:
+        """Store a version's bytes (tensors are saved as safetensors); idempotent per digest."""
+
+    @abc.abstractmethod
+    async def get_bytes(self, ref: BlobRef) -> bytes:
+        """The blob's bytes, verified against ``ref.digest``."""
+
+    async def get_to_path(self, ref: BlobRef, dest: Path) -> Path:
+        """The blob written to ``dest`` (atomically), verified."""
+        data = await self.get_bytes(ref)
+        tmp = dest.with_name(dest.name + ".partial")
+        tmp.write_bytes(data)
+        tmp.replace(dest)
+        return dest
+
+    async def get_tensors(self, ref: BlobRef) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load
+
+        return load(await self.get_bytes(ref))
+
+    @abc.abstractmethod
+    async def refs(self) -> list[BlobRef]:
+        """Every stored version, oldest first."""
+
+    @abc.abstractmethod
+    async def delete(self, ref: BlobRef) -> None: ...
+
+    async def prune(self, now: float | None = None) -> list[BlobRef]:
+        """Apply the retention rule; returns what was deleted."""
+        doomed = prunable(
+            await self.refs(), self.keep_last, self.grace_s, time.time() if now is None else now
+        )
+        for ref in doomed:
+            await self.delete(ref)
+            log.info("weight_blob.pruned", version=ref.version, digest=ref.digest)
+        return doomed
+
+
+def new_ref(version: int, digest: str, nbytes: int, uri: str) -> BlobRef:
+    return BlobRef(version, digest, nbytes, uri, time.time())

@@ -1,0 +1,43 @@
+"""Pick the weight transport from ``data_plane.weight_transport``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dockyard.broker.plane import DataPlane
+from dockyard.broker.weights.base import WeightBlobStore
+
+
+def create_weight_store(plane: DataPlane) -> WeightBlobStore:
+    """The blob store a plane's config asks for (``jetstream`` on the in-memory plane = memory)."""
+    from dockyard.broker.jetstream import JetStreamPlane
+
+    transport = plane.config.weight_transport
+    retention = {"keep_last": transport.keep_last_versions, "grace_s": transport.retention_grace_s}
+    if transport.kind == "filesystem":
+        from dockyard.broker.weights.files import FilesystemBlobStore
+
+        assert transport.path is not None  # enforced by the config rules
+        return FilesystemBlobStore(Path(transport.path), **retention)
+    if transport.kind == "http":
+        from dockyard.broker.weights.files import HttpBlobStore
+
+        assert transport.base_url is not None
+        return HttpBlobStore(
+            transport.base_url,
+            Path(transport.path) if transport.path else None,
+            timeout_s=transport.fetch_stall_timeout_s,
+            **retention,
+        )
+    if isinstance(plane, JetStreamPlane):
+        from dockyard.broker.weights.jetstream_blobs import JetStreamBlobStore
+
+        return JetStreamBlobStore(
+            plane,
+            chunk_size=transport.chunk_size,
+            stall_timeout_s=transport.fetch_stall_timeout_s,
+            **retention,
+        )
+    from dockyard.broker.weights.memory import MemoryBlobStore
+
+    return MemoryBlobStore(**retention)

@@ -1,0 +1,173 @@
+"""Weight blobs as JetStream chunks, read by a callback-driven ordered consumer.
+
+Layout in stream ``<ns>_blobs``: the chunks of a blob on ``<ns>.blobs.<hex>.data`` (in order),
+then its manifest (JSON: version, digest, nbytes, chunk count, chunk size, time) on
+``<ns>.blobs.<hex>.meta``. The manifest goes last, so a manifest means a complete blob.
+
+nats-py's ``ObjectStore.get`` reads ≈50 MiB/s because its iterator subscription answers flow
+control on a poll; here an ordered push consumer with a callback copies every chunk into a
+preallocated buffer and hashes it as it arrives (≈10× faster, see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from dockyard.broker.jetstream import JetStreamPlane
+from dockyard.broker.plane import DataPlaneError, OutgoingMessage
+from dockyard.broker.weights.base import (
+    DIGEST_PREFIX,
+    BlobNotFound,
+    BlobRef,
+    BlobSource,
+    WeightBlobStore,
+    check_digest,
+    digest_of_bytes,
+    new_ref,
+    source_to_bytes,
+)
+
+
+class JetStreamBlobStore(WeightBlobStore):
+    def __init__(
+        self,
+        plane: JetStreamPlane,
+        *,
+        keep_last: int,
+        grace_s: float,
+        chunk_size: int,
+        stall_timeout_s: float,
+    ) -> None:
+        super().__init__(keep_last=keep_last, grace_s=grace_s)
+        self.plane = plane
+        self.names = plane.names
+        self.chunk_size = chunk_size
+        self.stall_timeout_s = stall_timeout_s
+
+    def uri_for(self, hex_digest: str) -> str:
+        return f"nats-blob://{self.names.blobs_stream.name}/{hex_digest}"
+
+    async def _manifest(self, hex_digest: str) -> dict[str, object] | None:
+        stored = await self.plane.latest(self.names.blob_manifest_subject(hex_digest))
+        return None if stored is None else json.loads(stored.data)
+
+    async def put(self, version: int, source: BlobSource) -> BlobRef:
+        data = await asyncio.to_thread(source_to_bytes, source)
+        digest = await asyncio.to_thread(digest_of_bytes, data)
+        hex_digest = digest.removeprefix(DIGEST_PREFIX)
+        existing = await self._manifest(hex_digest)
+        if existing is not None:  # content-addressed: the same bytes are stored once
+            return self._ref_from_manifest(existing)
+        chunk_size = min(self.chunk_size, self.plane.usable_payload)
+        view = memoryview(data)
+        subject = self.names.blob_data_subject(hex_digest)
+        chunks = [
+            OutgoingMessage(
+                subject, bytes(view[offset : offset + chunk_size]), f"blob:{hex_digest}:{i}"
+            )
+            for i, offset in enumerate(range(0, len(data), chunk_size))
+        ]
+        await self.plane.publish_many(chunks)
+        ref = new_ref(version, digest, len(data), self.uri_for(hex_digest))
+        manifest = {
+            "version": ref.version,
+            "digest": ref.digest,
+            "nbytes": ref.nbytes,
+            "chunks": len(chunks),
+            "chunk_size": chunk_size,
+            "created_at_unix_s": ref.created_at_unix_s,
+        }
+        await self.plane.publish(
+            self.names.blob_manifest_subject(hex_digest),
+            json.dumps(manifest).encode(),
+            msg_id=f"blob:{hex_digest}:manifest",
+        )
+        return ref
+
+    def _ref_from_manifest(self, manifest: dict[str, object]) -> BlobRef:
+        digest = str(manifest["digest"])
+        return BlobRef(
+            int(manifest["version"]),  # type: ignore[call-overload]
+            digest,
+            int(manifest["nbytes"]),  # type: ignore[call-overload]
+            self.uri_for(digest.removeprefix(DIGEST_PREFIX)),
+            float(manifest["created_at_unix_s"]),  # type: ignore[arg-type]
+        )
+
+    async def get_bytes(self, ref: BlobRef) -> bytes:
+        manifest = await self._manifest(ref.hex)
+        if manifest is None:
+            raise BlobNotFound(f"no blob {ref.digest} in stream {self.names.blobs_stream.name}")
+        nbytes = int(manifest["nbytes"])  # type: ignore[call-overload]
+        expected_chunks = int(manifest["chunks"])  # type: ignore[call-overload]
+        buffer = bytearray(nbytes)
+        hasher = hashlib.sha256()
+        progress = {"offset": 0, "chunks": 0, "at": time.monotonic()}
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def on_chunk(msg: Msg) -> None:
+            if finished.done():
+                return
+            offset = progress["offset"]
+            end = offset + len(msg.data)
+            if end > nbytes:
+                finished.set_exception(
+                    DataPlaneError(f"blob {ref.digest} has more bytes than its manifest says")
+                )
+                return
+            buffer[offset:end] = msg.data
+            hasher.update(msg.data)
+            progress.update(offset=end, chunks=progress["chunks"] + 1, at=time.monotonic())
+            if progress["chunks"] == expected_chunks:
+                finished.set_result(None)
+
+        if expected_chunks == 0:
+            finished.set_result(None)
+        subscription = await self.plane.js.subscribe(
+            self.names.blob_data_subject(ref.hex),
+            stream=self.names.blobs_stream.name,
+            cb=on_chunk,
+            ordered_consumer=True,
+            deliver_policy=api.DeliverPolicy.ALL,
+        )
+        try:
+            while not finished.done():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(finished), timeout=1.0)
+                if time.monotonic() - progress["at"] > self.stall_timeout_s:
+                    raise DataPlaneError(
+                        f"blob {ref.digest}: no chunk for {self.stall_timeout_s:g}s after "
+                        f"{progress['chunks']}/{expected_chunks} chunks"
+                    )
+            finished.result()
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+        if progress["offset"] != nbytes:
+            raise DataPlaneError(f"blob {ref.digest}: got {progress['offset']} of {nbytes} bytes")
+        check_digest(ref.digest, DIGEST_PREFIX + hasher.hexdigest(), self.uri_for(ref.hex))
+        return bytes(buffer)
+
+    async def refs(self) -> list[BlobRef]:
+        out = []
+        async for stored in self.plane.replay(self.names.blob_manifests_wildcard):
+            out.append(self._ref_from_manifest(json.loads(stored.data)))
+        return sorted(out, key=lambda r: r.version)
+
+    async def delete(self, ref: BlobRef) -> None:
+        stream = self.names.blobs_stream.name
+        # Manifest first: a reader never finds a manifest whose chunks are gone.
+        for subject in (
+            self.names.blob_manifest_subject(ref.hex),
+            self.names.blob_data_subject(ref.hex),
+        ):
+            with contextlib.suppress(NotFoundError):
+                await self.plane.js.purge_stream(stream, subject=subject)

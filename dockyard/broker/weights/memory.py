@@ -1,0 +1,41 @@
+"""Blobs for the in-memory plane (one process): a dict, with the same verification."""
+
+from __future__ import annotations
+
+from dockyard.broker.weights.base import (
+    BlobNotFound,
+    BlobRef,
+    BlobSource,
+    WeightBlobStore,
+    check_digest,
+    digest_of_bytes,
+    new_ref,
+    source_to_bytes,
+)
+
+
+class MemoryBlobStore(WeightBlobStore):
+    def __init__(self, *, keep_last: int, grace_s: float) -> None:
+        super().__init__(keep_last=keep_last, grace_s=grace_s)
+        self._blobs: dict[str, tuple[BlobRef, bytes]] = {}
+
+    async def put(self, version: int, source: BlobSource) -> BlobRef:
+        data = source_to_bytes(source)
+        digest = digest_of_bytes(data)
+        ref = new_ref(version, digest, len(data), f"memory://{digest}")
+        self._blobs.setdefault(digest, (ref, data))
+        return self._blobs[digest][0]
+
+    async def get_bytes(self, ref: BlobRef) -> bytes:
+        try:
+            _, data = self._blobs[ref.digest]
+        except KeyError:
+            raise BlobNotFound(f"no blob {ref.digest}") from None
+        check_digest(ref.digest, digest_of_bytes(data), ref.uri)
+        return data
+
+    async def refs(self) -> list[BlobRef]:
+        return sorted((ref for ref, _ in self._blobs.values()), key=lambda r: r.version)
+
+    async def delete(self, ref: BlobRef) -> None:
+        self._blobs.pop(ref.digest, None)

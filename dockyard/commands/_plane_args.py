@@ -1,0 +1,63 @@
+"""How broker-facing commands find their data plane: ``--config PATH [overrides]`` or ``--url``.
+
+``--config`` reads ``data_plane`` the same way every other command does (YAML + Hydra-style
+overrides + validation); ``--url nats://...`` points at a bare server with default settings
+(namespace ``dockyard`` unless ``--namespace``). Shared by ``dockyard broker`` and ``replay``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dockyard.cli import CliError
+from dockyard.config.sections.data_plane import DataPlaneConfig
+
+EXIT_INVALID_CONFIG = 2
+
+
+def add_plane_arguments(parser: argparse.ArgumentParser, *, url: bool = True) -> None:
+    parser.add_argument("--config", metavar="PATH", help="YAML config file (its data_plane)")
+    if url:
+        parser.add_argument("--url", help="nats:// URL of a bare server (instead of --config)")
+        parser.add_argument("--namespace", help="data_plane.namespace with --url")
+        parser.add_argument("--user", help="user name with --url")
+        parser.add_argument("--password", help="password with --url")
+        parser.add_argument(
+            "--connect-timeout", type=float, help="seconds to wait for the server with --url"
+        )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="OVERRIDE",
+        help="Hydra-style overrides with --config (key=value, +key=value, ~key)",
+    )
+
+
+def plane_config(args: argparse.Namespace) -> DataPlaneConfig:
+    from dockyard.config.errors import ConfigError
+    from dockyard.config.loader import load_config
+
+    url = getattr(args, "url", None)
+    if args.config and url:
+        raise CliError("give either --config or --url, not both")
+    if args.config:
+        try:
+            master = load_config(args.config, args.overrides)
+        except ConfigError as error:
+            raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
+        return master.data_plane or DataPlaneConfig()
+    if args.overrides:
+        raise CliError("overrides need --config")
+    fields: dict[str, object] = {}
+    if url:
+        fields["url"] = url
+    if getattr(args, "namespace", None):
+        fields["namespace"] = args.namespace
+    if getattr(args, "connect_timeout", None):
+        fields["connect_timeout_s"] = args.connect_timeout
+    if getattr(args, "user", None):
+        fields["credentials"] = {"user": args.user, "password": args.password}
+    try:
+        return DataPlaneConfig.model_validate(fields)
+    except ValueError as error:
+        raise CliError(f"invalid data plane arguments: {error}", EXIT_INVALID_CONFIG) from None

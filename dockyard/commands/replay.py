@@ -1,0 +1,216 @@
+"""``dockyard replay ls|show|export``: look into the streams of a running data plane.
+
+    dockyard replay ls     (--config PATH [overrides] | --url nats://...)
+    dockyard replay show   --subject S [--from-seq N | --since TIME] [--limit K] (...)
+    dockyard replay export --subject S [--from-seq N | --since TIME] [--limit K] --out F.jsonl
+
+``--subject`` takes a full subject or a short name: prompts, rollouts, scored, weights, dead.
+Nothing is created or acked: inspection reads with direct gets only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+from dockyard.cli import CliError, CommandRegistrar, add_subcommands
+from dockyard.commands._plane_args import add_plane_arguments, plane_config
+
+DEFAULT_SHOW_LIMIT = 50
+
+
+def _open_plane(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from dockyard.broker.jetstream import JetStreamPlane
+
+    config = plane_config(args)
+    if config.is_embedded:
+        raise CliError(
+            "replay reads a running broker: give --url nats://... or a config whose "
+            "data_plane.url is a nats:// URL (not 'embedded')"
+        )
+    return JetStreamPlane(config, provision=False, client_name="dockyard-replay")
+
+
+def _human_bytes(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{count} B"
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    async def run():  # type: ignore[no-untyped-def]
+        async with _open_plane(args) as plane:
+            return await plane.streams()
+
+    states = _run(run())
+    table = Table(title="streams")
+    for column in ("stream", "subjects", "retention", "msgs", "size", "seq range", "last"):
+        table.add_column(column)
+    consumers = Table(title="consumers")
+    for column in ("consumer", "stream", "pending", "unacked", "redelivered"):
+        consumers.add_column(column)
+    for state in states:
+        table.add_row(
+            state.name,
+            ", ".join(state.subjects),
+            state.retention,
+            str(state.messages),
+            _human_bytes(state.bytes),
+            f"{state.first_seq}..{state.last_seq}",
+            state.last_time.isoformat(timespec="seconds") if state.last_time else "-",
+        )
+        for lag in state.consumers:
+            consumers.add_row(
+                lag.durable,
+                lag.stream,
+                str(lag.pending),
+                str(lag.ack_pending),
+                str(lag.redelivered),
+            )
+    console = Console()
+    console.print(table)
+    console.print(consumers)
+    return 0
+
+
+def _selection(args: argparse.Namespace, names):  # type: ignore[no-untyped-def]
+    from dockyard.broker.inspect import parse_since, resolve_subject
+
+    if args.from_seq is not None and args.since is not None:
+        raise CliError("give --from-seq or --since, not both")
+    try:
+        since = parse_since(args.since) if args.since else None
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    return resolve_subject(names, args.subject), {
+        "from_seq": args.from_seq,
+        "since": since,
+        "limit": args.limit,
+    }
+
+
+def _show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from dockyard.broker.inspect import summarise
+
+    async def run():  # type: ignore[no-untyped-def]
+        async with _open_plane(args) as plane:
+            subject, selection = _selection(args, plane.names)
+            current = await _current_version(plane)
+            return subject, [
+                summarise(stored, current) async for stored in plane.replay(subject, **selection)
+            ]
+
+    subject, rows = _run(run())
+    table = Table(title=f"{subject} ({len(rows)} messages)")
+    columns = (
+        "seq",
+        "time",
+        "schema",
+        "group",
+        "env",
+        "weights",
+        "stale",
+        "rewards",
+        "lengths",
+        "note",
+    )
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            str(row.seq),
+            row.time.isoformat(timespec="seconds"),
+            row.schema,
+            row.group_id,
+            row.environment,
+            row.weight_version,
+            row.staleness,
+            " ".join(f"{r:.3g}" for r in row.rewards),
+            " ".join(str(n) for n in row.lengths),
+            row.note,
+        )
+    Console(width=200).print(table)
+    return 0
+
+
+async def _current_version(plane) -> int | None:  # type: ignore[no-untyped-def]
+    from dockyard.schemas import CodecError, WeightVersion, decode
+
+    stored = await plane.current_weight_event()
+    if stored is None:
+        return None
+    try:
+        return decode(stored.headers, stored.data, expected=WeightVersion).version
+    except CodecError:
+        return None
+
+
+def _export(args: argparse.Namespace) -> int:
+    from dockyard.broker.inspect import export_record
+
+    out = Path(args.out)
+
+    async def run() -> int:
+        count = 0
+        async with _open_plane(args) as plane:
+            subject, selection = _selection(args, plane.names)
+            with out.open("w") as handle:
+                async for stored in plane.replay(subject, **selection):
+                    handle.write(json.dumps(export_record(stored)) + "\n")
+                    count += 1
+        return count
+
+    count = _run(run())
+    print(f"wrote {count} messages to {out}")
+    return 0
+
+
+def _run(coroutine):  # type: ignore[no-untyped-def]
+    from dockyard.broker.plane import DataPlaneError
+
+    try:
+        return asyncio.run(coroutine)
+    except DataPlaneError as error:
+        raise CliError(str(error)) from None
+
+
+def _add_selection(parser: argparse.ArgumentParser, *, default_limit: int | None) -> None:
+    parser.add_argument(
+        "--subject",
+        required=True,
+        help="subject or short name: prompts rollouts scored weights dead",
+    )
+    parser.add_argument("--from-seq", type=int, help="first stream sequence")
+    parser.add_argument("--since", help="ISO-8601 time or relative (10m, 2h)")
+    parser.add_argument("--limit", type=int, default=default_limit, help="at most K messages")
+
+
+def register(registrar: CommandRegistrar) -> None:
+    parser = registrar.add("replay", help="Inspect and export the streams of a running data plane")
+    commands = add_subcommands(parser, dest="replay_command")
+
+    ls = commands.add("ls", help="Streams, subjects, sequence ranges, sizes, consumers and lag")
+    add_plane_arguments(ls)
+    ls.set_defaults(handler=_ls)
+
+    show = commands.add("show", help="A table of messages: seq, time, group, env, weights, rewards")
+    _add_selection(show, default_limit=DEFAULT_SHOW_LIMIT)
+    add_plane_arguments(show)
+    show.set_defaults(handler=_show)
+
+    export = commands.add("export", help="Decoded messages as JSON lines")
+    _add_selection(export, default_limit=None)
+    export.add_argument("--out", required=True, metavar="FILE.jsonl")
+    add_plane_arguments(export)
+    export.set_defaults(handler=_export)

@@ -1,0 +1,154 @@
+"""``dockyard broker up`` and ``dockyard replay`` against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dockyard.broker.embedded import EmbeddedNatsServer
+from dockyard.broker.jetstream import JetStreamPlane
+from dockyard.broker.typed import MessagePlane
+from dockyard.cli import main
+from dockyard.config.sections.data_plane import DataPlaneConfig
+from dockyard.schemas import WeightVersion
+
+_READY = re.compile(r"nats-server ready at (\S+)")
+
+
+def _start_broker_up(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "dockyard.cli", "--log-format", "json", "broker", "up", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_url(process: subprocess.Popen[str], timeout_s: float = 30) -> str:
+    deadline = time.monotonic() + timeout_s
+    assert process.stdout is not None
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line and process.poll() is not None:
+            raise AssertionError(f"broker up exited: {process.stderr.read()}")  # type: ignore[union-attr]
+        match = _READY.search(line)
+        if match:
+            return match.group(1)
+    raise AssertionError("broker up printed no URL")
+
+
+def _stop(process: subprocess.Popen[str]) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+@pytest.mark.slow
+def test_broker_up_serves_a_provisioned_jetstream_and_stops_cleanly(tmp_path: Path) -> None:
+    process = _start_broker_up("--store", str(tmp_path / "store"), "--port", "-1")
+    try:
+        url = _wait_for_url(process)
+
+        async def check() -> list[str]:
+            config = DataPlaneConfig(url=url)
+            async with JetStreamPlane(config, provision=False) as plane:
+                return [state.name for state in await plane.streams()]
+
+        assert "dockyard_experience" in asyncio.run(check())
+    finally:
+        code = _stop(process)
+    assert code == 0
+    assert (tmp_path / "store" / "jetstream").is_dir()
+
+
+def test_broker_up_on_a_taken_port_fails_clearly(
+    nats_server: EmbeddedNatsServer, tmp_path: Path
+) -> None:
+    process = _start_broker_up("--store", str(tmp_path), "--port", str(nats_server.port))
+    try:
+        code = process.wait(timeout=30)
+        stderr = process.stderr.read()  # type: ignore[union-attr]
+    finally:
+        _stop(process)
+    assert code == 3
+    assert f"port {nats_server.port} is already in use" in stderr
+
+
+def _publish_samples(config: DataPlaneConfig) -> None:
+    async def run() -> None:
+        async with JetStreamPlane(config) as plane:
+            typed = MessagePlane(plane, stage="test")
+            for version in (1, 2):
+                await typed.publish(
+                    WeightVersion(
+                        version=version,
+                        step=version * 10,
+                        blob_ref=f"nats-blob://x/{version}",
+                        digest="sha256:" + f"{version:064x}",
+                        nbytes=123,
+                        created_at_unix_s=1.0,
+                        producer_id="trainer",
+                    )
+                )
+            await plane.publish(plane.names.scored, b"not a zstd frame", msg_id="junk")
+
+    asyncio.run(run())
+
+
+def test_replay_ls_show_and_export(
+    nats_server: EmbeddedNatsServer,
+    data_plane_config_factory: Callable[..., DataPlaneConfig],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    config = data_plane_config_factory(nats_server.url)
+    _publish_samples(config)
+    target = ["--url", nats_server.url, "--namespace", config.namespace]
+
+    assert main(["replay", "ls", *target]) == 0
+    listing = capsys.readouterr().out
+    assert f"{config.namespace}_experience" in listing
+    assert f"{config.namespace}_scored" in listing  # a consumer with its lag
+
+    assert main(["replay", "show", "--subject", "weights", "--from-seq", "2", *target]) == 0
+    shown = capsys.readouterr().out
+    assert "weight_version" in shown and "123 B" in shown
+    assert shown.count("weight_version") == 1  # from seq 2: only version 2
+
+    assert main(["replay", "show", "--subject", "scored", *target]) == 0
+    assert "<undecodable>" in capsys.readouterr().out
+
+    out = tmp_path / "weights.jsonl"
+    assert main(["replay", "export", "--subject", "weights", "--out", str(out), *target]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["message"]["version"] for r in records] == [1, 2]
+    assert all(r["schema"] == "weight_version" for r in records)
+
+    junk = tmp_path / "scored.jsonl"
+    assert main(["replay", "export", "--subject", "scored", "--out", str(junk), *target]) == 0
+    [record] = [json.loads(line) for line in junk.read_text().splitlines()]
+    assert record["error"]["reason"] and record["payload_base64"]
+
+
+def test_replay_refuses_an_embedded_url(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "ls"]) == 1
+    assert "replay reads a running broker" in capsys.readouterr().err
+
+
+def test_replay_with_a_dead_url_fails_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    dead = ["--url", "nats://127.0.0.1:1", "--connect-timeout", "1"]
+    assert main(["replay", "ls", *dead]) == 1
+    assert "cannot reach a NATS server" in capsys.readouterr().err

@@ -1,0 +1,190 @@
+"""Reliability against a real nats-server that the tests kill and restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from broker_test_utils import collect, eventually, fetch_until
+
+from dockyard.broker.connection import ConnectError
+from dockyard.broker.dead_letters import read_dead_letter
+from dockyard.broker.jetstream import JetStreamPlane
+from dockyard.broker.names import PlaneNames
+from dockyard.broker.plane import REASON_MAX_DELIVERIES, PermissionDenied, PublishError
+from dockyard.broker.security import generate_credentials
+from dockyard.config.sections.data_plane import DataPlaneConfig
+
+ConfigFactory = Callable[..., DataPlaneConfig]
+MiB = 1024 * 1024
+
+
+@pytest.mark.slow
+async def test_broker_sigkill_and_restart_loses_nothing_and_processes_once(
+    nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
+) -> None:
+    server = nats_server_factory()
+    config = data_plane_config_factory(
+        server.url,  # type: ignore[attr-defined]
+        consumer={"ack_wait_s": 2.0, "max_deliver": 100},
+        publish={"timeout_s": 1.0, "retries": 20},
+    )
+    total = 300
+    processed: set[str] = set()
+    deliveries_seen = 0
+    published = 0
+
+    async with JetStreamPlane(config) as producer, JetStreamPlane(config) as consumer:
+        names = producer.names
+
+        async def produce() -> None:
+            nonlocal published
+            for i in range(total):
+                await producer.publish(names.rollouts, f"m{i}".encode(), msg_id=f"m{i}")
+                published += 1
+
+        async def consume() -> None:
+            nonlocal deliveries_seen
+            deadline = time.monotonic() + 60
+            while len(processed) < total and time.monotonic() < deadline:
+                for delivery in await consumer.fetch(names.rollout_consumer, 32, 0.5):
+                    deliveries_seen += 1
+                    assert delivery.msg_id is not None
+                    processed.add(delivery.msg_id)  # idempotent: a redelivery adds nothing
+                    await delivery.ack()
+
+        tasks = [asyncio.create_task(produce()), asyncio.create_task(consume())]
+        await eventually(
+            lambda: _value(published >= total // 3 and len(processed) >= total // 4),
+            what="a third published and a quarter consumed",
+        )
+        server.kill()  # type: ignore[attr-defined]
+        await asyncio.to_thread(server.restart)  # type: ignore[attr-defined]
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=90)
+        # both sides really lost the broker and came back by themselves
+        assert producer.reconnects >= 1 and consumer.reconnects >= 1
+
+    assert processed == {f"m{i}" for i in range(total)}
+    assert deliveries_seen >= total
+
+
+async def _value(value: bool) -> bool:
+    return value
+
+
+@pytest.mark.slow
+async def test_messages_held_by_a_dead_consumer_are_redelivered_then_dead_lettered(
+    nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
+) -> None:
+    server = nats_server_factory()
+    config = data_plane_config_factory(
+        server.url,  # type: ignore[attr-defined]
+        consumer={"ack_wait_s": 1.0, "max_deliver": 2},
+    )
+    async with JetStreamPlane(config) as survivor:
+        names = survivor.names
+        for i in range(3):
+            await survivor.publish(names.rollouts, f"held{i}".encode(), msg_id=f"held{i}")
+        doomed = JetStreamPlane(config)
+        await doomed.start()
+        held = await fetch_until(doomed, names.rollout_consumer, 3)
+        assert [d.num_delivered for d in held] == [1, 1, 1]
+        await doomed.close()  # dies without acking
+
+        redelivered = await fetch_until(survivor, names.rollout_consumer, 3, timeout_s=10)
+        assert sorted(d.data for d in redelivered) == [b"held0", b"held1", b"held2"]
+        assert all(d.num_delivered == 2 for d in redelivered)
+        # the survivor fails them too; after max_deliver they become dead letters
+
+        async def dead_letters() -> list[object]:
+            await survivor.fetch(names.rollout_consumer, timeout_s=0.2)
+            return await collect(survivor, names.dead_letters)
+
+        dead = await eventually(
+            lambda: _at_least(dead_letters(), 3), what="three dead letters", timeout_s=15
+        )
+        letters = [read_dead_letter(d) for d in dead]  # type: ignore[arg-type]
+        assert {letter.reason for letter in letters} == {REASON_MAX_DELIVERIES}
+        assert sorted(letter.original_payload for letter in letters) == [  # type: ignore[type-var]
+            b"held0",
+            b"held1",
+            b"held2",
+        ]
+        assert all(letter.delivery_count == 2 for letter in letters)
+
+
+async def _at_least(items: object, count: int) -> object:
+    values = await items  # type: ignore[misc]
+    return values if len(values) >= count else None
+
+
+async def test_publishing_while_the_broker_is_down_fails_clearly_with_bounded_buffer(
+    nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
+) -> None:
+    server = nats_server_factory()
+    config = data_plane_config_factory(
+        server.url,  # type: ignore[attr-defined]
+        publish={"timeout_s": 0.5, "retries": 1, "max_buffered_bytes": 4 * MiB},
+    )
+    async with JetStreamPlane(config) as plane:
+        names = plane.names
+        await plane.publish(names.rollouts, b"before", msg_id="before")
+        server.kill()  # type: ignore[attr-defined]
+        started = time.monotonic()
+        with pytest.raises(PublishError, match="failed after 2 attempts"):
+            await plane.publish(names.rollouts, b"x" * 1024, msg_id="during")
+        assert time.monotonic() - started < 5
+        # a burst bigger than the outbound buffer is refused, not buffered without limit
+        refusals: list[str] = []
+        for i in range(6):
+            try:
+                await plane.publish(names.rollouts, os.urandom(MiB), msg_id=f"burst{i}")
+            except PublishError as error:
+                refusals.append(str(error))
+        assert len(refusals) == 6
+        assert any("outbound buffer is full" in refusal for refusal in refusals)
+        assert plane.nc.pending_data_size <= 4 * MiB
+
+
+async def test_a_rollout_credential_cannot_publish_a_weight_event(
+    nats_server_factory: Callable[..., object],
+    data_plane_config_factory: ConfigFactory,
+    tmp_path: Path,
+) -> None:
+    namespace = "secured"
+    credentials = generate_credentials(PlaneNames(namespace), tmp_path / "credentials")
+    server = nats_server_factory(users=credentials.users)
+    import yaml
+
+    def role_config(role: str) -> DataPlaneConfig:
+        fields = yaml.safe_load(credentials.files[role].read_text())["data_plane"]
+        return data_plane_config_factory(
+            server.url,  # type: ignore[attr-defined]
+            namespace=namespace,
+            credentials=fields["credentials"],
+            publish={"timeout_s": 5.0, "retries": 0},
+        )
+
+    async with JetStreamPlane(role_config("admin")):
+        pass  # provisions the streams
+    async with JetStreamPlane(role_config("rollout")) as rollout:
+        names = rollout.names
+        ack = await rollout.publish(names.rollouts, b"a rollout", msg_id="ok")
+        assert ack.seq == 1
+        started = time.monotonic()
+        with pytest.raises(PermissionDenied, match=r"secured\.weights\.events"):
+            await rollout.publish(names.weight_events, b"forged version", msg_id="forged")
+        assert time.monotonic() - started < 2.0  # surfaced at once, not as a 5 s timeout
+    async with JetStreamPlane(role_config("trainer")) as trainer:
+        await trainer.publish(trainer.names.weight_events, b"real version", msg_id="v1")
+        assert [m.data for m in await collect(trainer, names.weight_events)] == [b"real version"]
+
+    wrong = role_config("rollout").model_copy(deep=True)
+    wrong.credentials.password = "not-the-password"
+    with pytest.raises(ConnectError, match=r"refused user 'rollout'.*Authorization Violation"):
+        async with JetStreamPlane(wrong):
+            pass

@@ -1,0 +1,138 @@
+"""JetStream-only behaviour: chunking of oversized payloads, provisioning drift, the typed layer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from broker_test_utils import collect, eventually, fetch_until
+
+from dockyard.broker.dead_letters import read_dead_letter
+from dockyard.broker.embedded import EmbeddedNatsServer
+from dockyard.broker.jetstream import JetStreamPlane
+from dockyard.broker.names import ConsumerSpec
+from dockyard.broker.plane import REASON_CHUNKS_MISSING, ProvisioningDrift
+from dockyard.broker.typed import MessagePlane
+from dockyard.config.sections.data_plane import DataPlaneConfig
+from dockyard.schemas import WeightVersion
+
+MiB = 1024 * 1024
+ConfigFactory = Callable[..., DataPlaneConfig]
+
+
+@pytest.fixture
+async def small_payload_plane(
+    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
+) -> AsyncIterator[JetStreamPlane]:
+    """Messages are capped at 1 MiB, so a few MiB already take the chunked path."""
+    config = data_plane_config_factory(nats_server.url, max_payload=MiB)
+    async with JetStreamPlane(config) as plane:
+        yield plane
+
+
+async def test_oversized_payload_is_chunked_and_reassembled_once(
+    small_payload_plane: JetStreamPlane,
+) -> None:
+    plane = small_payload_plane
+    names = plane.names
+    payload = os.urandom(3 * MiB + 123)
+    ack = await plane.publish(names.scored, payload, msg_id="big", headers={"X-A": "1"})
+    again = await plane.publish(names.scored, payload, msg_id="big")
+    assert again.duplicate and again.seq == ack.seq
+
+    [delivery] = await fetch_until(plane, names.scored_consumer, 1)
+    assert delivery.data == payload
+    assert delivery.headers["X-A"] == "1"
+    assert not any(key.startswith("Dockyard-Chunk") for key in delivery.headers)
+    await delivery.ack()
+    assert await plane.fetch(names.scored_consumer, timeout_s=0.3) == []
+
+    # the chunks are in the side stream; history readers reassemble too
+    states = {s.name: s for s in await plane.streams()}
+    assert states[names.chunks_stream.name].messages == 4
+    assert states[names.experience_stream.name].messages == 1
+    [replayed] = await collect(plane, names.scored)
+    assert replayed.data == payload
+    assert (await plane.get(names.experience_stream.name, ack.seq)).data == payload
+
+
+async def test_lost_chunks_turn_the_reference_into_a_dead_letter(
+    small_payload_plane: JetStreamPlane,
+) -> None:
+    plane = small_payload_plane
+    names = plane.names
+    await plane.publish(names.scored, os.urandom(2 * MiB), msg_id="doomed")
+    await plane.js.purge_stream(names.chunks_stream.name)
+    await plane.publish(names.scored, b"fine", msg_id="fine")
+    [delivery] = await fetch_until(plane, names.scored_consumer, 1)
+    assert delivery.data == b"fine"
+    [dead] = await collect(plane, names.dead_letters)
+    assert read_dead_letter(dead).reason == REASON_CHUNKS_MISSING
+
+
+async def test_provisioning_updates_limits_and_reports_immutable_drift(
+    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
+) -> None:
+    config = data_plane_config_factory(nats_server.url)
+    async with JetStreamPlane(config) as plane:
+        grown = config.model_copy(deep=True)
+        grown.streams.max_msgs = 1000
+        grown.consumer.max_deliver = 7
+        async with JetStreamPlane(grown, provision=False) as second:
+            report = await second.provision()
+            assert plane.names.experience_stream.name in report.updated
+            assert plane.names.rollout_consumer.durable in report.updated
+            info = await second.js.stream_info(plane.names.experience_stream.name)
+            assert info.config.max_msgs == 1000
+
+        moved = config.model_copy(deep=True)
+        moved.streams.storage = "memory"
+        with pytest.raises(
+            ProvisioningDrift, match=r"storage: exists as file, config wants memory"
+        ):
+            async with JetStreamPlane(moved):
+                pass
+
+
+def _weight_version(version: int) -> WeightVersion:
+    return WeightVersion(
+        version=version,
+        step=version,
+        blob_ref=f"blob://v{version}",
+        digest="sha256:" + f"{version:064x}",
+        nbytes=10,
+        created_at_unix_s=1.0,
+        producer_id="trainer-0",
+    )
+
+
+async def test_typed_layer_dead_letters_poison_and_carries_on(
+    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
+) -> None:
+    async with JetStreamPlane(data_plane_config_factory(nats_server.url)) as plane:
+        typed = MessagePlane(plane, stage="test-stage")
+        names = plane.names
+        consumer = ConsumerSpec(
+            f"{names.namespace}_weights_test", names.weights_stream.name, names.weight_events
+        )
+        await typed.publish(_weight_version(1))
+        await plane.publish(names.weight_events, b"\x28\xb5\x2f\xfd garbage", msg_id="poison")
+        await typed.publish(_weight_version(2))
+
+        received = []
+        while len(received) < 2:
+            batch = await typed.fetch(consumer, WeightVersion, timeout_s=2)
+            assert batch, "the consumer stalled"
+            for item in batch:
+                received.append(item.message.version)
+                await item.ack()
+        assert received == [1, 2]
+        assert sum(typed.dead_lettered.values()) == 1
+        [dead] = await eventually(lambda: collect(plane, names.dead_letters), what="dead letter")
+        letter = read_dead_letter(dead)
+        assert letter.stage == "test-stage"
+        assert letter.reason in typed.dead_lettered
+        assert letter.original_payload == b"\x28\xb5\x2f\xfd garbage"
+        current = await typed.current_weight_version()
+        assert current is not None and current.version == 2

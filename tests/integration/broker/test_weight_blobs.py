@@ -1,0 +1,120 @@
+"""Weight blobs over every transport: round trips, digest verification, retention."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from dockyard.broker.embedded import EmbeddedNatsServer
+from dockyard.broker.jetstream import JetStreamPlane
+from dockyard.broker.memory import MemoryPlane
+from dockyard.broker.weights import BlobDigestMismatch, BlobNotFound, WeightBlobStore
+from dockyard.broker.weights import create_weight_store as make_store
+from dockyard.broker.weights.base import BlobRef
+from dockyard.broker.weights.files import FilesystemBlobStore
+from dockyard.broker.weights.jetstream_blobs import JetStreamBlobStore
+from dockyard.config.sections.data_plane import DataPlaneConfig
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def http_directory(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A real HTTP server (stdlib) serving a directory, as a deployment's web server would."""
+    directory = tmp_path / "served"
+    directory.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", directory
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(params=["jetstream", "filesystem", "http", "memory"])
+async def store(
+    request: pytest.FixtureRequest,
+    nats_server: EmbeddedNatsServer,
+    data_plane_config_factory: Callable[..., DataPlaneConfig],
+    tmp_path: Path,
+    http_directory: tuple[str, Path],
+) -> AsyncIterator[WeightBlobStore]:
+    transport: dict[str, object] = {"keep_last_versions": 2, "retention_grace_s": 60.0}
+    if request.param == "filesystem":
+        transport.update(kind="filesystem", path=str(tmp_path / "blobs"))
+    elif request.param == "http":
+        transport.update(kind="http", base_url=http_directory[0], path=str(http_directory[1]))
+    transport["chunk_size"] = MiB  # several chunks even for small test blobs
+    config = data_plane_config_factory(nats_server.url, weight_transport=transport)
+    plane = MemoryPlane(config) if request.param == "memory" else JetStreamPlane(config)
+    async with plane:
+        yield make_store(plane)
+
+
+async def test_bytes_round_trip_verified(store: WeightBlobStore, tmp_path: Path) -> None:
+    data = torch.randint(0, 256, (3 * MiB + 7,), dtype=torch.uint8).numpy().tobytes()
+    ref = await store.put(1, data)
+    assert ref.digest.startswith("sha256:") and ref.nbytes == len(data)
+    assert await store.get_bytes(ref) == data
+    written = await store.get_to_path(ref, tmp_path / "copy.bin")
+    assert written.read_bytes() == data
+
+
+async def test_tensors_and_files_round_trip(store: WeightBlobStore, tmp_path: Path) -> None:
+    tensors = {"layer.weight": torch.randn(64, 32), "layer.bias": torch.arange(5.0)}
+    ref = await store.put(3, tensors)
+    loaded = await store.get_tensors(ref)
+    assert set(loaded) == set(tensors)
+    assert all(torch.equal(loaded[k], tensors[k]) for k in tensors)
+    source = tmp_path / "weights.safetensors"
+    source.write_bytes(await store.get_bytes(ref))
+    again = await store.put(4, source)
+    assert again.digest == ref.digest  # content-addressed: same bytes, same name
+
+
+async def test_a_blob_that_does_not_match_its_digest_is_refused(store: WeightBlobStore) -> None:
+    ref = await store.put(1, b"genuine weights" * 1000)
+    forged = BlobRef(ref.version, "sha256:" + "0" * 64, ref.nbytes, ref.uri, ref.created_at_unix_s)
+    with pytest.raises(BlobNotFound):
+        await store.get_bytes(forged)
+    await _tamper(store, ref)
+    with pytest.raises(BlobDigestMismatch, match="refusing to load"):
+        await store.get_bytes(ref)
+
+
+async def _tamper(store: WeightBlobStore, ref: BlobRef) -> None:
+    """Replace the stored bytes behind the store's back, as corruption on disk or wire would."""
+    evil = b"tampered weights" * 1000
+    if isinstance(store, JetStreamBlobStore):
+        subject = store.names.blob_data_subject(ref.hex)
+        await store.plane.js.purge_stream(store.names.blobs_stream.name, subject=subject)
+        await store.plane.js.publish(subject, evil[: ref.nbytes].ljust(ref.nbytes, b"x"))
+    elif isinstance(store, FilesystemBlobStore):
+        (store.directory / f"{ref.hex}.blob").write_bytes(evil)
+    else:
+        store._blobs[ref.digest] = (ref, evil)  # type: ignore[attr-defined]
+
+
+async def test_retention_keeps_the_last_versions_after_a_grace_period(
+    store: WeightBlobStore,
+) -> None:
+    refs = [await store.put(version, f"weights v{version}".encode() * 100) for version in range(4)]
+    assert [r.version for r in await store.refs()] == [0, 1, 2, 3]
+    # just after v3 was put, v0..v1 are beyond keep_last=2 but inside the grace period
+    assert await store.prune(now=time.time()) == []
+    pruned = await store.prune(now=time.time() + 3600)
+    assert sorted(r.version for r in pruned) == [0, 1]
+    assert [r.version for r in await store.refs()] == [2, 3]
+    with pytest.raises(BlobNotFound):
+        await store.get_bytes(refs[0])
+    assert await store.get_bytes(refs[3]) == b"weights v3" * 100

@@ -1,0 +1,143 @@
+"""Pure pieces of the plane: naming, chunking, retention, server config, dead letters, --since."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dockyard.broker import chunking
+from dockyard.broker.dead_letters import build_dead_letter, read_dead_letter
+from dockyard.broker.embedded import EmbeddedServerSettings, ServerUser, render_config
+from dockyard.broker.inspect import parse_since, resolve_subject
+from dockyard.broker.names import PlaneNames, Retention, subject_matches
+from dockyard.broker.plane import HEADER_DEAD_REASON, PayloadError, StoredMessage
+from dockyard.broker.security import role_grants
+from dockyard.broker.weights.base import BlobRef, prunable
+
+NAMES = PlaneNames("run1")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "expected"),
+    [
+        ("a.b", "a.b", True),
+        ("a.*", "a.b", True),
+        ("a.*", "a.b.c", False),
+        ("a.>", "a.b.c", True),
+        ("a.>", "a", False),
+        ("a.*.meta", "a.x.meta", True),
+        ("a.*.meta", "a.x.data", False),
+    ],
+)
+def test_subject_matching(pattern: str, subject: str, expected: bool) -> None:
+    assert subject_matches(pattern, subject) is expected
+
+
+def test_every_subject_has_exactly_one_stream() -> None:
+    subjects = [
+        NAMES.prompts,
+        NAMES.rollouts,
+        NAMES.scored,
+        NAMES.weight_events,
+        NAMES.dead_letters,
+    ]
+    subjects += [NAMES.chunk_subject("ref", 0), NAMES.blob_data_subject("ab")]
+    for subject in subjects:
+        owners = [
+            s for s in NAMES.all_streams() if any(subject_matches(p, subject) for p in s.subjects)
+        ]
+        assert len(owners) == 1, subject
+    assert NAMES.prompts_stream.retention is Retention.WORK_QUEUE
+    assert NAMES.experience_stream.retention is Retention.LIMITS
+    with pytest.raises(KeyError):
+        NAMES.stream_for_subject("other.subject")
+
+
+@given(size=st.integers(min_value=1, max_value=5000), chunk=st.integers(min_value=1, max_value=977))
+def test_split_and_join_are_inverse(size: int, chunk: int) -> None:
+    payload = os.urandom(size)
+    split = chunking.split(
+        NAMES, NAMES.scored, payload, msg_id="m", headers={"A": "b"}, chunk_size=chunk
+    )
+    assert len(split.chunks) == -(-size // chunk)
+    assert all(len(c.payload) <= chunk for c in split.chunks)
+    reference = chunking.reference_of(split.reference.headers)
+    assert reference is not None and split.reference.payload == b""
+    assert chunking.join(reference, [c.payload for c in split.chunks]) == payload
+    assert chunking.strip_chunk_headers(split.reference.headers) == {"A": "b"}
+
+
+def test_join_refuses_missing_or_altered_chunks() -> None:
+    split = chunking.split(NAMES, NAMES.scored, b"x" * 100, msg_id="m", headers={}, chunk_size=30)
+    reference = chunking.reference_of(split.reference.headers)
+    assert reference is not None
+    parts = [c.payload for c in split.chunks]
+    with pytest.raises(PayloadError, match="bytes, expected"):
+        chunking.join(reference, parts[:-1])
+    with pytest.raises(PayloadError, match="SHA-256"):
+        chunking.join(reference, [parts[0].replace(b"x", b"y"), *parts[1:]])
+
+
+def _ref(version: int, at: float) -> BlobRef:
+    return BlobRef(version, f"sha256:{version:064x}", 1, "u", at)
+
+
+def test_prunable_keeps_the_newest_and_respects_the_grace_period() -> None:
+    refs = [_ref(v, at=100.0 + v) for v in range(5)]
+    assert prunable(refs, keep_last=3, grace_s=10, now=105) == []  # superseded too recently
+    assert [r.version for r in prunable(refs, keep_last=3, grace_s=10, now=111.5)] == [0]
+    assert [r.version for r in prunable(refs, keep_last=3, grace_s=10, now=1000)] == [0, 1]
+    assert prunable(refs[:2], keep_last=3, grace_s=0, now=1000) == []
+
+
+def test_server_config_quotes_values_and_renders_permissions(tmp_path: Path) -> None:
+    user = ServerUser("rollout", 'pa"ss', publish_allow=("a.b",), publish_deny=("c.>",))
+    text = render_config(
+        EmbeddedServerSettings(store_dir=tmp_path / "with space", users=(user,), max_payload=123),
+        port=4333,
+    )
+    assert "port: 4333" in text and "max_payload: 123" in text
+    assert f'store_dir: "{tmp_path}/with space"' in text
+    assert 'password: "pa\\"ss"' in text
+    assert 'publish: { allow: ["a.b"], deny: ["c.>"] }' in text
+
+
+def test_only_the_trainer_and_admin_publish_weight_events() -> None:
+    grants = role_grants(NAMES)
+    allowed = {role for role, grant in grants.items() if NAMES.weight_events in grant.publish}
+    assert allowed == {"trainer"}
+    assert grants["admin"].publish == (">",)
+    assert NAMES.rollouts in grants["rollout"].publish
+
+
+def test_dead_letter_keeps_the_original_and_says_why() -> None:
+    original = StoredMessage(
+        "run1_experience", NAMES.scored, 7, datetime.now(UTC), {"Nats-Msg-Id": "m7"}, b"\x00bad"
+    )
+    letter = build_dead_letter(NAMES, original, "corrupt_frame", "line one\nline two", stage="s")
+    again = build_dead_letter(NAMES, original, "corrupt_frame", "line one\nline two", stage="s")
+    assert letter.msg_id == again.msg_id  # deterministic: reported twice, stored once
+    assert letter.subject == NAMES.dead_letters
+    assert letter.headers[HEADER_DEAD_REASON] == "corrupt_frame"
+    stored = StoredMessage(
+        "d", letter.subject, 1, original.timestamp, letter.headers, letter.payload
+    )
+    decoded = read_dead_letter(stored)
+    assert decoded.original_payload == b"\x00bad" and decoded.original_message_id == "m7"
+    assert decoded.original_stream_seq == 7 and decoded.message == "line one\nline two"
+
+
+def test_since_parses_relative_and_absolute_times() -> None:
+    now = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+    assert parse_since("10m", now) == now - timedelta(minutes=10)
+    assert parse_since("2025-01-01T10:00:00Z") == datetime(2025, 1, 1, 10, tzinfo=UTC)
+    assert parse_since("2025-01-01T10:00:00").tzinfo is UTC
+    with pytest.raises(ValueError, match="relative time"):
+        parse_since("yesterday")
+    assert resolve_subject(NAMES, "weights") == NAMES.weight_events
+    assert resolve_subject(NAMES, "x.y") == "x.y"
