@@ -96,7 +96,7 @@ def test_token_logprobs_gather_the_next_token():
             super().__init__()
             self.table = torch.nn.Embedding(vocab, vocab)
 
-        def forward(self, input_ids, attention_mask):  # noqa: ARG002 - HF signature
+        def forward(self, input_ids, attention_mask):
             return type("Out", (), {"logits": self.table(input_ids)})
 
     model = Bigram()
