@@ -1,0 +1,178 @@
+"""Tiny causal LMs built from a config in code: no download, deterministic from a seed.
+
+Sizes keep vLLM's CPU attention happy (it accepts head sizes 32, 64, 80, ... only): the default
+hidden size 128 with 4 heads gives head_dim 32. Built-in recipes are addressed as
+``tiny://NAME`` model names (see :data:`TINY_RECIPES`), so every process that loads
+``tiny://qwen2-arithmetic`` gets bit-identical initial weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+from dockyard.models.tokenizers import (
+    DEFAULT_CORPUS,
+    build_character_tokenizer,
+    train_bpe_tokenizer,
+)
+
+Arch = Literal["qwen2", "llama"]
+
+TINY_SCHEME = "tiny://"
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Shape of a tiny model; the defaults are the quickstart's ≈0.5M-parameter Qwen2."""
+
+    arch: Arch = "qwen2"
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    num_hidden_layers: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 256
+    tie_word_embeddings: bool = True
+    seed: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.head_dim not in VLLM_CPU_HEAD_SIZES:
+            raise ValueError(
+                f"head_dim {self.head_dim} is not one vLLM's CPU attention supports "
+                f"({', '.join(map(str, VLLM_CPU_HEAD_SIZES))})"
+            )
+
+
+def build_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
+    config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig}[spec.arch]
+    return config_class(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        num_hidden_layers=spec.num_hidden_layers,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+
+
+def build_tiny_model(
+    spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast, *, dtype: torch.dtype = torch.float32
+) -> PreTrainedModel:
+    """Randomly initialised model for ``tokenizer``; the same spec gives the same weights.
+
+    The global RNG is forked so building a model never perturbs a caller's random stream.
+    """
+    config = build_config(spec, tokenizer)
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model.to(dtype).eval()
+
+
+def build_arithmetic_policy(
+    seed: int = 0, *, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """The quickstart's policy: a character vocabulary (PAD, BOS, EOS, digits, ``+``, ``=``)
+    and a ≈0.5M-parameter Qwen2 (hidden 128, 4 heads, 2 layers, intermediate 512, tied)."""
+    tokenizer = build_character_tokenizer()
+    model = build_tiny_model(TinyModelSpec(seed=seed, max_position_embeddings=64), tokenizer)
+    return model.to(dtype), tokenizer
+
+
+def build_bpe_policy(
+    arch: Arch = "qwen2",
+    *,
+    corpus: Iterable[str] = DEFAULT_CORPUS,
+    vocab_size: int = 512,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A tiny general-text model with a byte-level BPE trained on ``corpus``."""
+    style = "qwen2" if arch == "qwen2" else "gpt2"
+    tokenizer = train_bpe_tokenizer(corpus, vocab_size=vocab_size, style=style)
+    model = build_tiny_model(TinyModelSpec(arch=arch, seed=seed), tokenizer)
+    return model.to(dtype), tokenizer
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    description: str
+    build: Callable[[torch.dtype], tuple[PreTrainedModel, PreTrainedTokenizerFast]] = field(
+        repr=False
+    )
+
+
+TINY_RECIPES: dict[str, TinyRecipe] = {
+    "qwen2-arithmetic": TinyRecipe(
+        "character-level Qwen2 for the quickstart's 2-digit addition (≈0.5M parameters)",
+        lambda dtype: build_arithmetic_policy(seed=0, dtype=dtype),
+    ),
+    "qwen2-bpe": TinyRecipe(
+        "Qwen2 with a byte-level BPE trained on a built-in corpus",
+        lambda dtype: build_bpe_policy("qwen2", dtype=dtype),
+    ),
+    "llama-bpe": TinyRecipe(
+        "Llama with a byte-level BPE trained on a built-in corpus",
+        lambda dtype: build_bpe_policy("llama", dtype=dtype),
+    ),
+}
+
+
+def tiny_recipe_name(model_name: str) -> str | None:
+    """``"qwen2-arithmetic"`` for ``"tiny://qwen2-arithmetic"``; None for any other name."""
+    if not model_name.startswith(TINY_SCHEME):
+        return None
+    return model_name[len(TINY_SCHEME) :]
+
+
+def build_tiny_recipe(
+    name: str, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    recipe = TINY_RECIPES.get(name)
+    if recipe is None:
+        known = ", ".join(f"{TINY_SCHEME}{key}" for key in TINY_RECIPES)
+        raise ValueError(f"unknown tiny model {TINY_SCHEME}{name}; known: {known}")
+    return recipe.build(dtype)
+
+
+def save_policy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path
+) -> Path:
+    """Write an HF directory (safetensors + config + tokenizer.json)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out

