@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 from corpus import Corpus, load_corpus, make_rollout
+from report import replace_section
 
 from dockyard.schemas import Rollout, decode, encode
 from dockyard.schemas.frames import ZSTD_LEVEL
@@ -346,11 +347,7 @@ def transform_table(rows: list[TransformRow]) -> list[str]:
 
 
 def write_docs(body: list[str]) -> None:
-    start, end = "<!-- section:codec -->", "<!-- /section:codec -->"
-    text = DOCS.read_text()
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    DOCS.write_text(head + start + "\n" + "\n".join(body) + "\n" + end + tail)
+    replace_section("codec", body)
 
 
 def main() -> int:

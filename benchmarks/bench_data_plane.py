@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 from corpus import load_corpus, make_scored_rollout
+from report import replace_section
 
 from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.broker.jetstream import JetStreamPlane
@@ -171,16 +172,7 @@ def table(rows: list[tuple[str, int, int, float, float]]) -> list[str]:
 
 
 def write_docs(body: list[str]) -> None:
-    start, end = "<!-- section:data-plane -->", "<!-- /section:data-plane -->"
-    text = DOCS.read_text()
-    head, rest = text.split(start, 1)
-    old, tail = rest.split(end, 1)
-    # keep any other subsection of this section (the weight-blob table) in place
-    marker = "### Weight blobs"
-    kept = old[old.index(marker) :] if marker in old else ""
-    DOCS.write_text(
-        head + start + "\n" + "\n".join(body) + "\n" + kept.rstrip("\n") + "\n" + end + tail
-    )
+    replace_section("data-plane", body)  # the weight-blob subsection stays as it is
 
 
 def main() -> int:

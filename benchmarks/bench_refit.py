@@ -38,9 +38,9 @@ from safetensors.torch import save_file
 
 from dockyard.models import TinyModelSpec, build_arithmetic_policy, build_tiny_model
 from dockyard.models.tokenizers import train_bpe_tokenizer
-from dockyard.producers.engines.base import GenerationRequest
-from dockyard.producers.engines.sampling import make_sampling_params
-from dockyard.producers.engines.torch_engine import TorchEngine
+from dockyard.engines.base import GenerationRequest
+from dockyard.engines.sampling import make_sampling_params
+from dockyard.engines.torch_engine import TorchEngine
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 REPETITIONS = 5
@@ -76,7 +76,7 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, workdir: Path, nam
         )
     from dockyard.config.sections.policy import VllmConfig
     from dockyard.models import save_policy
-    from dockyard.producers.engines.vllm_engine import VllmEngine
+    from dockyard.engines.vllm_engine import VllmEngine
 
     model_dir = save_policy(model, tokenizer, workdir / f"{name}-hf")
     cfg = VllmConfig(

@@ -18,6 +18,8 @@ import time
 from datetime import date
 from pathlib import Path
 
+from report import replace_section
+
 from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.weights.jetstream_blobs import JetStreamBlobStore
@@ -125,15 +127,7 @@ def table(rows: list[tuple[int, float, float, float, float, float]]) -> list[str
 
 
 def write_docs(lines: list[str]) -> None:
-    start, end = "<!-- section:data-plane -->", "<!-- /section:data-plane -->"
-    text = DOCS.read_text()
-    head, rest = text.split(start, 1)
-    old, tail = rest.split(end, 1)
-    marker = "### Weight blobs"
-    kept = old[: old.index(marker)] if marker in old else old
     body = [
-        marker,
-        "",
         f"`python benchmarks/bench_weights.py --write-docs` ({date.today()}): JetStream chunk "
         "transport read with a callback-driven ordered consumer (SHA-256 verified while "
         "reading) vs nats-py `ObjectStore.get` vs a plain asyncio loopback TCP copy, same "
@@ -141,7 +135,7 @@ def write_docs(lines: list[str]) -> None:
         "",
         *lines,
     ]
-    DOCS.write_text(head + start + kept.rstrip("\n") + "\n\n" + "\n".join(body) + "\n" + end + tail)
+    replace_section("data-plane", body, subsection="### Weight blobs")
 
 
 def main() -> int:

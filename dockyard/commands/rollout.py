@@ -21,9 +21,9 @@ async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.factory import create_data_plane
     from dockyard.broker.typed import MessagePlane
     from dockyard.broker.weights.factory import create_weight_store
-    from dockyard.producers.engines.base import InvalidSamplingParams
-    from dockyard.producers.engines.factory import create_engine
-    from dockyard.producers.engines.sampling import sampling_params_from_config
+    from dockyard.engines.base import InvalidSamplingParams
+    from dockyard.engines.factory import create_engine
+    from dockyard.engines.sampling import sampling_params_from_config
     from dockyard.producers.rollout_worker import RolloutWorker
     from dockyard.schemas import EngineInfo
     from dockyard.utils.status import StatusFile
@@ -48,6 +48,7 @@ async def _serve(args: argparse.Namespace) -> int:
             worker_id=worker_id,
             engine_info=EngineInfo(name=engine.backend, version=_engine_version(engine.backend)),
             fetch_batch=config.data_plane.consumer.fetch_batch if config.data_plane else 16,
+            simulated_latency_per_token_s=config.run.simulated_latency_per_token_s,
             status=status,
         )
         on_shutdown_signals(worker.stop)

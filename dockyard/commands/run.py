@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -60,6 +61,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     console = Console(stderr=True)
     started = time.time()
+    # SIGTERM (a scheduler, `kill`) stops the fleet the same way Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     code: int | None = None
     try:
         supervisor.start()

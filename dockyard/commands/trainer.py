@@ -15,6 +15,9 @@ async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.typed import MessagePlane
     from dockyard.broker.weights.factory import create_weight_store
     from dockyard.consumers.trainer.loop import TrainerLoop, TrainerStarved
+    from dockyard.data.base import build_dataset
+    from dockyard.models import load_tokenizer
+    from dockyard.producers.dispatcher import Dispatcher
     from dockyard.utils.status import StatusFile
 
     config = load_role_config(args)
@@ -22,11 +25,21 @@ async def _serve(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     plane = create_data_plane(config.data_plane, client_name="trainer")
     async with plane:
+        messages = MessagePlane(plane, stage="trainer")
+        # The trainer process hosts the dispatcher; the two meet here, not in each other's code.
+        dispatcher = Dispatcher(
+            config,
+            messages,
+            build_dataset(config.data.train, config.data.default_env),
+            load_tokenizer(config.policy.model_name, config.policy.tokenizer.name),
+            run_id=config.run.name,
+        )
         loop = TrainerLoop(
             config,
-            MessagePlane(plane, stage="trainer"),
+            messages,
             create_weight_store(plane),
             run_dir,
+            dispatcher,
             status=StatusFile(args.status_dir, "trainer", "0"),
         )
         on_shutdown_signals(loop.stop)

@@ -106,3 +106,7 @@ class Dispatcher:
 
     def state_dict(self) -> dict[str, int]:
         return asdict(self.state)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.state = DispatcherState(**state)
+        self._order = self._epoch_order(self.state.epoch)

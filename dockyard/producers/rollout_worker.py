@@ -23,7 +23,7 @@ from dockyard.broker.weights.base import (
     WeightBlobStore,
     new_ref,
 )
-from dockyard.producers.engines.base import (
+from dockyard.engines.base import (
     GenerationEngine,
     GenerationRequest,
     SamplingParams,
@@ -53,6 +53,7 @@ class RolloutWorker:
         fetch_batch: int = 16,
         nak_delay_s: float = 1.0,
         max_consecutive_failures: int = 3,
+        simulated_latency_per_token_s: float = 0.0,
         status: StatusFile | None = None,
     ) -> None:
         self.messages = messages
@@ -64,6 +65,7 @@ class RolloutWorker:
         self.fetch_batch = fetch_batch
         self.nak_delay_s = nak_delay_s
         self.max_consecutive_failures = max_consecutive_failures
+        self.simulated_latency_per_token_s = simulated_latency_per_token_s
         self.status = status or StatusFile(None, "rollout", worker_id)
         self.stopping = asyncio.Event()
         # Generate only with published weights: the first weight event is loaded before work.
@@ -130,6 +132,10 @@ class RolloutWorker:
                 for item in items
             ]
             results = await self.engine.generate(requests, self.params, num_generations)
+            if self.simulated_latency_per_token_s:
+                # A batched engine decodes one token per step for the longest sample.
+                longest = max(result.num_tokens for result in results)
+                await asyncio.sleep(longest * self.simulated_latency_per_token_s)
             rollouts = [
                 build_rollout(
                     item.message,

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dockyard.producers.engines.base import GenerationResult
-from dockyard.producers.engines.base import SamplingParams as EngineSamplingParams
+from dockyard.engines.base import GenerationResult
+from dockyard.engines.base import SamplingParams as EngineSamplingParams
 from dockyard.schemas import (
     EngineInfo,
     PromptGroup,

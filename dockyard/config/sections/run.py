@@ -20,6 +20,12 @@ class RunConfig(Section):
         600.0, description="no scored data for this long: end the run with the diagnosis"
     )
     role_start_timeout_s: PositiveFloat = 120.0
+    simulated_latency_per_token_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="benchmarking: each rollout batch also waits this long per generated token, "
+        "as an engine with that decode latency would (isolates pipeline overlap from CPU load)",
+    )
 
     def rule_issues(self) -> list[ConfigIssue]:
         if self.starvation_timeout_s <= self.starvation_warning_s:

@@ -14,9 +14,9 @@ import torch
 
 from dockyard.data.base import Dataset
 from dockyard.environments.base import Environment, SampleInput, ScoringGroup
-from dockyard.producers.engines.base import GenerationRequest
-from dockyard.producers.engines.sampling import make_sampling_params
-from dockyard.producers.engines.torch_engine import TorchEngine
+from dockyard.engines.base import GenerationRequest
+from dockyard.engines.sampling import make_sampling_params
+from dockyard.engines.torch_engine import TorchEngine
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,11 @@ from dockyard.consumers.trainer.health import diagnose
 from dockyard.consumers.trainer.ledger import Ledger
 from dockyard.consumers.trainer.plot import plot_run
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
+from dockyard.consumers.trainer.prompt_source import PromptSource
 from dockyard.consumers.trainer.sft import run_sft
 from dockyard.data.base import build_dataset
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
-from dockyard.producers.dispatcher import Dispatcher, DispatcherState
 from dockyard.schemas import CodecError, ScoredRollout, WeightVersion, decode
 from dockyard.utils.checkpoint_manager import CheckpointManager
 from dockyard.utils.logging import get_logger
@@ -80,11 +80,13 @@ class TrainerLoop:
         messages: MessagePlane,
         weights: WeightBlobStore,
         run_dir: Path,
+        prompt_source: PromptSource,
         *,
         status: StatusFile | None = None,
         producer_id: str | None = None,
     ) -> None:
         self.config = config
+        self.dispatcher = prompt_source
         self.messages = messages
         self.plane = messages.plane
         self.weights = weights
@@ -131,9 +133,6 @@ class TrainerLoop:
         )
         self.metrics = MetricsLogger(cfg.logger, self.run_dir)
         self.ledger = Ledger(trail=self.run_dir / LEDGER_FILE)
-        self.dispatcher = Dispatcher(
-            cfg, self.messages, self.train_data, self.tokenizer, run_id=cfg.run.name
-        )
 
     async def _resume_or_start(self) -> int:
         """Returns the scored-stream sequence to replay from (0 = nothing to replay)."""
@@ -153,8 +152,7 @@ class TrainerLoop:
         state = read_checkpoint(latest.path, self.trainer)
         self.step = state.step
         self.ledger = Ledger.restore(state.ledger, self.run_dir / LEDGER_FILE)
-        self.dispatcher.state = DispatcherState(**state.dispatcher)
-        self.dispatcher._order = self.dispatcher._epoch_order(self.dispatcher.state.epoch)
+        self.dispatcher.load_state_dict(state.dispatcher)
         # Versions only go up: the checkpoint's weights become a new version for the fleet.
         self.weight_version = max(published, state.weight_version) + 1
         log.info("trainer.resumed", step=self.step, checkpoint=str(latest.path))
@@ -285,9 +283,7 @@ class TrainerLoop:
         """Groups dispatched but found nowhere in the pipeline (dead-lettered, or deduplicated
         away after a restart) would hold the dispatcher's budget forever: drop them, say so."""
         pending = {p.scored.group_id for p in self.pending}
-        lost = [
-            g for g in self.ledger.dispatched if not self.ledger.seen(g) and g not in pending
-        ]
+        lost = [g for g in self.ledger.dispatched if not self.ledger.seen(g) and g not in pending]
         for group_id in lost:
             self.ledger.record_dropped(group_id, "lost: not found in any stage")
         log.warning("trainer.dropped_lost_groups", count=len(lost))

@@ -44,15 +44,32 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def test_the_run_survives_killed_roles_and_a_broker_restart(tmp_path, small_run, nats_server_factory):
+def test_the_run_survives_killed_roles_and_a_broker_restart(
+    tmp_path, small_run, nats_server_factory
+):
     server = nats_server_factory()
     run_dir = tmp_path / "run"
     status_dir = run_dir / "status"
     process = subprocess.Popen(
-        [sys.executable, "-m", "dockyard", "--log-format", "json", "run", "--config",
-         str(QUICKSTART), *small_run, f"grpo.max_num_steps={STEPS}",
-         f"data_plane.url={server.url}", "--run-dir", str(run_dir)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "dockyard",
+            "--log-format",
+            "json",
+            "run",
+            "--config",
+            str(QUICKSTART),
+            *small_run,
+            f"grpo.max_num_steps={STEPS}",
+            f"data_plane.url={server.url}",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         for role, at_step in (("rollout", 1), ("scorer", 3), ("trainer", 5)):

@@ -24,10 +24,10 @@ from engine_reference import reference_logprobs
 
 from dockyard.config.sections.policy import VllmConfig
 from dockyard.models import build_bpe_policy, save_policy
-from dockyard.producers.engines.base import GenerationRequest
-from dockyard.producers.engines.sampling import make_sampling_params
-from dockyard.producers.engines.vllm_engine import WORKER_EXTENSION, VllmEngine
-from dockyard.producers.engines.vllm_server import VllmServerEngine
+from dockyard.engines.base import GenerationRequest
+from dockyard.engines.sampling import make_sampling_params
+from dockyard.engines.vllm_engine import WORKER_EXTENSION, VllmEngine
+from dockyard.engines.vllm_server import VllmServerEngine
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from dockyard.producers.engines.base import EngineError, GenerationRequest, SamplingParams
-from dockyard.producers.engines.sampling import make_sampling_params
-from dockyard.producers.engines.torch_engine import TorchEngine
+from dockyard.engines.base import EngineError, GenerationRequest, SamplingParams
+from dockyard.engines.sampling import make_sampling_params
+from dockyard.engines.torch_engine import TorchEngine
 
 Route = Callable[[dict, dict], tuple[int, object]]
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dockyard.config.sections.policy import GenerationConfig
-from dockyard.producers.engines.base import InvalidSamplingParams
-from dockyard.producers.engines.sampling import (
+from dockyard.engines.base import InvalidSamplingParams
+from dockyard.engines.sampling import (
     make_sampling_params,
     processed_logprobs,
     sampling_params_from_config,

@@ -10,9 +10,9 @@ import pytest
 import torch
 from engine_reference import reference_logprobs
 
-from dockyard.producers.engines.base import EngineError, GenerationRequest
-from dockyard.producers.engines.sampling import make_sampling_params
-from dockyard.producers.engines.torch_engine import TorchEngine
+from dockyard.engines.base import EngineError, GenerationRequest
+from dockyard.engines.sampling import make_sampling_params
+from dockyard.engines.torch_engine import TorchEngine
 
 
 def make_engine(model, tokenizer, **kwargs) -> TorchEngine:

@@ -12,9 +12,9 @@ from engine_reference import reference_logprobs
 from safetensors.torch import save_file
 
 from dockyard.models import build_bpe_policy
-from dockyard.producers.engines.base import EngineError, GenerationRequest
-from dockyard.producers.engines.sampling import make_sampling_params
-from dockyard.producers.engines.torch_engine import TorchEngine
+from dockyard.engines.base import EngineError, GenerationRequest
+from dockyard.engines.sampling import make_sampling_params
+from dockyard.engines.torch_engine import TorchEngine
 
 
 def engine_for(model, tokenizer, **kwargs) -> TorchEngine:

@@ -14,17 +14,17 @@ from standin_servers import StandInVllmServer
 
 from dockyard.config.sections.policy import PolicyConfig, VllmConfig
 from dockyard.models import build_bpe_policy
-from dockyard.producers.engines import create_engine
-from dockyard.producers.engines.base import EngineError, GenerationRequest
-from dockyard.producers.engines.sampling import make_sampling_params
-from dockyard.producers.engines.sglang_engine import SglangEngine
-from dockyard.producers.engines.torch_engine import TorchEngine
-from dockyard.producers.engines.vllm_engine import (
+from dockyard.engines import create_engine
+from dockyard.engines.base import EngineError, GenerationRequest
+from dockyard.engines.sampling import make_sampling_params
+from dockyard.engines.sglang_engine import SglangEngine
+from dockyard.engines.torch_engine import TorchEngine
+from dockyard.engines.vllm_engine import (
     WORKER_EXTENSION,
     vllm_engine_kwargs,
     vllm_sampling_kwargs,
 )
-from dockyard.producers.engines.vllm_server import VllmServerEngine
+from dockyard.engines.vllm_server import VllmServerEngine
 
 
 def test_engine_kwargs_map_precision_and_refit_hooks():

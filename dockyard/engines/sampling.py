@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from dockyard.config.sections.policy import GenerationConfig, sampling_parameter_issues
-from dockyard.producers.engines.base import InvalidSamplingParams, SamplingParams
+from dockyard.engines.base import InvalidSamplingParams, SamplingParams
 
 if TYPE_CHECKING:
     import torch

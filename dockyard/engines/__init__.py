@@ -5,7 +5,7 @@
 Backend modules import their heavy dependencies lazily: importing this package is cheap.
 """
 
-from dockyard.producers.engines.base import (
+from dockyard.engines.base import (
     EngineError,
     EngineHealth,
     FinishReason,
@@ -18,8 +18,8 @@ from dockyard.producers.engines.base import (
     SamplingParams,
     WeightSource,
 )
-from dockyard.producers.engines.factory import create_engine
-from dockyard.producers.engines.sampling import make_sampling_params, sampling_params_from_config
+from dockyard.engines.factory import create_engine
+from dockyard.engines.sampling import make_sampling_params, sampling_params_from_config
 
 __all__ = [
     "EngineError",

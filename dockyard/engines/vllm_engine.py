@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from dockyard.config.sections.policy import VllmConfig
-from dockyard.producers.engines.base import (
+from dockyard.engines.base import (
     EngineError,
     EngineHealth,
     FinishReason,
@@ -42,12 +42,12 @@ from dockyard.producers.engines.base import (
     WeightSource,
     check_request_shapes,
 )
-from dockyard.producers.engines.weights import stage_weights_dir
+from dockyard.engines.weights import stage_weights_dir
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
 
-WORKER_EXTENSION = "dockyard.producers.engines.vllm_extension.DockyardWorkerExtension"
+WORKER_EXTENSION = "dockyard.engines.vllm_extension.DockyardWorkerExtension"
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 

@@ -5,7 +5,7 @@
   log-probs come from ``choices[].logprobs.token_logprobs``. Start the server with
   ``--logprobs-mode processed_logprobs`` so they describe the distribution actually sampled.
 - Refit (server started with ``VLLM_SERVER_DEV_MODE=1`` and
-  ``--worker-extension-cls dockyard.producers.engines.vllm_extension.DockyardWorkerExtension``):
+  ``--worker-extension-cls dockyard.engines.vllm_extension.DockyardWorkerExtension``):
   ``/pause?mode=wait`` → ``/collective_rpc dockyard_reload_weights`` → ``/update_weight_version``
   → ``/reset_prefix_cache`` → ``/resume``, on every server. The weights path must be readable by
   the server (same machine or a shared volume: see ``staging_dir``).
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dockyard.producers.engines.base import (
+from dockyard.engines.base import (
     EngineError,
     EngineHealth,
     FinishReason,
@@ -37,9 +37,9 @@ from dockyard.producers.engines.base import (
     check_request_shapes,
     refuse_images,
 )
-from dockyard.producers.engines.http_client import AsyncRefitGate, ServerPool
-from dockyard.producers.engines.vllm_engine import vllm_sampling_kwargs
-from dockyard.producers.engines.weights import stage_weights_dir
+from dockyard.engines.http_client import AsyncRefitGate, ServerPool
+from dockyard.engines.vllm_engine import vllm_sampling_kwargs
+from dockyard.engines.weights import stage_weights_dir
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dockyard.producers.engines.base import (
+from dockyard.engines.base import (
     EngineError,
     EngineHealth,
     FinishReason,
@@ -32,9 +32,9 @@ from dockyard.producers.engines.base import (
     check_request_shapes,
     refuse_images,
 )
-from dockyard.producers.engines.refit import ModelClaim, RefitTicket
-from dockyard.producers.engines.sampling import processed_logprobs
-from dockyard.producers.engines.weights import load_into_module, read_state_dict
+from dockyard.engines.refit import ModelClaim, RefitTicket
+from dockyard.engines.sampling import processed_logprobs
+from dockyard.engines.weights import load_into_module, read_state_dict
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)

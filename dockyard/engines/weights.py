@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dockyard.producers.engines.base import EngineError, WeightSource
+from dockyard.engines.base import EngineError, WeightSource
 
 if TYPE_CHECKING:
     import torch

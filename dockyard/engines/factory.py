@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dockyard.config.sections.policy import PolicyConfig
-from dockyard.producers.engines.base import GenerationEngine
+from dockyard.engines.base import GenerationEngine
 
 
 def create_engine(
@@ -20,7 +20,7 @@ def create_engine(
     read (defaults to the system temp directory)."""
     generation = policy.generation
     if generation.backend == "torch":
-        from dockyard.producers.engines.torch_engine import TorchEngine
+        from dockyard.engines.torch_engine import TorchEngine
 
         return TorchEngine.from_pretrained(
             policy.model_name,
@@ -31,7 +31,7 @@ def create_engine(
             max_batch_size=policy.generation_batch_size,
         )
     if generation.backend == "sglang":
-        from dockyard.producers.engines.sglang_engine import SglangEngine
+        from dockyard.engines.sglang_engine import SglangEngine
 
         return SglangEngine(
             generation.sglang_cfg.server_urls,
@@ -41,13 +41,13 @@ def create_engine(
         )
     vllm_cfg = generation.vllm_cfg
     if vllm_cfg.mode == "server":
-        from dockyard.producers.engines.vllm_server import VllmServerEngine
+        from dockyard.engines.vllm_server import VllmServerEngine
 
         return VllmServerEngine(
             vllm_cfg.server_urls, initial_version=initial_version, staging_dir=staging_dir
         )
     from dockyard.models import materialize_model_dir
-    from dockyard.producers.engines.vllm_engine import VllmEngine
+    from dockyard.engines.vllm_engine import VllmEngine
 
     return VllmEngine(
         materialize_model_dir(policy.model_name, cache_dir),

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import httpx
 
-from dockyard.producers.engines.base import EngineError
+from dockyard.engines.base import EngineError
 
 
 class ServerPool:

@@ -1,5 +1,5 @@
 """The worker extension loaded into every vLLM worker process
-(``LLM(worker_extension_cls="dockyard.producers.engines.vllm_extension.DockyardWorkerExtension")``).
+(``LLM(worker_extension_cls="dockyard.engines.vllm_extension.DockyardWorkerExtension")``).
 
 Methods are called through ``LLM.collective_rpc(name, args=...)`` with plain strings (tensors
 cannot travel inside lists through collective_rpc).

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dockyard.producers.engines.base import (
+from dockyard.engines.base import (
     EngineError,
     EngineHealth,
     FinishReason,
@@ -39,8 +39,8 @@ from dockyard.producers.engines.base import (
     check_request_shapes,
     refuse_images,
 )
-from dockyard.producers.engines.http_client import AsyncRefitGate, ServerPool
-from dockyard.producers.engines.weights import stage_weights_dir
+from dockyard.engines.http_client import AsyncRefitGate, ServerPool
+from dockyard.engines.weights import stage_weights_dir
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
