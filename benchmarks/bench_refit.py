@@ -36,11 +36,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from dockyard.models import TinyModelSpec, build_arithmetic_policy, build_tiny_model
-from dockyard.models.tokenizers import train_bpe_tokenizer
 from dockyard.engines.base import GenerationRequest
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.torch_engine import TorchEngine
+from dockyard.models import TinyModelSpec, build_arithmetic_policy, build_tiny_model
+from dockyard.models.tokenizers import train_bpe_tokenizer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 REPETITIONS = 5
@@ -75,8 +75,8 @@ def make_engine(kind: str, model: torch.nn.Module, tokenizer, workdir: Path, nam
             model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
         )
     from dockyard.config.sections.policy import VllmConfig
-    from dockyard.models import save_policy
     from dockyard.engines.vllm_engine import VllmEngine
+    from dockyard.models import save_policy
 
     model_dir = save_policy(model, tokenizer, workdir / f"{name}-hf")
     cfg = VllmConfig(

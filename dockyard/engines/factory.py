@@ -46,8 +46,8 @@ def create_engine(
         return VllmServerEngine(
             vllm_cfg.server_urls, initial_version=initial_version, staging_dir=staging_dir
         )
-    from dockyard.models import materialize_model_dir
     from dockyard.engines.vllm_engine import VllmEngine
+    from dockyard.models import materialize_model_dir
 
     return VllmEngine(
         materialize_model_dir(policy.model_name, cache_dir),

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from dockyard.data.base import Dataset
-from dockyard.environments.base import Environment, SampleInput, ScoringGroup
 from dockyard.engines.base import GenerationRequest
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.torch_engine import TorchEngine
+from dockyard.environments.base import Environment, SampleInput, ScoringGroup
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ def test_the_run_survives_killed_roles_and_a_broker_restart(
         server.kill()
         time.sleep(0.5)  # the outage itself, not synchronisation: the roles must ride it out
         server.restart()
-        stdout, stderr = process.communicate(timeout=400)
+        _, stderr = process.communicate(timeout=400)
     finally:
         if process.poll() is None:
             process.kill()

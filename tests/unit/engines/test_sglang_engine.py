@@ -10,11 +10,11 @@ from engine_reference import reference_logprobs
 from PIL import Image
 from standin_servers import StandInSglangServer
 
-from dockyard.models import build_bpe_policy
 from dockyard.engines.base import EngineError, GenerationRequest
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.sglang_engine import SglangEngine
 from dockyard.engines.torch_engine import TorchEngine
+from dockyard.models import build_bpe_policy
 
 
 @pytest.fixture

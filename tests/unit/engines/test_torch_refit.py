@@ -11,10 +11,10 @@ import pytest
 from engine_reference import reference_logprobs
 from safetensors.torch import save_file
 
-from dockyard.models import build_bpe_policy
 from dockyard.engines.base import EngineError, GenerationRequest
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.torch_engine import TorchEngine
+from dockyard.models import build_bpe_policy
 
 
 def engine_for(model, tokenizer, **kwargs) -> TorchEngine:

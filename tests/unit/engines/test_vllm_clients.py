@@ -13,7 +13,6 @@ from PIL import Image
 from standin_servers import StandInVllmServer
 
 from dockyard.config.sections.policy import PolicyConfig, VllmConfig
-from dockyard.models import build_bpe_policy
 from dockyard.engines import create_engine
 from dockyard.engines.base import EngineError, GenerationRequest
 from dockyard.engines.sampling import make_sampling_params
@@ -25,6 +24,7 @@ from dockyard.engines.vllm_engine import (
     vllm_sampling_kwargs,
 )
 from dockyard.engines.vllm_server import VllmServerEngine
+from dockyard.models import build_bpe_policy
 
 
 def test_engine_kwargs_map_precision_and_refit_hooks():
