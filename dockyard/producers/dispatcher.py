@@ -5,8 +5,8 @@ in flight (dispatched, not yet trained or dropped) and it tops the pipeline up t
 
 - async GRPO: ``(max_trajectory_age_steps + 1) × num_prompts_per_step`` — every group in flight
   can still be trained within the staleness budget (the admission rule of AReaL);
-- sync GRPO: one step's prompts, and only once the previous step's weights are published
-  (``in_flight == 0``).
+- sync GRPO: one step's prompts; the trainer tops up only after a step has trained and its
+  weights are published, so every group of step N+1 is dispatched after the weights of step N.
 
 The dataset order is a deterministic permutation per epoch, and the position is part of the
 trainer checkpoint, so a restarted run dispatches exactly what was not dispatched before —
@@ -68,8 +68,9 @@ class Dispatcher:
         return order
 
     def budget(self, in_flight: int) -> int:
-        if not self.config.grpo.async_grpo.enabled and in_flight > 0:
-            return 0  # sync: the next step's prompts wait for this step's weights
+        # Sync: capacity is one step, so the next step's prompts go out only once this step
+        # has trained (its weights are published first); groups dropped on the way are
+        # replaced, so a step never waits for prompts that were never sent.
         return max(0, self.capacity - in_flight)
 
     @property

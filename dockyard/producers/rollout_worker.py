@@ -54,6 +54,7 @@ class RolloutWorker:
         nak_delay_s: float = 1.0,
         max_consecutive_failures: int = 3,
         simulated_latency_per_token_s: float = 0.0,
+        max_refit_wait_s: float = 10.0,
         status: StatusFile | None = None,
     ) -> None:
         self.messages = messages
@@ -70,6 +71,8 @@ class RolloutWorker:
         self.stopping = asyncio.Event()
         # Generate only with published weights: the first weight event is loaded before work.
         self.weights_ready = asyncio.Event()
+        self.version_changed = asyncio.Condition()
+        self.max_refit_wait_s = max_refit_wait_s
         self.groups_done = 0
         self.failures = 0
         self.refits = 0
@@ -123,6 +126,12 @@ class RolloutWorker:
 
     async def process(self, received: Sequence[Received[PromptGroup]]) -> None:
         started = time.time()
+        # Generate with weights at least as new as those current when the group was dispatched
+        # (the weight event may still be on its way); bounded, so a refused refit cannot wedge.
+        await self.wait_for_version(
+            max(item.message.dispatch_weight_version for item in received),
+            self.max_refit_wait_s,
+        )
         by_size: dict[int, list[Received[PromptGroup]]] = {}
         for item in received:
             by_size.setdefault(item.message.num_generations, []).append(item)
@@ -157,6 +166,21 @@ class RolloutWorker:
             seconds_per_batch=time.time() - started,
         )
 
+    async def wait_for_version(self, version: int, timeout_s: float) -> None:
+        async def reached() -> None:
+            async with self.version_changed:
+                await self.version_changed.wait_for(lambda: self.engine.current_version >= version)
+
+        try:
+            await asyncio.wait_for(reached(), timeout_s)
+        except TimeoutError:
+            log.warning(
+                "rollout.stale_weights",
+                wanted=version,
+                have=self.engine.current_version,
+                waited_s=timeout_s,
+            )
+
     async def follow_weights(self) -> None:
         async for event in self.messages.weight_versions():
             if event.version <= self.engine.current_version and self.refits:
@@ -176,6 +200,8 @@ class RolloutWorker:
             return
         await self.engine.update_weights(event.version, tensors)
         self.weights_ready.set()
+        async with self.version_changed:
+            self.version_changed.notify_all()
         self.refits += 1
         self.last_refit_latency_s = time.perf_counter() - started
         log.info("refit.done", version=event.version, seconds=self.last_refit_latency_s)

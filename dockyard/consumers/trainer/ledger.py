@@ -54,7 +54,11 @@ class Ledger:
                 handle.write(json.dumps(event) + "\n")
 
     def snapshot(self) -> dict[str, object]:
-        return {"trained": self.trained, "dropped": self.dropped, "dispatched": self.dispatched}
+        return {
+            "trained": dict(self.trained),
+            "dropped": dict(self.dropped),
+            "dispatched": list(self.dispatched),
+        }
 
     @classmethod
     def restore(cls, snapshot: dict[str, object], trail: Path | None) -> Ledger:
