@@ -17,5 +17,7 @@ class CheckpointingConfig(Section):
     keep_top_k: PositiveInt | None = 3
     keep_latest_k: PositiveInt | None = None
     save_period: PositiveInt = 10
-    model_save_format: Literal["safetensors", "torch_save"] = "safetensors"
+    model_save_format: Literal["safetensors", "dcp"] = Field(
+        "safetensors", description="dcp = torch distributed checkpoint (for sharded trainers)"
+    )
     save_optimizer: bool = True

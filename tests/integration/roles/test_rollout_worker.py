@@ -148,3 +148,48 @@ async def _refits(worker, count: int) -> bool:
 
 async def _refused(worker, count: int) -> bool:
     return worker.refused_refits >= count
+
+
+class FailingEngine(TorchEngine):
+    """A stand-in engine (named as such) whose every generate call fails, as a crashed
+    inference server would: it exercises the worker's error path."""
+
+    async def generate(self, requests, params, num_samples):
+        raise RuntimeError("engine crashed")
+
+
+async def test_engine_failures_nak_the_work_and_make_the_worker_unhealthy(data_plane_config):
+    from dockyard.producers.rollout_worker import WorkerUnhealthy
+
+    model, tokenizer = build_arithmetic_policy(seed=0)
+    engine = FailingEngine(
+        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+    )
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        store = create_weight_store(plane)
+        await publish_weights(messages, store, 0, model.state_dict())
+        await messages.publish(prompt_group("g-retry"))
+        worker = RolloutWorker(
+            MessagePlane(plane, stage="rollout"),
+            store,
+            engine,
+            make_sampling_params(max_new_tokens=4),
+            worker_id="w-fail",
+            engine_info=EngineInfo(name="torch", version="test"),
+            nak_delay_s=0.1,
+            max_consecutive_failures=2,
+        )
+        try:
+            await asyncio.wait_for(worker.run(), 60)
+            raise AssertionError("the worker should have given up")
+        except WorkerUnhealthy as error:
+            assert "2 consecutive engine failures" in str(error)
+        assert worker.failures == 2
+        # Nothing was lost: the group is still there for a healthy worker.
+        healthy = TorchEngine(
+            model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+        )
+        async with running_worker(plane, store, healthy):
+            await wait_for(lambda: _has_rollouts(plane, 1))
+        assert (await rollouts(plane))[0].group_id == "g-retry"

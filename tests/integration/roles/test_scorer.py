@@ -113,3 +113,37 @@ async def _count(plane: JetStreamPlane, subject: str, expected: int) -> bool:
 async def _backlog_zero(plane: JetStreamPlane) -> bool:
     lag = await plane.consumer_lag(plane.names.rollout_consumer)
     return lag.backlog == 0
+
+
+async def test_an_environment_failure_is_retried_then_dead_lettered(data_plane_config):
+    from dockyard.environments.base import Environment
+    from dockyard.environments.registry import register_environment
+
+    @register_environment
+    class ExplodingEnvironment(Environment):
+        """A test environment whose verifier always crashes (a bug, an unreachable service)."""
+
+        name = "exploding-for-test"
+        calls = 0
+
+        @classmethod
+        def from_context(cls, context):
+            return cls(context.env.math)
+
+        async def score(self, group):
+            type(self).calls += 1
+            raise RuntimeError("verifier crashed")
+
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="scorer")
+        group = prompt_group("g-explodes").model_copy(update={"environment": "exploding-for-test"})
+        await messages.publish(rollout(group, ["46", "46"]))
+        async with running_scorer(messages) as scorer:  # max_deliver=3, backoff from 0.1 s
+            await wait_for(lambda: _count(plane, plane.names.dead_letters, 1))
+            assert scorer.stats.by_env["exploding-for-test"].failures == 3
+        assert ExplodingEnvironment.calls == 3  # tried once per delivery, then given up
+        (dead,) = await stored(plane, plane.names.dead_letters)
+        letter = decode(dead.headers, dead.data, expected=DeadLetter)
+        assert letter.reason == "environment_error"
+        assert "verifier crashed" in letter.message
+        assert await stored(plane, plane.names.scored) == []

@@ -136,3 +136,26 @@ def test_a_step_raises_the_probability_of_rewarded_samples(quickstart):
     assert gain[1] < 0 and gain[3] < 0
     assert outcome.loss.num_valid_samples == pytest.approx(4.0)
     assert outcome.loss.num_valid_tokens == pytest.approx(12.0)
+
+
+def test_filters_remove_truncated_and_disagreeing_samples(quickstart):
+    from dockyard.models import load_policy
+
+    model, tokenizer = load_policy(quickstart.policy.model_name)
+    prompt = tokenizer("12+34=")["input_ids"]
+    groups = [scored_group("g", prompt, [[5, 6, 2], [5, 6, 2], [5, 6, 7]], [1.0, 0.0, 0.0])]
+    batch = build_batch(groups, tokenizer.pad_token_id)
+    prev = torch.zeros_like(batch.generation_logprobs)  # engine reported -0.5 per token
+    strict = load_config(
+        "configs/quickstart.yaml",
+        ["grpo.seq_logprob_error_threshold=1.5", "grpo.overlong_filtering=true"],
+    )
+    trainer = PolicyTrainer(model, strict)
+    truncated = batch.__class__(**{**batch.__dict__, "truncated": torch.tensor([0, 0, 1]).bool()})
+    # exp(mean |−0.5 − 0|) = 1.65 > 1.5: every sample disagrees; the last is also truncated.
+    filtered, fraction = trainer.filter_samples(truncated, prev)
+    assert filtered.sample_mask.tolist() == [0.0, 0.0, 0.0] and fraction == 1.0
+    agreeing = prev + batch.generation_logprobs
+    filtered, fraction = trainer.filter_samples(truncated, agreeing)
+    assert filtered.sample_mask.tolist() == [1.0, 1.0, 0.0]
+    assert fraction == pytest.approx(1 / 3)
