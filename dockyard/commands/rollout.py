@@ -24,6 +24,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from dockyard.engines.base import InvalidSamplingParams
     from dockyard.engines.factory import create_engine
     from dockyard.engines.sampling import sampling_params_from_config
+    from dockyard.producers.multimodal import MultimodalLimits
     from dockyard.producers.rollout_worker import RolloutWorker
     from dockyard.schemas import EngineInfo
     from dockyard.utils.status import StatusFile
@@ -49,6 +50,7 @@ async def _serve(args: argparse.Namespace) -> int:
             engine_info=EngineInfo(name=engine.backend, version=_engine_version(engine.backend)),
             fetch_batch=config.data_plane.consumer.fetch_batch if config.data_plane else 16,
             simulated_latency_per_token_s=config.run.simulated_latency_per_token_s,
+            multimodal=MultimodalLimits.from_config(config.policy.generation),
             status=status,
         )
         on_shutdown_signals(worker.stop)

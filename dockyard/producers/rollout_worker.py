@@ -16,6 +16,8 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from PIL import Image
+
 from dockyard.broker.typed import MessagePlane, Received
 from dockyard.broker.weights.base import (
     BlobDigestMismatch,
@@ -28,6 +30,7 @@ from dockyard.engines.base import (
     GenerationRequest,
     SamplingParams,
 )
+from dockyard.producers.multimodal import ImageInputError, MultimodalLimits, gate_sample_images
 from dockyard.producers.rollouts import build_rollout
 from dockyard.schemas import EngineInfo, PromptGroup, WeightVersion
 from dockyard.utils.logging import get_logger
@@ -55,6 +58,7 @@ class RolloutWorker:
         max_consecutive_failures: int = 3,
         simulated_latency_per_token_s: float = 0.0,
         max_refit_wait_s: float = 10.0,
+        multimodal: MultimodalLimits | None = None,
         status: StatusFile | None = None,
     ) -> None:
         self.messages = messages
@@ -73,6 +77,8 @@ class RolloutWorker:
         self.weights_ready = asyncio.Event()
         self.version_changed = asyncio.Condition()
         self.max_refit_wait_s = max_refit_wait_s
+        self.multimodal = multimodal or MultimodalLimits()
+        self.refused_groups = 0
         self.groups_done = 0
         self.failures = 0
         self.refits = 0
@@ -132,13 +138,27 @@ class RolloutWorker:
             max(item.message.dispatch_weight_version for item in received),
             self.max_refit_wait_s,
         )
-        by_size: dict[int, list[Received[PromptGroup]]] = {}
+        by_size: dict[int, list[tuple[Received[PromptGroup], list[Image.Image]]]] = {}
         for item in received:
-            by_size.setdefault(item.message.num_generations, []).append(item)
-        for num_generations, items in by_size.items():
+            try:
+                images = gate_sample_images(
+                    item.message.images, self.multimodal, backend=self.engine.backend
+                )
+            except ImageInputError as error:
+                # Bad input is refused at the boundary with its reason, never sent to an engine.
+                await self.messages.plane.dead_letter(
+                    item.delivery, error.reason, str(error), stage="rollout"
+                )
+                self.refused_groups += 1
+                continue
+            by_size.setdefault(item.message.num_generations, []).append((item, images))
+        for num_generations, entries in by_size.items():
+            items = [item for item, _ in entries]
             requests = [
-                GenerationRequest(item.message.prompt_token_ids.tolist(), item.message.group_id)
-                for item in items
+                GenerationRequest(
+                    item.message.prompt_token_ids.tolist(), item.message.group_id, images
+                )
+                for item, images in entries
             ]
             results = await self.engine.generate(requests, self.params, num_generations)
             if self.simulated_latency_per_token_s:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 from pydantic import Field, JsonValue
 
@@ -27,9 +27,15 @@ class DatasetPosition(WireModel):
     )
 
 
+#: Bounds on images carried inline (the worker applies the configured, usually tighter, limits).
+MAX_INLINE_IMAGES = 64
+MAX_INLINE_IMAGE_BYTES = 16 * 1024 * 1024
+
+
 class PromptGroup(Message):
     SCHEMA_NAME: ClassVar[str] = "prompt_group"
-    SCHEMA_VERSION: ClassVar[str] = "1.0"
+    #: 1.1 added ``images`` (default: none).
+    SCHEMA_VERSION: ClassVar[str] = "1.1"
 
     group_id: str = Field(pattern=IDENTIFIER_PATTERN, description="unique per run")
     #: Re-dispatch counter: 0 for the first dispatch; the dispatcher increments it only when it
@@ -48,6 +54,11 @@ class PromptGroup(Message):
     ground_truth: str | None = Field(None, description="reference answer for the scorer")
     #: Environment-specific data for the scorer (test cases, tool specs, ...): JSON values.
     extra: dict[str, JsonValue] = Field(default_factory=dict)
+    #: Since 1.1. Encoded image files (PNG, JPEG, GIF, ...) for the prompt, as the dataset
+    #: stored them; the rollout worker gates, bounds and normalises them before any engine.
+    images: list[Annotated[bytes, Field(max_length=MAX_INLINE_IMAGE_BYTES)]] = Field(
+        default_factory=list, max_length=MAX_INLINE_IMAGES
+    )
     dispatch_weight_version: int = Field(
         ge=0, le=INT64_MAX, description="policy version when dispatched"
     )

@@ -193,3 +193,58 @@ async def test_engine_failures_nak_the_work_and_make_the_worker_unhealthy(data_p
         async with running_worker(plane, store, healthy):
             await wait_for(lambda: _has_rollouts(plane, 1))
         assert (await rollouts(plane))[0].group_id == "g-retry"
+
+
+def png_bytes() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGBA", (8, 8), (255, 0, 0, 128)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+async def test_images_are_gated_at_the_worker_boundary(data_plane_config):
+    from dockyard.producers.multimodal import MultimodalLimits
+    from dockyard.schemas import DeadLetter
+
+    model, tokenizer = build_arithmetic_policy(seed=0)
+    engine = TorchEngine(
+        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+    )
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        store = create_weight_store(plane)
+        await publish_weights(messages, store, 0, model.state_dict())
+        with_image = prompt_group("g-image").model_copy(update={"images": [png_bytes()]})
+        await messages.publish(with_image)
+        await messages.publish(prompt_group("g-text"))
+        for allow, reason in (
+            (False, "multimodal_disabled"),
+            (True, "images_unsupported_by_backend"),
+        ):
+            worker = RolloutWorker(
+                MessagePlane(plane, stage="rollout"),
+                store,
+                engine,
+                make_sampling_params(max_new_tokens=4),
+                worker_id="w-mm",
+                engine_info=EngineInfo(name="torch", version="test"),
+                multimodal=MultimodalLimits(allow_multimodal_inputs=allow),
+            )
+            task = asyncio.create_task(worker.run())
+            await wait_for(lambda w=worker: _refused_groups(w, 1))
+            worker.stop()
+            await asyncio.wait_for(task, 20)
+            dead = [m async for m in plane.replay(plane.names.dead_letters)]
+            letter = decode(dead[-1].headers, dead[-1].data, expected=DeadLetter)
+            assert letter.reason == reason and letter.stage == "rollout"
+            # Re-queue the refused group for the second configuration.
+            await messages.publish(with_image.model_copy(update={"attempt": 1}))
+        # The text group went through untouched.
+        assert [r.group_id for r in await rollouts(plane)] == ["g-text"]
+
+
+async def _refused_groups(worker, count: int) -> bool:
+    return worker.refused_groups >= count

@@ -96,9 +96,10 @@ def test_registry_names_every_message_type() -> None:
     }
     versions = {name: cls.SCHEMA_VERSION for name, cls in MESSAGE_TYPES.items()}
     assert all(name == cls.SCHEMA_NAME for name, cls in MESSAGE_TYPES.items())
-    # scored_rollout 1.1 added SampleScore.flags and .detail (with defaults).
+    # scored_rollout 1.1 added SampleScore.flags and .detail, prompt_group 1.1 added images
+    # (all with defaults).
     assert versions == {
-        "prompt_group": "1.0",
+        "prompt_group": "1.1",
         "rollout": "1.0",
         "scored_rollout": "1.1",
         "weight_version": "1.0",

@@ -139,3 +139,29 @@ def test_to_scored_rollout_carries_every_flag_and_the_detail() -> None:
 def test_every_environment_flag_is_a_valid_wire_flag() -> None:
     assert len(ScoreFlag) <= MAX_SCORE_FLAGS
     SampleScore(sample_index=0, reward=0.0, flags=sorted(str(flag) for flag in ScoreFlag))
+
+
+def test_prompt_group_images_round_trip_and_default_for_older_payloads():
+    import numpy as np
+
+    from dockyard.schemas import DatasetPosition, PromptGroup
+
+    group = PromptGroup(
+        group_id="g",
+        prompt_token_ids=np.array([1, 2], dtype=np.int32),
+        prompt_text="x",
+        environment="math",
+        agent="a",
+        num_generations=1,
+        dataset_position=DatasetPosition(dataset="d", epoch=0, index=0),
+        dispatch_weight_version=0,
+        trace_id="t",
+        images=[b"\x89PNG fake", b"GIF89a fake"],
+    )
+    decoded = decode(None, encode(group).payload)
+    assert decoded.images == [b"\x89PNG fake", b"GIF89a fake"]
+    assert decode(None, encode(group.model_copy(update={"images": []})).payload).images == []
+    with pytest.raises(ValueError):
+        group.model_copy(update={"images": [b"x"] * 65}).model_validate(
+            {**group.model_dump(), "images": [b"x"] * 65}
+        )
