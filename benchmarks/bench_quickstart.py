@@ -77,7 +77,7 @@ def main() -> int:
         f"`python benchmarks/bench_quickstart.py --write-docs` ({date.today()}, 2 cores): "
         "`dockyard run --config configs/quickstart.yaml` — embedded nats-server, trainer, one "
         "rollout worker, one scorer as separate processes; SFT warm start until dev accuracy "
-        "≥ 0.25, then 200 async GRPO steps of 32 prompts × 16 samples.",
+        "≥ 0.3, then 200 async GRPO steps of 32 prompts × 16 samples.",
         "",
         "| SFT steps | SFT s | val acc at GRPO start | final | mean of last 3 | gain (mean) "
         "| wall clock |",
