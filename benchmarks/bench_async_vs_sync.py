@@ -112,7 +112,7 @@ def table(cases: list[Case], steps: int, latency: float) -> list[str]:
         "",
         f"`python benchmarks/bench_async_vs_sync.py --steps {steps} --latency {latency} "
         f"--write-docs` ({date.today()}): the quickstart without SFT or validation, "
-        f"{steps} steps of 32 prompts × 8 samples, one rollout worker, one scorer, embedded "
+        f"{steps} steps of 32 prompts × 16 samples, one rollout worker, one scorer, embedded "
         "nats-server, 2 cores. *simulated* adds a CPU-free decode latency of "
         f"{latency * 1000:.0f} ms per token to the torch engine. Wall clock over steps 2..N.",
         "",
