@@ -173,7 +173,7 @@ def main() -> int:
         "",
         f"`python benchmarks/bench_scorer.py --groups {args.groups} --write-docs` "
         f"({date.today()}): {args.groups} groups × 8 samples (boxed, numeric and symbolic "
-        "answers) published first, then K `dockyard score` processes drain the shared durable "
+        "answers) published while K `dockyard score` processes drain the shared durable "
         "consumer; time from the first publish (scorers already running) to the last scored "
         "message, so publishing overlaps scoring as in a pipeline. 2 cores.",
         "",
