@@ -351,7 +351,9 @@ class TrainerLoop:
         }
         if cfg.grpo.val_period and self.step % cfg.grpo.val_period == 0:
             metrics.update(await self._validate(self.step, log_now=False))
-        self.metrics.log_metrics(metrics, step=self.step)
+        self.metrics.log_metrics(
+            {**metrics, "timing/generation_timeline": generation_timeline(scored)}, step=self.step
+        )
         log.info(
             "trainer.step",
             step=self.step,
@@ -433,5 +435,13 @@ class TrainerLoop:
         self.summary.steps = self.step
 
 
-def group_ids(groups: Iterable[Pending]) -> list[str]:
-    return [p.scored.group_id for p in groups]
+def generation_timeline(groups: Iterable[ScoredRollout]) -> dict[str, list[float]]:
+    """Per rollout worker, the generation time (s) of each sample trained this step: full
+    series for W&B and the JSONL file, merged and summarised for scalar-only trackers."""
+    timeline: dict[str, list[float]] = {}
+    for group in groups:
+        for sample in group.rollout.samples:
+            timings = sample.timings
+            duration = max(0.0, timings.finished_at_unix_s - timings.started_at_unix_s)
+            timeline.setdefault(sample.worker_id, []).append(duration)
+    return timeline

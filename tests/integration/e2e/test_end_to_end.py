@@ -50,6 +50,9 @@ def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode)
     ):
         assert all(name in m for m in step_metrics), name
     assert any("val/accuracy" in r["metrics"] for r in records)
+    # The per-worker generation timeline: one series per rollout worker, one entry per sample.
+    timelines = [m["timing/generation_timeline"] for m in step_metrics]
+    assert all(set(t) == {"w0"} and len(t["w0"]) == 4 * 4 for t in timelines)
     if mode == "sync":
         assert all(m["staleness/max"] == 0 for m in step_metrics)
         dropped = [e for e in read_trail(run_dir / "ledger.jsonl") if e["event"] == "dropped"]

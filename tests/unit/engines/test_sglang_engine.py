@@ -63,11 +63,14 @@ async def test_generation_returns_tokens_logprobs_and_versions(
         assert result.finish_reason in ("stop", "length")
     generate_bodies = [body for path, body in standin.received if path == "/generate"]
     assert len(generate_bodies) == 2
-    body = generate_bodies[0]
-    assert body["input_ids"] == [list(requests[0].prompt_token_ids)] * 3
-    assert body["return_logprob"] is True and body["logprob_start_len"] == -1
-    assert body["sampling_params"]["top_k"] == 30
-    assert body["sampling_params"]["sampling_seed"] == 4
+    # The two requests go out concurrently: match each body to its request by content.
+    assert sorted(body["input_ids"] for body in generate_bodies) == sorted(
+        [list(request.prompt_token_ids)] * 3 for request in requests
+    )
+    for body in generate_bodies:
+        assert body["return_logprob"] is True and body["logprob_start_len"] == -1
+        assert body["sampling_params"]["top_k"] == 30
+        assert body["sampling_params"]["sampling_seed"] == 4
 
 
 async def test_refit_from_disk_switches_the_server_weights(
