@@ -125,9 +125,13 @@ async def test_completions_map_token_ids_and_logprobs(remote, standin, tiny_mode
         )
         np.testing.assert_allclose(result.logprobs, expected, atol=2e-4)
         assert result.weight_versions.tolist() == [0] * result.num_tokens
-    body = next(b for p, b in standin.received if p == "/v1/completions")
-    assert body["prompt"] == list(prompts[0].prompt_token_ids)
-    assert body["return_token_ids"] is True and body["n"] == 2 and body["logprobs"] == 1
+    # Requests go out concurrently: match the bodies to the prompts by content, not order.
+    bodies = [b for p, b in standin.received if p == "/v1/completions"]
+    assert sorted(b["prompt"] for b in bodies) == sorted(
+        list(prompt.prompt_token_ids) for prompt in prompts
+    )
+    for body in bodies:
+        assert body["return_token_ids"] is True and body["n"] == 2 and body["logprobs"] == 1
 
 
 async def test_refit_runs_the_dev_endpoint_sequence(remote, standin, tiny_tokenizer, tmp_path):
