@@ -7,33 +7,19 @@ import sys
 
 import yaml
 
-from dockyard.cli import CliError, CommandRegistrar, add_config_arguments, add_subcommands
-
-EXIT_INVALID_CONFIG = 2
-
-
-def _load(args: argparse.Namespace):
-    from dockyard.config.errors import ConfigError
-    from dockyard.config.loader import load_config_report
-
-    try:
-        report = load_config_report(args.config, args.overrides)
-    except ConfigError as error:
-        raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
-    for warning in report.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    return report
+from dockyard.cli import CommandRegistrar, add_config_arguments, add_subcommands
+from dockyard.commands._common import load_config_report_or_exit
 
 
 def _show(args: argparse.Namespace) -> int:
-    report = _load(args)
+    report = load_config_report_or_exit(args)
     dumped = report.config.model_dump(mode="json", exclude_unset=args.only_set)
     sys.stdout.write(yaml.safe_dump(dumped, sort_keys=False, allow_unicode=True))
     return 0
 
 
 def _validate(args: argparse.Namespace) -> int:
-    _load(args)
+    load_config_report_or_exit(args)
     print("ok")
     return 0
 

@@ -9,7 +9,7 @@ import socket
 import tempfile
 
 from dockyard.cli import CliError, CommandRegistrar, add_config_arguments
-from dockyard.commands._roles import (
+from dockyard.commands._common import (
     EXIT_INVALID_CONFIG,
     add_status_argument,
     load_role_config,

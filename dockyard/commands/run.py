@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from dockyard.cli import CliError, CommandRegistrar, add_config_arguments
-from dockyard.commands._roles import load_role_config
+from dockyard.commands._common import load_role_config
 
 POLL_S = 0.5
 PLAIN_PROGRESS_EVERY_S = 10.0

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from dockyard.cli import CliError, CommandRegistrar, add_config_arguments
-from dockyard.commands._roles import add_status_argument, load_role_config, on_shutdown_signals
+from dockyard.commands._common import add_status_argument, load_role_config, on_shutdown_signals
 
 
 async def _serve(args: argparse.Namespace) -> int:

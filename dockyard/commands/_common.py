@@ -1,5 +1,5 @@
-"""What every role command shares: config loading (exit 2 on a bad config), the data plane,
-signal handling for a graceful drain."""
+"""What the commands share: config loading (exit 2 on a bad config), status files, signal
+handling for a graceful drain."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from dockyard.cli import CliError
 EXIT_INVALID_CONFIG = 2
 
 
-def load_role_config(args: argparse.Namespace):  # -> MasterConfig (imported lazily)
+def load_config_report_or_exit(args: argparse.Namespace):  # -> ConfigReport (lazy import)
+    """``--config`` + overrides, validated; warnings to stderr; a bad config is exit 2."""
     from dockyard.config.errors import ConfigError
     from dockyard.config.loader import load_config_report
 
@@ -24,7 +25,11 @@ def load_role_config(args: argparse.Namespace):  # -> MasterConfig (imported laz
         raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    return report.config
+    return report
+
+
+def load_role_config(args: argparse.Namespace):  # -> MasterConfig (imported lazily)
+    return load_config_report_or_exit(args).config
 
 
 def add_status_argument(parser: argparse.ArgumentParser) -> None:
