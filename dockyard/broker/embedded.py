@@ -47,6 +47,8 @@ class ServerUser:
     publish_deny: tuple[str, ...] = ()
     subscribe_allow: tuple[str, ...] = ()
     subscribe_deny: tuple[str, ...] = ()
+    #: A public user nkey ("U..."): authenticates by signature instead of user/password.
+    nkey: str | None = None
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,11 @@ def render_config(settings: EmbeddedServerSettings, port: int) -> str:
                 if user.subscribe_deny:
                     parts.append(f"deny: {_conf_list(user.subscribe_deny)}")
                 permissions.append(f"subscribe: {{ {', '.join(parts)} }}")
-            entry = f"user: {_conf_string(user.user)}, password: {_conf_string(user.password)}"
+            if user.nkey:
+                # An nkey user proves possession of the seed; no password travels.
+                entry = f"nkey: {_conf_string(user.nkey)}"
+            else:
+                entry = f"user: {_conf_string(user.user)}, password: {_conf_string(user.password)}"
             if permissions:
                 entry += f", permissions: {{ {', '.join(permissions)} }}"
             lines.append(f"    {{ {entry} }}")
