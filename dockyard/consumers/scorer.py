@@ -109,6 +109,16 @@ class Scorer:
         finally:
             for environment in self.environments.values():
                 await environment.aclose()
+            self.report_stats()
+            for env, stats in self.stats.by_env.items():
+                log.info(
+                    "scorer.env_stats",
+                    env=env,
+                    groups=stats.groups,
+                    mean_latency_s=round(stats.mean_latency_s, 4),
+                    timeouts=stats.timeouts,
+                    failures=stats.failures,
+                )
             self.status.update("stopped")
 
     async def score_one(self, item: Received[Rollout]) -> None:
@@ -131,6 +141,7 @@ class Scorer:
             stats.failures += 1
             if item.delivery.num_delivered >= self.max_deliver:
                 await self._dead_letter(item, REASON_ENVIRONMENT_ERROR, repr(error))
+                self.report_stats()
             else:
                 delay = self.nak_delay_s * 2 ** (item.delivery.num_delivered - 1)
                 log.warning("scorer.environment_failed", env=env_name, error=repr(error))
@@ -142,11 +153,26 @@ class Scorer:
         await item.ack()
         stats.groups += 1
         stats.latency_s_total += time.perf_counter() - started
+        self.report_stats()
+
+    def report_stats(self) -> None:
+        """Totals, and per environment: groups, mean latency, timeouts, failures."""
+        per_env = {
+            f"{env}/{name}": value
+            for env, stats in self.stats.by_env.items()
+            for name, value in (
+                ("groups", stats.groups),
+                ("mean_latency_s", stats.mean_latency_s),
+                ("timeouts", stats.timeouts),
+                ("failures", stats.failures),
+            )
+        }
         self.status.update(
             groups=sum(s.groups for s in self.stats.by_env.values()),
             failures=sum(s.failures for s in self.stats.by_env.values()),
             timeouts=sum(s.timeouts for s in self.stats.by_env.values()),
-            mean_latency_s=stats.mean_latency_s,
+            dead_lettered=sum(self.stats.dead_lettered.values()),
+            **per_env,
         )
 
     async def _dead_letter(self, item: Received[Rollout], reason: str, detail: str) -> None:

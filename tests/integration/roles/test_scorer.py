@@ -78,6 +78,8 @@ async def test_a_crash_mid_task_is_redelivered_and_scored_exactly_once(data_plan
         async with running_scorer(messages) as survivor:
             await wait_for(lambda: _backlog_zero(plane))
             assert sum(s.groups for s in survivor.stats.by_env.values()) == 1
+            counters = survivor.status.status.counters
+            assert counters["arithmetic/groups"] == 1 and counters["arithmetic/failures"] == 0
         assert len(await stored(plane, plane.names.scored)) == 1
 
 
