@@ -15,7 +15,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.typed import MessagePlane
     from dockyard.broker.weights.factory import create_weight_store
     from dockyard.consumers.trainer.loop import TrainerLoop, TrainerStarved
-    from dockyard.data.base import build_dataset
+    from dockyard.data.base import UnknownDatasetError, build_dataset
     from dockyard.models import load_tokenizer
     from dockyard.producers.dispatcher import Dispatcher
     from dockyard.utils.status import StatusFile
@@ -23,17 +23,16 @@ async def _serve(args: argparse.Namespace) -> int:
     config = load_role_config(args)
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / config.run.name)
     run_dir.mkdir(parents=True, exist_ok=True)
+    try:  # before any server or model starts
+        dataset = build_dataset(config.data.train, config.data.default_env)
+    except UnknownDatasetError as error:
+        raise CliError(f"data.train.name: {error}", exit_code=2) from None
+    tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
     plane = create_data_plane(config.data_plane, client_name="trainer")
     async with plane:
         messages = MessagePlane(plane, stage="trainer")
         # The trainer process hosts the dispatcher; the two meet here, not in each other's code.
-        dispatcher = Dispatcher(
-            config,
-            messages,
-            build_dataset(config.data.train, config.data.default_env),
-            load_tokenizer(config.policy.model_name, config.policy.tokenizer.name),
-            run_id=config.run.name,
-        )
+        dispatcher = Dispatcher(config, messages, dataset, tokenizer, run_id=config.run.name)
         loop = TrainerLoop(
             config,
             messages,

@@ -32,6 +32,13 @@ class Dataset(Protocol):
     def __getitem__(self, index: int) -> PromptRecord: ...
 
 
+class UnknownDatasetError(KeyError):
+    """A config names a dataset no builder is registered for."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 DatasetBuilder = Callable[[DatasetConfig, str], Dataset]
 _BUILDERS: dict[str, DatasetBuilder] = {}
 
@@ -56,7 +63,7 @@ def build_dataset(config: DatasetConfig, default_env: str) -> Dataset:
     _import_builtin_datasets()
     builder = _BUILDERS.get(config.name)
     if builder is None:
-        raise KeyError(
+        raise UnknownDatasetError(
             f"unknown dataset {config.name!r}; registered: {', '.join(sorted(_BUILDERS))}"
         )
     return builder(config, config.env or default_env)

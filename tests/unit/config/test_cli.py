@@ -85,3 +85,12 @@ def test_help_lists_subcommands():
     result = run_cli("--help")
     assert result.returncode == 0
     assert "config" in result.stdout
+
+
+def test_an_unknown_dataset_stops_the_trainer_before_anything_starts(capsys, tmp_path):
+    config = "configs/grpo_hle.yaml"  # a family config whose dataset is not built in here
+    assert main(["trainer", "--config", config, "--run-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "data.train.name: unknown dataset 'hle'" in err
+    assert "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # no run directory content, no server started
