@@ -265,11 +265,12 @@ class TrainerLoop:
         if self.ledger.seen(group_id) or any(p.scored.group_id == group_id for p in self.pending):
             self.summary.duplicates += 1
             return
-        oldest = min(
-            (s.min_weight_version() for s in scored.rollout.samples),
-            key=lambda v: v if v is not None else self.weight_version,
-        )
-        age = self.weight_version - (oldest if oldest is not None else self.weight_version)
+        versions = [
+            version
+            for sample in scored.rollout.samples
+            if (version := sample.min_weight_version()) is not None
+        ]
+        age = self.weight_version - min(versions) if versions else 0  # oldest token decides
         max_age = (
             self.config.grpo.async_grpo.max_trajectory_age_steps
             if self.config.grpo.async_grpo.enabled
