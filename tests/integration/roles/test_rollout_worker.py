@@ -46,16 +46,21 @@ async def publish_weights(messages, store, version: int, state, before_event=Non
     return event
 
 
-@contextlib.asynccontextmanager
-async def running_worker(plane, store, engine):
-    worker = RolloutWorker(
+def make_worker(plane, store, engine, **options) -> RolloutWorker:
+    return RolloutWorker(
         MessagePlane(plane, stage="rollout"),
         store,
         engine,
         make_sampling_params(max_new_tokens=4, temperature=1.0, seed=0),
         worker_id="w-test",
         engine_info=EngineInfo(name="torch", version="test"),
+        **options,
     )
+
+
+@contextlib.asynccontextmanager
+async def running_worker(plane, store, engine, **options):
+    worker = make_worker(plane, store, engine, **options)
     task = asyncio.create_task(worker.run())
     try:
         yield worker
@@ -170,16 +175,7 @@ async def test_engine_failures_nak_the_work_and_make_the_worker_unhealthy(data_p
         store = create_weight_store(plane)
         await publish_weights(messages, store, 0, model.state_dict())
         await messages.publish(prompt_group("g-retry"))
-        worker = RolloutWorker(
-            MessagePlane(plane, stage="rollout"),
-            store,
-            engine,
-            make_sampling_params(max_new_tokens=4),
-            worker_id="w-fail",
-            engine_info=EngineInfo(name="torch", version="test"),
-            nak_delay_s=0.1,
-            max_consecutive_failures=2,
-        )
+        worker = make_worker(plane, store, engine, nak_delay_s=0.1, max_consecutive_failures=2)
         try:
             await asyncio.wait_for(worker.run(), 60)
             raise AssertionError("the worker should have given up")
@@ -224,19 +220,9 @@ async def test_images_are_gated_at_the_worker_boundary(data_plane_config):
             (False, "multimodal_disabled"),
             (True, "images_unsupported_by_backend"),
         ):
-            worker = RolloutWorker(
-                MessagePlane(plane, stage="rollout"),
-                store,
-                engine,
-                make_sampling_params(max_new_tokens=4),
-                worker_id="w-mm",
-                engine_info=EngineInfo(name="torch", version="test"),
-                multimodal=MultimodalLimits(allow_multimodal_inputs=allow),
-            )
-            task = asyncio.create_task(worker.run())
-            await wait_for(lambda w=worker: _refused_groups(w, 1))
-            worker.stop()
-            await asyncio.wait_for(task, 20)
+            limits = MultimodalLimits(allow_multimodal_inputs=allow)
+            async with running_worker(plane, store, engine, multimodal=limits) as worker:
+                await wait_for(lambda w=worker: _refused_groups(w, 1))
             dead = [m async for m in plane.replay(plane.names.dead_letters)]
             letter = decode(dead[-1].headers, dead[-1].data, expected=DeadLetter)
             assert letter.reason == reason and letter.stage == "rollout"
