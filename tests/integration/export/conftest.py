@@ -40,6 +40,15 @@ def llama_cpp_installed() -> None:
     importlib.invalidate_caches()
 
 
+@pytest.fixture(scope="session")
+def llama_class(llama_cpp_installed: None) -> type:
+    """``llama_cpp.Llama``, imported only once the setup above has installed it (a module-level
+    import would fail at collection on a fresh machine, before any fixture runs)."""
+    from llama_cpp import Llama
+
+    return Llama
+
+
 def _llama_cpp_sources_present() -> bool:
     import os
 
