@@ -176,6 +176,8 @@ class MemoryPlane(DataPlane):
         )
         stream.bytes += len(payload)
         stream.dedupe[msg_id] = (seq, now)
+        if stream.spec.max_msgs_per_subject > 0:
+            self._keep_newest_per_subject(stream, subject)
         while self._would_exceed(stream, 0) and stream.messages:
             self._drop(stream, next(iter(stream.messages)))
         await self._notify()
@@ -187,6 +189,11 @@ class MemoryPlane(DataPlane):
         too_many = limits.max_msgs >= 0 and len(stream.messages) + extra_msgs > limits.max_msgs
         too_big = limits.max_bytes >= 0 and stream.bytes + extra_bytes > limits.max_bytes
         return too_many or too_big
+
+    def _keep_newest_per_subject(self, stream: _Stream, subject: str) -> None:
+        same = [seq for seq, message in stream.messages.items() if message.subject == subject]
+        for seq in same[: max(0, len(same) - stream.spec.max_msgs_per_subject)]:
+            self._drop(stream, seq)
 
     def _drop(self, stream: _Stream, seq: int) -> None:
         message = stream.messages.pop(seq, None)

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+#: A lease record outlives any lease (leases are renewed every few seconds): after a day it can
+#: only be the last word of a reader that died, and the server drops it.
+LEASE_RECORD_MAX_AGE_S = 24 * 3600.0
+
 
 class Retention(StrEnum):
     WORK_QUEUE = "work_queue"  # a message is deleted once acked: each prompt group is done once
@@ -26,6 +30,11 @@ class StreamSpec:
     allow_direct: bool = True
     # A full work queue refuses new work (back-pressure); a full history drops the oldest.
     discard_new: bool = False
+    #: Only the newest N messages of each subject are kept (-1: no such limit). A stream of
+    #: "current state per key" (blob leases) keeps 1, so it never grows with time.
+    max_msgs_per_subject: int = -1
+    #: Overrides ``data_plane.streams.max_age_s`` for a stream whose records expire by nature.
+    max_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,13 @@ class PlaneNames:
     def blob_manifests_wildcard(self) -> str:
         return f"{self.namespace}.blobs.*.meta"
 
+    def lease_subject(self, digest: str, reader: str) -> str:
+        return f"{self.namespace}.leases.{digest}.{reader}"
+
+    @property
+    def leases_wildcard(self) -> str:
+        return f"{self.namespace}.leases.*.*"
+
     # -- streams -----------------------------------------------------------------------------
     @property
     def prompts_stream(self) -> StreamSpec:
@@ -108,6 +124,17 @@ class PlaneNames:
             f"{self.namespace}_blobs", (f"{self.namespace}.blobs.>",), Retention.LIMITS
         )
 
+    @property
+    def leases_stream(self) -> StreamSpec:
+        """Who is reading which weight blob right now (see ``weights/leases.py``)."""
+        return StreamSpec(
+            f"{self.namespace}_leases",
+            (f"{self.namespace}.leases.>",),
+            Retention.LIMITS,
+            max_msgs_per_subject=1,
+            max_age_s=LEASE_RECORD_MAX_AGE_S,
+        )
+
     def message_streams(self) -> tuple[StreamSpec, ...]:
         """The streams a typed message can land in (the ones replay shows by default)."""
         return (
@@ -118,7 +145,12 @@ class PlaneNames:
         )
 
     def all_streams(self) -> tuple[StreamSpec, ...]:
-        return (*self.message_streams(), self.chunks_stream, self.blobs_stream)
+        return (
+            *self.message_streams(),
+            self.chunks_stream,
+            self.blobs_stream,
+            self.leases_stream,
+        )
 
     def stream_for_subject(self, subject: str) -> StreamSpec:
         for spec in self.all_streams():

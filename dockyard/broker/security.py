@@ -36,9 +36,11 @@ def role_grants(names: PlaneNames) -> dict[str, RoleGrant]:
     ns = names.namespace
     chunks = f"{ns}.chunks.>"
     blobs = f"{ns}.blobs.>"
+    leases = f"{ns}.leases.>"
     return {
         "dispatcher": RoleGrant("dispatcher", (names.prompts, chunks, names.dead_letters)),
-        "rollout": RoleGrant("rollout", (names.rollouts, chunks, names.dead_letters)),
+        # Rollout workers read weight blobs, so they write the leases that protect their reads.
+        "rollout": RoleGrant("rollout", (names.rollouts, chunks, leases, names.dead_letters)),
         "scorer": RoleGrant("scorer", (names.scored, chunks, names.dead_letters)),
         "trainer": RoleGrant(
             "trainer", (names.weight_events, blobs, chunks, names.dead_letters), may_purge=True

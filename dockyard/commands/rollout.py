@@ -43,7 +43,7 @@ async def _serve(args: argparse.Namespace) -> int:
     async with plane:
         worker = RolloutWorker(
             MessagePlane(plane, stage="rollout"),
-            create_weight_store(plane),
+            create_weight_store(plane, reader_id=worker_id),
             engine,
             params,
             worker_id=worker_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 import time
 from collections.abc import Mapping
@@ -15,6 +16,8 @@ from dockyard.utils.logging import get_logger
 
 if TYPE_CHECKING:
     import torch
+
+    from dockyard.broker.weights.leases import BlobLeases
 
 log = get_logger(__name__)
 
@@ -82,10 +85,11 @@ def check_digest(expected: str, actual: str, where: str) -> None:
 
 
 def prunable(refs: list[BlobRef], keep_last: int, grace_s: float, now: float) -> list[BlobRef]:
-    """Versions that may be deleted: beyond the newest ``keep_last``, and superseded long enough.
+    """Versions the age rule lets go: beyond the newest ``keep_last``, superseded long enough.
 
     A version stays for ``grace_s`` after the version that replaced it was put, so a worker that
-    started fetching it just before the new event can finish.
+    started fetching it just before the new event can finish even without a lease; a version
+    with a live reader lease stays regardless (``WeightBlobStore.prune``).
     """
     ordered = sorted(refs, key=lambda r: r.version)
     doomed = []
@@ -97,17 +101,29 @@ def prunable(refs: list[BlobRef], keep_last: int, grace_s: float, now: float) ->
 
 
 class WeightBlobStore(abc.ABC):
-    def __init__(self, *, keep_last: int, grace_s: float) -> None:
+    def __init__(self, *, keep_last: int, grace_s: float, leases: BlobLeases | None = None) -> None:
         self.keep_last = keep_last
         self.grace_s = grace_s
+        #: Reader leases: when set, every read holds one and pruning spares leased versions.
+        self.leases = leases
 
     @abc.abstractmethod
     async def put(self, version: int, source: BlobSource) -> BlobRef:
         """Store a version's bytes (tensors are saved as safetensors); idempotent per digest."""
 
-    @abc.abstractmethod
     async def get_bytes(self, ref: BlobRef) -> bytes:
-        """The blob's bytes, verified against ``ref.digest``."""
+        """The blob's bytes, verified against ``ref.digest`` (read under a lease)."""
+        async with self._lease(ref):
+            return await self._read_bytes(ref)
+
+    @abc.abstractmethod
+    async def _read_bytes(self, ref: BlobRef) -> bytes:
+        """The transport's read, verified against ``ref.digest``."""
+
+    def _lease(self, ref: BlobRef) -> contextlib.AbstractAsyncContextManager[None]:
+        if self.leases is None:
+            return contextlib.nullcontext()
+        return self.leases.hold(ref.hex, ref.version)
 
     async def get_to_path(self, ref: BlobRef, dest: Path) -> Path:
         """The blob written to ``dest`` (atomically), verified."""
@@ -131,9 +147,19 @@ class WeightBlobStore(abc.ABC):
 
     async def prune(self, now: float | None = None) -> list[BlobRef]:
         """Apply the retention rule; returns what was deleted."""
-        doomed = prunable(
-            await self.refs(), self.keep_last, self.grace_s, time.time() if now is None else now
-        )
+        now = time.time() if now is None else now
+        refs = await self.refs()
+        leased: dict[str, list[str]] = {}
+        if self.leases is not None and len(refs) > self.keep_last:
+            leased = await self.leases.live(now)
+        doomed = []
+        for ref in prunable(refs, self.keep_last, self.grace_s, now):
+            if ref.hex in leased:
+                log.info(
+                    "weight_blob.kept_for_readers", version=ref.version, readers=leased[ref.hex]
+                )
+            else:
+                doomed.append(ref)
         for ref in doomed:
             await self.delete(ref)
             log.info("weight_blob.pruned", version=ref.version, digest=ref.digest)

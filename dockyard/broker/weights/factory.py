@@ -6,14 +6,23 @@ from pathlib import Path
 
 from dockyard.broker.plane import DataPlane
 from dockyard.broker.weights.base import WeightBlobStore
+from dockyard.broker.weights.leases import BlobLeases
 
 
-def create_weight_store(plane: DataPlane) -> WeightBlobStore:
-    """The blob store a plane's config asks for (``jetstream`` on the in-memory plane = memory)."""
+def create_weight_store(plane: DataPlane, *, reader_id: str | None = None) -> WeightBlobStore:
+    """The blob store a plane's config asks for (``jetstream`` on the in-memory plane = memory).
+
+    Reads hold leases (over ``plane``) named after ``reader_id`` (default: host and pid), so
+    retention never deletes a version while someone fetches it.
+    """
     from dockyard.broker.jetstream import JetStreamPlane
 
     transport = plane.config.weight_transport
-    retention = {"keep_last": transport.keep_last_versions, "grace_s": transport.retention_grace_s}
+    retention = {
+        "keep_last": transport.keep_last_versions,
+        "grace_s": transport.retention_grace_s,
+        "leases": BlobLeases(plane, ttl_s=transport.reader_lease_ttl_s, reader_id=reader_id),
+    }
     if transport.kind == "filesystem":
         from dockyard.broker.weights.files import FilesystemBlobStore
 

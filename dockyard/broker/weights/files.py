@@ -27,11 +27,19 @@ from dockyard.broker.weights.base import (
     new_ref,
     source_to_bytes,
 )
+from dockyard.broker.weights.leases import BlobLeases
 
 
 class FilesystemBlobStore(WeightBlobStore):
-    def __init__(self, directory: Path, *, keep_last: int, grace_s: float) -> None:
-        super().__init__(keep_last=keep_last, grace_s=grace_s)
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        keep_last: int,
+        grace_s: float,
+        leases: BlobLeases | None = None,
+    ) -> None:
+        super().__init__(keep_last=keep_last, grace_s=grace_s, leases=leases)
         self.directory = directory
 
     def _blob_path(self, hex_digest: str) -> Path:
@@ -78,7 +86,7 @@ class FilesystemBlobStore(WeightBlobStore):
         manifest_tmp.replace(self._manifest_path(hex_digest))
         return ref
 
-    async def get_bytes(self, ref: BlobRef) -> bytes:
+    async def _read_bytes(self, ref: BlobRef) -> bytes:
         path = self._blob_path(ref.hex)
         try:
             data = await asyncio.to_thread(path.read_bytes)
@@ -88,12 +96,14 @@ class FilesystemBlobStore(WeightBlobStore):
         return data
 
     async def get_path(self, ref: BlobRef) -> Path:
-        """The blob in place (no copy), after verifying it."""
-        path = self._blob_path(ref.hex)
-        if not path.exists():
-            raise BlobNotFound(f"no blob {ref.digest} in {self.directory}")
-        check_digest(ref.digest, await asyncio.to_thread(digest_of_file, path), str(path))
-        return path
+        """The blob in place (no copy), after verifying it. The caller reads it in place, so
+        it must not rely on it after the version is superseded and the grace has passed."""
+        async with self._lease(ref):
+            path = self._blob_path(ref.hex)
+            if not path.exists():
+                raise BlobNotFound(f"no blob {ref.digest} in {self.directory}")
+            check_digest(ref.digest, await asyncio.to_thread(digest_of_file, path), str(path))
+            return path
 
     async def refs(self) -> list[BlobRef]:
         out = []
@@ -126,8 +136,11 @@ class HttpBlobStore(FilesystemBlobStore):
         keep_last: int,
         grace_s: float,
         timeout_s: float,
+        leases: BlobLeases | None = None,
     ) -> None:
-        super().__init__(directory or Path("."), keep_last=keep_last, grace_s=grace_s)
+        super().__init__(
+            directory or Path("."), keep_last=keep_last, grace_s=grace_s, leases=leases
+        )
         self.base_url = base_url.rstrip("/")
         self._writable = directory is not None
         self.timeout_s = timeout_s
@@ -143,7 +156,7 @@ class HttpBlobStore(FilesystemBlobStore):
             )
         return await super().put(version, source)
 
-    async def get_bytes(self, ref: BlobRef) -> bytes:
+    async def _read_bytes(self, ref: BlobRef) -> bytes:
         import httpx
 
         url = self.uri_for(ref.hex)

@@ -34,6 +34,7 @@ from dockyard.broker.weights.base import (
     new_ref,
     source_to_bytes,
 )
+from dockyard.broker.weights.leases import BlobLeases
 
 
 class JetStreamBlobStore(WeightBlobStore):
@@ -45,8 +46,9 @@ class JetStreamBlobStore(WeightBlobStore):
         grace_s: float,
         chunk_size: int,
         stall_timeout_s: float,
+        leases: BlobLeases | None = None,
     ) -> None:
-        super().__init__(keep_last=keep_last, grace_s=grace_s)
+        super().__init__(keep_last=keep_last, grace_s=grace_s, leases=leases)
         self.plane = plane
         self.names = plane.names
         self.chunk_size = chunk_size
@@ -102,7 +104,7 @@ class JetStreamBlobStore(WeightBlobStore):
             float(manifest["created_at_unix_s"]),  # type: ignore[arg-type]
         )
 
-    async def get_bytes(self, ref: BlobRef) -> bytes:
+    async def _read_bytes(self, ref: BlobRef) -> bytes:
         manifest = await self._manifest(ref.hex)
         if manifest is None:
             raise BlobNotFound(f"no blob {ref.digest} in stream {self.names.blobs_stream.name}")

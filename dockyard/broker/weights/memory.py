@@ -12,11 +12,12 @@ from dockyard.broker.weights.base import (
     new_ref,
     source_to_bytes,
 )
+from dockyard.broker.weights.leases import BlobLeases
 
 
 class MemoryBlobStore(WeightBlobStore):
-    def __init__(self, *, keep_last: int, grace_s: float) -> None:
-        super().__init__(keep_last=keep_last, grace_s=grace_s)
+    def __init__(self, *, keep_last: int, grace_s: float, leases: BlobLeases | None = None) -> None:
+        super().__init__(keep_last=keep_last, grace_s=grace_s, leases=leases)
         self._blobs: dict[str, tuple[BlobRef, bytes]] = {}
 
     async def put(self, version: int, source: BlobSource) -> BlobRef:
@@ -26,7 +27,7 @@ class MemoryBlobStore(WeightBlobStore):
         self._blobs.setdefault(digest, (ref, data))
         return self._blobs[digest][0]
 
-    async def get_bytes(self, ref: BlobRef) -> bytes:
+    async def _read_bytes(self, ref: BlobRef) -> bytes:
         try:
             _, data = self._blobs[ref.digest]
         except KeyError:

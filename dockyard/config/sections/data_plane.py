@@ -77,6 +77,11 @@ class WeightTransportConfig(Section):
         description="an old version is deleted only this long after a newer one was put, "
         "so a worker still fetching it can finish",
     )
+    reader_lease_ttl_s: PositiveFloat = Field(
+        30.0,
+        description="a worker fetching a blob holds a lease on it, renewed every third of this; "
+        "retention keeps leased versions, and a dead reader's lease lapses after this long",
+    )
     chunk_size: PositiveInt = 4 * MiB
     fetch_stall_timeout_s: PositiveFloat = Field(
         30.0, description="give up a blob fetch when no chunk arrived for this long"

@@ -19,6 +19,7 @@ class WandbBackend:
 
     def __init__(self, config: WandbConfig, log_dir: Path) -> None:
         wandb = import_backend_package("wandb", backend="wandb", package="wandb")
+        self._wandb = wandb
         log_dir.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(
             project=config.project,
@@ -44,3 +45,8 @@ class WandbBackend:
 
     def close(self) -> None:
         self._run.finish()
+        # finish() returns once the run is marked done, but wandb-core may still be writing the
+        # offline transaction log (seen under load: a header-only .wandb file right after
+        # finish). Tearing the service down waits for it to flush and exit; the next run in
+        # this process starts a fresh one.
+        self._wandb.teardown()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import functools
+import http.server
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +29,19 @@ async def plane(
     )
     async with implementation:
         yield implementation
+
+
+@pytest.fixture
+def http_directory(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A real HTTP server (stdlib) serving a directory, as a deployment's web server would."""
+    directory = tmp_path / "served"
+    directory.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", directory
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -17,6 +17,7 @@ from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.plane import REASON_MAX_DELIVERIES, PermissionDenied, PublishError
 from dockyard.broker.security import generate_credentials
+from dockyard.broker.weights import create_weight_store
 from dockyard.config.sections.data_plane import DataPlaneConfig
 
 ConfigFactory = Callable[..., DataPlaneConfig]
@@ -182,6 +183,13 @@ async def test_a_rollout_credential_cannot_publish_a_weight_event(
     async with JetStreamPlane(role_config("trainer")) as trainer:
         await trainer.publish(trainer.names.weight_events, b"real version", msg_id="v1")
         assert [m.data for m in await collect(trainer, names.weight_events)] == [b"real version"]
+        blob = await create_weight_store(trainer).put(1, b"weights" * 100)
+    async with JetStreamPlane(role_config("rollout")) as rollout:
+        # A worker reads blobs under a lease (its own records) but cannot write blob data.
+        worker_store = create_weight_store(rollout, reader_id="worker-1")
+        assert await worker_store.get_bytes(blob) == b"weights" * 100
+        with pytest.raises(PermissionDenied, match=r"secured\.blobs\."):
+            await rollout.publish(names.blob_data_subject(blob.hex), b"evil", msg_id="evil")
 
     wrong = role_config("rollout").model_copy(deep=True)
     wrong.credentials.password = "not-the-password"

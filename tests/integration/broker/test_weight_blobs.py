@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -23,22 +20,6 @@ from dockyard.broker.weights.jetstream_blobs import JetStreamBlobStore
 from dockyard.config.sections.data_plane import DataPlaneConfig
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def http_directory(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A real HTTP server (stdlib) serving a directory, as a deployment's web server would."""
-    directory = tmp_path / "served"
-    directory.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", directory
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture(params=["jetstream", "filesystem", "http", "memory"])

@@ -113,6 +113,9 @@ def test_only_the_trainer_and_admin_publish_weight_events() -> None:
     assert allowed == {"trainer"}
     assert grants["admin"].publish == (">",)
     assert NAMES.rollouts in grants["rollout"].publish
+    # Workers lease the blobs they read; only the trainer writes blob data.
+    assert "run1.leases.>" in grants["rollout"].publish
+    assert "run1.blobs.>" not in grants["rollout"].publish
 
 
 def test_dead_letter_keeps_the_original_and_says_why() -> None:
