@@ -147,7 +147,8 @@ def make_sample(
     corpus: Corpus, rng: np.random.Generator, group: PromptGroup, index: int, length: int
 ) -> RolloutSample:
     response = _slice(corpus, rng, length)
-    versions = np.full(length, 41, dtype=np.int32)
+    # int64, as dockyard.producers.rollouts builds them from every engine's output
+    versions = np.full(length, 41, dtype=np.int64)
     if rng.random() < 0.25:  # a refit landed mid-generation
         versions[int(rng.integers(length)) :] = 42
     mask = np.ones(length, dtype=np.bool_)

@@ -51,12 +51,18 @@ def _ls(args: argparse.Namespace) -> int:
             return await plane.streams()
 
     states = _run(run())
+    # Names are what people copy into the next command: never elided, whatever the width.
+    stream_width = max((len(state.name) for state in states), default=6)
+    durable_width = max((len(lag.durable) for s in states for lag in s.consumers), default=8)
     table = Table(title="streams")
-    for column in ("stream", "subjects", "retention", "msgs", "size", "seq range", "last"):
-        table.add_column(column)
+    table.add_column("stream", no_wrap=True, min_width=stream_width)
+    for column in ("subjects", "retention", "msgs", "size", "seq range", "last"):
+        table.add_column(column, overflow="fold")
     consumers = Table(title="consumers")
-    for column in ("consumer", "stream", "pending", "unacked", "redelivered"):
-        consumers.add_column(column)
+    consumers.add_column("consumer", no_wrap=True, min_width=durable_width)
+    consumers.add_column("stream", no_wrap=True, min_width=stream_width)
+    for column in ("pending", "unacked", "redelivered"):
+        consumers.add_column(column, overflow="fold")
     for state in states:
         table.add_row(
             state.name,

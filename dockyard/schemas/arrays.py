@@ -248,6 +248,7 @@ class ArrayCollector:
         return {"dtype": name, "shape": list(arr.shape), "data": [offset, arr.nbytes]}
 
 
+_UINT8_MAX = np.iinfo(np.uint8).max
 _UINT16_MAX = np.iinfo(np.uint16).max
 _UINT32_MAX = np.iinfo(np.uint32).max
 #: Each signed integer dtype (either byte order) and the unsigned dtype of the same width and
@@ -271,19 +272,22 @@ def narrow_unsigned_max(arr: np.ndarray) -> int | None:
 
 
 def narrow_unsigned(arr: np.ndarray) -> np.ndarray:
-    """``arr`` as uint16 (or uint32) when its non-negative integer values fit, else as is.
+    """``arr`` in the narrowest unsigned dtype (uint8/16/32) that holds its non-negative
+    integer values, else as is.
 
-    Token ids (vocab < 65,536 for most tokenizers) and per-token weight versions fit in 16 bits:
-    half of int32's bytes, which zstd then compresses faster and smaller (measured in
-    ``benchmarks/bench_codec.py``). Decoders must read any whitelisted integer dtype.
+    Token ids (vocab < 65,536 for most tokenizers) fit in 16 bits, per-token weight versions in
+    8 or 16: a half or a quarter of int32's bytes, which zstd then compresses faster and smaller
+    (measured in ``benchmarks/bench_codec.py``). Decoders must read any whitelisted integer dtype.
     """
     dtype = arr.dtype
-    if dtype.kind not in "iu" or dtype.itemsize <= 2 or arr.size == 0:
+    if dtype.kind not in "iu" or dtype.itemsize <= 1 or arr.size == 0:
         return arr
     high = narrow_unsigned_max(arr)
     if high is None:
         return arr
-    if high <= _UINT16_MAX:
+    if high <= _UINT8_MAX:
+        return arr.astype(np.uint8)
+    if high <= _UINT16_MAX and dtype.itemsize > 2:
         return arr.astype(np.uint16)
     if high <= _UINT32_MAX and dtype.itemsize > 4:
         return arr.astype(np.uint32)
@@ -302,7 +306,7 @@ def _serializer(transform: Callable[[np.ndarray], np.ndarray]) -> Callable[..., 
     return serialize
 
 
-def _identity(arr: np.ndarray) -> np.ndarray:
+def unchanged(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
@@ -363,7 +367,7 @@ TOKEN_IDS = ArrayKind(
 LOGPROBS = ArrayKind(
     "logprobs",
     _wire("float16", "float32", "float64"),
-    _identity,
+    unchanged,
     _logprobs_ok,
     lambda dtype, limits: True,
 )
@@ -375,7 +379,7 @@ VERSIONS = ArrayKind(
     lambda dtype, limits: dtype.kind == "i",
 )
 MASK = ArrayKind(
-    "mask", _wire("bool", "uint8"), _identity, _mask_ok, lambda dtype, limits: dtype.kind == "u"
+    "mask", _wire("bool", "uint8"), unchanged, _mask_ok, lambda dtype, limits: dtype.kind == "u"
 )
 
 

@@ -172,17 +172,17 @@ def _resolve_type(schema: str, expected: type[Message] | None) -> type[Message]:
 
 
 def _check_version(cls: type[Message], version: str) -> None:
-    """Same MAJOR decodes (older or newer MINOR); any other MAJOR is refused."""
+    """A readable MAJOR decodes (older or newer MINOR); any other MAJOR is refused."""
     try:
         major, _minor = parse_schema_version(version)
     except ValueError as exc:
         raise CodecError(ReasonCode.UNSUPPORTED_VERSION, str(exc)) from None
-    ours = cls.schema_major()
-    if major != ours:
+    readable = cls.readable_majors()
+    if major not in readable:
+        described = ", ".join(f"{m}.x" for m in sorted(readable))
         raise CodecError(
             ReasonCode.UNSUPPORTED_VERSION,
-            f"{cls.SCHEMA_NAME} {version} is not readable by this build "
-            f"(reads major {ours}, i.e. {ours}.x)",
+            f"{cls.SCHEMA_NAME} {version} is not readable by this build (reads {described})",
         )
 
 

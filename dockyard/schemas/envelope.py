@@ -21,6 +21,7 @@ from typing import Any
 import msgpack
 
 from dockyard.schemas.errors import CodecError, ReasonCode
+from dockyard.schemas.layout import pack_plain_model
 from dockyard.schemas.limits import DecodeLimits
 
 KEY_SCHEMA = "schema"
@@ -59,7 +60,7 @@ def build_envelope_prefix(
                 _fixstr(KEY_VERSION),
                 msgpack.packb(version),
                 _fixstr(KEY_META),
-                msgpack.packb(meta, use_bin_type=True),
+                msgpack.packb(meta, use_bin_type=True, default=pack_plain_model),
             )
         )
     except (TypeError, ValueError, OverflowError) as exc:

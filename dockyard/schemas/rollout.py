@@ -95,14 +95,21 @@ class RolloutSample(WireModel):
 
     @model_validator(mode="after")
     def _lengths(self) -> RolloutSample:
-        length = self.response_token_ids.shape[0]
-        for name in ("behaviour_logprobs", "token_weight_versions", "loss_mask"):
-            other = getattr(self, name).shape[0]
-            if other != length:
-                raise PydanticCustomError(
-                    ReasonCode.LENGTH_MISMATCH.value,
-                    f"{name} has {other} entries for {length} response tokens",
-                )
+        # Runs for every sample of every decoded group: one chained comparison when all agree.
+        length = len(self.response_token_ids)
+        if not (
+            len(self.behaviour_logprobs)
+            == len(self.token_weight_versions)
+            == len(self.loss_mask)
+            == length
+        ):
+            for name in ("behaviour_logprobs", "token_weight_versions", "loss_mask"):
+                other = len(getattr(self, name))
+                if other != length:
+                    raise PydanticCustomError(
+                        ReasonCode.LENGTH_MISMATCH.value,
+                        f"{name} has {other} entries for {length} response tokens",
+                    )
         for segment in self.segments:
             if segment.end > length:
                 raise PydanticCustomError(
@@ -121,7 +128,9 @@ class Rollout(Message):
     order)."""
 
     SCHEMA_NAME: ClassVar[str] = "rollout"
-    SCHEMA_VERSION: ClassVar[str] = "1.0"
+    #: 2.0: the samples' arrays travel as columns (docs/wire-format.md); 1.x still decodes.
+    SCHEMA_VERSION: ClassVar[str] = "2.0"
+    ALSO_READS_MAJORS: ClassVar[frozenset[int]] = frozenset({1})
 
     group: PromptGroup
     samples: list[RolloutSample] = Field(min_length=1)

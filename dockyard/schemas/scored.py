@@ -44,8 +44,10 @@ class SampleScore(WireModel):
 
 class ScoredRollout(Message):
     SCHEMA_NAME: ClassVar[str] = "scored_rollout"
-    #: 1.1 added ``SampleScore.flags`` and ``SampleScore.detail`` (both with defaults).
-    SCHEMA_VERSION: ClassVar[str] = "1.1"
+    #: 1.1 added ``SampleScore.flags`` and ``SampleScore.detail`` (both with defaults); 2.0
+    #: writes the samples' (and teacher) arrays as columns. 1.x still decodes.
+    SCHEMA_VERSION: ClassVar[str] = "2.0"
+    ALSO_READS_MAJORS: ClassVar[frozenset[int]] = frozenset({1})
 
     rollout: Rollout
     scores: list[SampleScore] = Field(min_length=1, description="one per sample, in order")

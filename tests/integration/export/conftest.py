@@ -21,10 +21,13 @@ class TinyModel:
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="session", autouse=True)
-def llama_cpp_installed() -> None:
+def ensure_llama_cpp() -> None:
     """The test setup CI runs: llama-cpp-python (and the llama.cpp sources it vendors) from
-    the wheel cache, built there once when missing (~15 minutes on 2 cores, then seconds)."""
+    the wheel cache, built there once when missing (~15 minutes on 2 cores, then seconds).
+
+    It runs when this directory is collected, like the vLLM install, so a first-time build is
+    not cut short by the per-test timeout.
+    """
     import importlib.util
     import os
     import subprocess
@@ -41,9 +44,8 @@ def llama_cpp_installed() -> None:
 
 
 @pytest.fixture(scope="session")
-def llama_class(llama_cpp_installed: None) -> type:
-    """``llama_cpp.Llama``, imported only once the setup above has installed it (a module-level
-    import would fail at collection on a fresh machine, before any fixture runs)."""
+def llama_class() -> type:
+    """``llama_cpp.Llama`` (installed when this directory was collected)."""
     from llama_cpp import Llama
 
     return Llama
@@ -79,3 +81,6 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer) -> Tiny
 @pytest.fixture(scope="session", params=["qwen2", "llama"])
 def tiny_model(request: pytest.FixtureRequest) -> TinyModel:
     return request.getfixturevalue(f"tiny_{request.param}")
+
+
+ensure_llama_cpp()

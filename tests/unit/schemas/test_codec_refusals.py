@@ -257,7 +257,7 @@ def _delete(path: list[Any]) -> Callable[[dict[str, Any]], None]:
         (_set(["group", "group_id"], 17), ReasonCode.WRONG_TYPE),
         (_set(["samples"], {"0": {}}), ReasonCode.WRONG_TYPE),
         (_set(["samples", 0, "sampling"], [1.0]), ReasonCode.WRONG_TYPE),
-        (_set(["samples", 0, "response_token_ids"], [1, 2, 3]), ReasonCode.WRONG_TYPE),
+        (_set(["group", "prompt_token_ids"], [1, 2, 3]), ReasonCode.WRONG_TYPE),
         (_delete(["group", "trace_id"]), ReasonCode.MISSING_FIELD),
         (_delete(["samples", 1, "behaviour_logprobs"]), ReasonCode.MISSING_FIELD),
         (_set(["group", "group_id"], "has space"), ReasonCode.INVALID_FIELD),
@@ -318,7 +318,7 @@ def _descriptor(field: str, **changes: Any) -> Callable[[dict[str, Any]], None]:
             ReasonCode.ARRAY_TOO_LARGE,
         ),
         (_descriptor("behaviour_logprobs", shape=[4], data=[0, 16]), ReasonCode.LENGTH_MISMATCH),
-        (_descriptor("token_weight_versions", shape=[9], data=[0, 18]), ReasonCode.LENGTH_MISMATCH),
+        (_descriptor("token_weight_versions", shape=[9], data=[0, 9]), ReasonCode.LENGTH_MISMATCH),
         (_descriptor("loss_mask", shape=[1], data=[0, 1]), ReasonCode.LENGTH_MISMATCH),
     ],
     ids=[

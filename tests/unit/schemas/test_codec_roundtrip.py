@@ -100,8 +100,8 @@ def test_registry_names_every_message_type() -> None:
     # (all with defaults).
     assert versions == {
         "prompt_group": "1.1",
-        "rollout": "1.0",
-        "scored_rollout": "1.1",
+        "rollout": "2.0",
+        "scored_rollout": "2.0",
         "weight_version": "1.0",
         "dead_letter": "1.0",
     }
@@ -112,7 +112,7 @@ def test_headers_carry_identity_schema_and_codec() -> None:
     assert encoded.headers == {
         HEADER_MSG_ID: "rollout:run7-e0-i12:0",
         HEADER_SCHEMA: "rollout",
-        HEADER_SCHEMA_VERSION: "1.0",
+        HEADER_SCHEMA_VERSION: "2.0",
         HEADER_CODEC: CODEC_NAME,
     }
 
@@ -126,13 +126,19 @@ def test_payload_is_one_zstd_frame_of_one_msgpack_map_with_declared_size() -> No
     envelope = msgpack.unpackb(content, raw=False, strict_map_key=True)  # any msgpack library
     assert list(envelope) == ["schema", "schema_version", "meta", "pad", "data"]
     assert envelope["schema"] == "scored_rollout"
-    descriptor = envelope["meta"]["rollout"]["samples"][0]["behaviour_logprobs"]
-    assert descriptor["dtype"] == "float32" and descriptor["shape"] == [8]
-    offset, nbytes = descriptor["data"]
-    assert offset % 8 == 0 and nbytes == 32
-    expected = make_scored().rollout.samples[0].behaviour_logprobs
-    raw = envelope["data"][offset : offset + nbytes]
-    assert np.array_equal(np.frombuffer(raw, "<f4"), expected)
+    # The samples' log-probs: one column (every sample's values back to back) + its rows.
+    column = envelope["meta"]["rollout"]["@columns"]["samples"]["behaviour_logprobs"]
+    samples = make_scored().rollout.samples
+    assert column["dtype"] == "float32" and column["shape"] == [8 * len(samples)]
+    offset, nbytes = column["data"]
+    assert offset % 8 == 0 and nbytes == 32 * len(samples)
+    rows_offset, rows_nbytes = column["rows"]["data"]
+    assert column["rows"]["dtype"] == "uint32" and column["rows"]["shape"] == [len(samples), 2]
+    rows = np.frombuffer(envelope["data"][rows_offset : rows_offset + rows_nbytes], "<u4")
+    values = np.frombuffer(envelope["data"][offset : offset + nbytes], "<f4")
+    for sample, (start, count) in zip(samples, rows.reshape(-1, 2).tolist(), strict=True):
+        assert np.array_equal(values[start : start + count], sample.behaviour_logprobs)
+    assert "behaviour_logprobs" not in envelope["meta"]["rollout"]["samples"][0]
 
 
 def test_decoded_arrays_are_read_only_views_of_the_decompressed_buffer() -> None:
@@ -169,10 +175,16 @@ def test_token_ids_are_narrowed_on_the_wire_when_they_fit() -> None:
     large = make_sample(1, 4, response_token_ids=np.array([0, 5, 65_536, 7], dtype=np.int64))
     group = make_prompt_group(num_generations=2)
     rollout = Rollout(group=group, samples=[small, large])
-    meta = unpack_payload(encode(rollout).payload)["meta"]
-    assert meta["samples"][0]["response_token_ids"]["dtype"] == "uint16"
-    assert meta["samples"][1]["response_token_ids"]["dtype"] == "uint32"
+    columns = unpack_payload(encode(rollout).payload, columns=True)["meta"]["@columns"]
+    # One dtype per column: the widest any sample needs.
+    assert columns["samples"]["response_token_ids"]["dtype"] == "uint32"
+    assert columns["samples"]["prompt_token_ids"]["dtype"] == "uint16"
+    assert columns["samples"]["token_weight_versions"]["dtype"] == "uint8"  # versions < 256
+    alone = Rollout(group=make_prompt_group(num_generations=1), samples=[small])
+    alone_columns = unpack_payload(encode(alone).payload, columns=True)["meta"]["@columns"]
+    assert alone_columns["samples"]["response_token_ids"]["dtype"] == "uint16"
     decoded = decode(None, encode(rollout).payload)
+    assert decoded.samples[0].response_token_ids.tolist() == [0, 5, 65_535, 7]
     assert decoded.samples[1].response_token_ids.tolist() == [0, 5, 65_536, 7]
 
 

@@ -28,7 +28,7 @@ def test_flags_and_detail_round_trip() -> None:
     assert decoded == message
     assert decoded.scores[1].flags == ["integrity_violation", "test_timeout"]
     assert decoded.scores[0].detail == "2 of 5 tests passed; ✓ utf-8"
-    assert encode(message).headers["Dockyard-Schema-Version"] == "1.1"
+    assert encode(message).headers["Dockyard-Schema-Version"] == "2.0"
 
 
 def test_defaults_are_empty() -> None:
