@@ -196,6 +196,14 @@ def main() -> int:
             "",
             *lines,
             "",
+            "Reading: from 1 MiB groups up compression pays for itself. 64 KiB groups (16 "
+            "samples of ≈ 240 tokens) miss the target, and not because of the transport: "
+            "encoding and decoding a 16-sample ScoredRollout costs ≈ 0.65 ms (≈ 0.25 ms + "
+            "0.4 ms, measured alone), mostly msgpack and pydantic over each sample's metadata, "
+            "which is more than nats-py spends moving 64 KiB (≈ 0.4 ms per message here). "
+            "Closing the gap needs a cheaper per-sample decode (see the codec section), not a "
+            "faster broker path.",
+            "",
         ]
         write_docs(body)
     return 0
