@@ -7,6 +7,7 @@ import os
 
 import nkeys
 import pytest
+from nats_jwt import operator_setup
 
 from dockyard.broker.embedded import ServerUser
 from dockyard.broker.jetstream import JetStreamPlane
@@ -43,3 +44,28 @@ async def test_nkey_credentials_authenticate(
     with pytest.raises(DataPlaneError):
         async with JetStreamPlane(wrong):
             pass
+
+
+async def test_jwt_creds_file_authenticates_in_operator_mode(
+    tmp_path, nats_server_factory, data_plane_config_factory
+):
+    """Decentralised auth: the server trusts an operator; a user JWT signed by an account of
+    that operator, with its seed, in a ``.creds`` file (``data_plane.credentials.creds_file``)."""
+    trusted = operator_setup(tmp_path / "trusted")
+    foreign = operator_setup(tmp_path / "foreign")  # signed by an operator the server ignores
+    server = nats_server_factory(extra=trusted.server_extra)
+    good = data_plane_config_factory(
+        server.url, credentials={"creds_file": str(trusted.creds_file)}, connect_timeout_s=5
+    )
+    async with JetStreamPlane(good) as plane:
+        await plane.publish(plane.names.rollouts, b"jwt-signed", msg_id="m1")
+        (delivery,) = await plane.fetch(plane.names.rollout_consumer, 1, timeout_s=5)
+        assert delivery.data == b"jwt-signed"
+    wrong = data_plane_config_factory(
+        server.url, credentials={"creds_file": str(foreign.creds_file)}, connect_timeout_s=2
+    )
+    anonymous = data_plane_config_factory(server.url, connect_timeout_s=2)
+    for refused in (wrong, anonymous):
+        with pytest.raises(DataPlaneError, match="Authorization Violation"):
+            async with JetStreamPlane(refused):
+                pass
