@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import numpy as np
@@ -51,7 +51,6 @@ ARRAY_ALIGNMENT = 8
 # Keys of the pydantic validation / serialization context used by the codec.
 CTX_BLOB = "dockyard_array_section"
 CTX_LIMITS = "dockyard_limits"
-CTX_COLLECTOR = "dockyard_array_collector"
 #: Set by the codec when every array in the input was resolved and checked once per message
 #: (``dockyard.schemas.precheck``): the field validators then accept those arrays as they are.
 CTX_PRECHECKED = "dockyard_arrays_prechecked"
@@ -223,31 +222,6 @@ def validate_mask(value: Any, info: ValidationInfo) -> np.ndarray:
 # --------------------------------------------------------------------------- encoding
 
 
-@dataclass
-class ArrayCollector:
-    """Lays out arrays in the array section during ``model_dump`` (the encode side)."""
-
-    chunks: list[Any] = field(default_factory=list)
-    nbytes: int = 0
-
-    def add(self, arr: np.ndarray) -> dict[str, Any]:
-        name = _NAME_BY_DTYPE.get(arr.dtype)
-        if name is None:  # big-endian input (or a dtype the wire cannot carry)
-            name = wire_dtype_name(arr.dtype)
-            arr = arr.astype(WIRE_DTYPES[name])
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)
-        padding = -self.nbytes % ARRAY_ALIGNMENT
-        if padding:
-            self.chunks.append(bytes(padding))
-            self.nbytes += padding
-        offset = self.nbytes
-        if arr.nbytes:
-            self.chunks.append(arr)  # contiguous: bytes.join takes its buffer without a copy
-            self.nbytes += arr.nbytes
-        return {"dtype": name, "shape": list(arr.shape), "data": [offset, arr.nbytes]}
-
-
 _UINT8_MAX = np.iinfo(np.uint8).max
 _UINT16_MAX = np.iinfo(np.uint16).max
 _UINT32_MAX = np.iinfo(np.uint32).max
@@ -294,16 +268,11 @@ def narrow_unsigned(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _serializer(transform: Callable[[np.ndarray], np.ndarray]) -> Callable[..., Any]:
-    def serialize(arr: np.ndarray, info: SerializationInfo) -> Any:
-        context = info.context
-        if context and CTX_COLLECTOR in context:
-            return context[CTX_COLLECTOR].add(transform(arr))
-        if info.mode == "json":
-            return arr.tolist()
-        return arr
-
-    return serialize
+def _serialize(arr: np.ndarray, info: SerializationInfo) -> Any:
+    """``model_dump``: the array itself, or a list in JSON mode (the codec does not use this)."""
+    if info.mode == "json":
+        return arr.tolist()
+    return arr
 
 
 def unchanged(arr: np.ndarray) -> np.ndarray:
@@ -391,13 +360,13 @@ def _array_type(
     return Annotated[
         np.ndarray,
         PlainValidator(validator),
-        PlainSerializer(_serializer(kind.transform)),
+        PlainSerializer(_serialize),
         WithJsonSchema({"type": "array", "items": item_schema}),
         kind,
     ]
 
 
-#: Token ids (1-D, non-negative integers). Narrowed to uint16/uint32 on the wire.
+#: Token ids (1-D, non-negative integers). Narrowed to uint8/16/32 on the wire.
 TokenIdArray = _array_type(validate_token_ids, TOKEN_IDS, {"type": "integer"})
 #: Natural-log probabilities (1-D float16/32/64, finite). Travel at their own precision.
 LogProbArray = _array_type(validate_logprobs, LOGPROBS, {"type": "number"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import threading
@@ -45,3 +46,33 @@ def http_directory(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+#: Every weight transport, each over the plane it runs with.
+BLOB_TRANSPORTS = ["jetstream", "filesystem", "http", "memory"]
+
+
+@pytest.fixture(params=BLOB_TRANSPORTS)
+async def blob_plane(
+    request: pytest.FixtureRequest,
+    nats_server: EmbeddedNatsServer,
+    data_plane_config_factory: Callable[..., DataPlaneConfig],
+    tmp_path: Path,
+    http_directory: tuple[str, Path],
+) -> AsyncIterator[Callable[..., AsyncIterator[DataPlane]]]:
+    """``async with blob_plane(**weight_transport) as plane``: a started plane whose
+    ``weight_transport`` is this parameter's kind plus the given settings."""
+    kind = request.param
+
+    @contextlib.asynccontextmanager
+    async def open_plane(**transport: object) -> AsyncIterator[DataPlane]:
+        if kind == "filesystem":
+            transport.update(kind="filesystem", path=str(tmp_path / "blobs"))
+        elif kind == "http":
+            transport.update(kind="http", base_url=http_directory[0], path=str(http_directory[1]))
+        config = data_plane_config_factory(nats_server.url, weight_transport=transport)
+        plane = MemoryPlane(config) if kind == "memory" else JetStreamPlane(config)
+        async with plane:
+            yield plane
+
+    yield open_plane

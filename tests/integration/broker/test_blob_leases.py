@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import pytest
 
 from dockyard.broker.embedded import EmbeddedNatsServer
 from dockyard.broker.jetstream import JetStreamPlane
-from dockyard.broker.memory import MemoryPlane
 from dockyard.broker.plane import DataPlane
 from dockyard.broker.weights import BlobNotFound, WeightBlobStore, create_weight_store
 from dockyard.broker.weights.leases import BlobLeases, LeaseRecord
@@ -24,26 +22,10 @@ HOUR = 3600.0
 LEASE_TTL_S = 2 * HOUR  # long enough that "an hour later" is still inside a live lease
 
 
-@pytest.fixture(params=["jetstream", "filesystem", "http", "memory"])
-async def plane_and_store(
-    request: pytest.FixtureRequest,
-    nats_server: EmbeddedNatsServer,
-    data_plane_config_factory: Callable[..., DataPlaneConfig],
-    tmp_path: Path,
-    http_directory: tuple[str, Path],
-) -> AsyncIterator[tuple[DataPlane, WeightBlobStore]]:
-    transport: dict[str, object] = {
-        "keep_last_versions": 1,
-        "retention_grace_s": 60.0,
-        "reader_lease_ttl_s": LEASE_TTL_S,
-    }
-    if request.param == "filesystem":
-        transport.update(kind="filesystem", path=str(tmp_path / "blobs"))
-    elif request.param == "http":
-        transport.update(kind="http", base_url=http_directory[0], path=str(http_directory[1]))
-    config = data_plane_config_factory(nats_server.url, weight_transport=transport)
-    plane = MemoryPlane(config) if request.param == "memory" else JetStreamPlane(config)
-    async with plane:
+@pytest.fixture
+async def plane_and_store(blob_plane) -> AsyncIterator[tuple[DataPlane, WeightBlobStore]]:
+    settings = {"keep_last_versions": 1, "retention_grace_s": 60.0}
+    async with blob_plane(**settings, reader_lease_ttl_s=LEASE_TTL_S) as plane:
         yield plane, create_weight_store(plane, reader_id="trainer-0")
 
 

@@ -3,42 +3,25 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from dockyard.broker.embedded import EmbeddedNatsServer
-from dockyard.broker.jetstream import JetStreamPlane
-from dockyard.broker.memory import MemoryPlane
 from dockyard.broker.weights import BlobDigestMismatch, BlobNotFound, WeightBlobStore
 from dockyard.broker.weights import create_weight_store as make_store
 from dockyard.broker.weights.base import BlobRef
 from dockyard.broker.weights.files import FilesystemBlobStore
 from dockyard.broker.weights.jetstream_blobs import JetStreamBlobStore
-from dockyard.config.sections.data_plane import DataPlaneConfig
 
 MiB = 1024 * 1024
 
 
-@pytest.fixture(params=["jetstream", "filesystem", "http", "memory"])
-async def store(
-    request: pytest.FixtureRequest,
-    nats_server: EmbeddedNatsServer,
-    data_plane_config_factory: Callable[..., DataPlaneConfig],
-    tmp_path: Path,
-    http_directory: tuple[str, Path],
-) -> AsyncIterator[WeightBlobStore]:
-    transport: dict[str, object] = {"keep_last_versions": 2, "retention_grace_s": 60.0}
-    if request.param == "filesystem":
-        transport.update(kind="filesystem", path=str(tmp_path / "blobs"))
-    elif request.param == "http":
-        transport.update(kind="http", base_url=http_directory[0], path=str(http_directory[1]))
-    transport["chunk_size"] = MiB  # several chunks even for small test blobs
-    config = data_plane_config_factory(nats_server.url, weight_transport=transport)
-    plane = MemoryPlane(config) if request.param == "memory" else JetStreamPlane(config)
-    async with plane:
+@pytest.fixture
+async def store(blob_plane) -> AsyncIterator[WeightBlobStore]:
+    # chunk_size: several chunks even for small test blobs
+    async with blob_plane(keep_last_versions=2, retention_grace_s=60.0, chunk_size=MiB) as plane:
         yield make_store(plane)
 
 
