@@ -442,6 +442,11 @@ class JetStreamPlane(DataPlane):
             return None
         return await self._stored(stream, raw)
 
+    async def purge(self, subject: str) -> None:
+        stream = self.names.stream_for_subject(subject).name
+        with contextlib.suppress(NotFoundError):
+            await self.js.purge_stream(stream, subject=subject)
+
     async def replay(
         self,
         subject: str,

@@ -324,6 +324,13 @@ class MemoryPlane(DataPlane):
                 return message
         return None
 
+    async def purge(self, subject: str) -> None:
+        stream = self._stream(self.names.stream_for_subject(subject).name)
+        for seq in [
+            seq for seq, m in stream.messages.items() if subject_matches(subject, m.subject)
+        ]:
+            self._drop(stream, seq)
+
     async def replay(
         self,
         subject: str,

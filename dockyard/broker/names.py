@@ -87,9 +87,9 @@ class PlaneNames:
     def lease_subject(self, digest: str, reader: str) -> str:
         return f"{self.namespace}.leases.{digest}.{reader}"
 
-    @property
-    def leases_wildcard(self) -> str:
-        return f"{self.namespace}.leases.*.*"
+    def leases_of(self, digest: str) -> str:
+        """Every reader's lease record on one blob."""
+        return f"{self.namespace}.leases.{digest}.*"
 
     # -- streams -----------------------------------------------------------------------------
     @property

@@ -265,6 +265,10 @@ class DataPlane(abc.ABC):
         """The last message on a subject (e.g. the current weight-version event)."""
 
     @abc.abstractmethod
+    async def purge(self, subject: str) -> None:
+        """Delete every stored message on ``subject`` (wildcards allowed) from its stream."""
+
+    @abc.abstractmethod
     def replay(
         self,
         subject: str,

@@ -148,20 +148,21 @@ class WeightBlobStore(abc.ABC):
     async def prune(self, now: float | None = None) -> list[BlobRef]:
         """Apply the retention rule; returns what was deleted."""
         now = time.time() if now is None else now
-        refs = await self.refs()
+        candidates = prunable(await self.refs(), self.keep_last, self.grace_s, now)
         leased: dict[str, list[str]] = {}
-        if self.leases is not None and len(refs) > self.keep_last:
-            leased = await self.leases.live(now)
+        if self.leases is not None and candidates:
+            leased = await self.leases.live([ref.hex for ref in candidates], now)
         doomed = []
-        for ref in prunable(refs, self.keep_last, self.grace_s, now):
+        for ref in candidates:
             if ref.hex in leased:
-                log.info(
-                    "weight_blob.kept_for_readers", version=ref.version, readers=leased[ref.hex]
-                )
+                readers = leased[ref.hex]
+                log.info("weight_blob.kept_for_readers", version=ref.version, readers=readers)
             else:
                 doomed.append(ref)
         for ref in doomed:
             await self.delete(ref)
+            if self.leases is not None:
+                await self.leases.forget(ref.hex)  # its records can never matter again
             log.info("weight_blob.pruned", version=ref.version, digest=ref.digest)
         return doomed
 

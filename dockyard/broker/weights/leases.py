@@ -23,7 +23,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 from pydantic import BaseModel, ValidationError
 
@@ -96,17 +96,23 @@ class BlobLeases:
             msg_id=f"lease:{hex_digest}:{self.reader}:{os.getpid()}:{self._counter}:{expires_at}",
         )
 
-    async def live(self, now: float | None = None) -> dict[str, list[str]]:
-        """Blob digest (hex) → readers holding a live lease on it."""
+    async def live(
+        self, hex_digests: Iterable[str], now: float | None = None
+    ) -> dict[str, list[str]]:
+        """Of the given blobs (hex digests), those with a live lease → the readers holding it."""
         now = time.time() if now is None else now
         out: dict[str, list[str]] = {}
-        async for stored in self.plane.replay(self.plane.names.leases_wildcard):
-            try:
-                record = LeaseRecord.model_validate_json(stored.data)
-            except ValidationError:
-                log.warning("weight_blob.bad_lease_record", subject=stored.subject)
-                continue
-            if record.expires_at_unix_s > now:
-                hex_digest = stored.subject.split(".")[-2]
-                out.setdefault(hex_digest, []).append(record.reader)
+        for hex_digest in hex_digests:
+            async for stored in self.plane.replay(self.plane.names.leases_of(hex_digest)):
+                try:
+                    record = LeaseRecord.model_validate_json(stored.data)
+                except ValidationError:
+                    log.warning("weight_blob.bad_lease_record", subject=stored.subject)
+                    continue
+                if record.expires_at_unix_s > now:
+                    out.setdefault(hex_digest, []).append(record.reader)
         return out
+
+    async def forget(self, hex_digest: str) -> None:
+        """Drop every lease record of a deleted blob, so the stream holds only current ones."""
+        await self.plane.purge(self.plane.names.leases_of(hex_digest))

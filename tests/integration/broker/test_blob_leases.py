@@ -41,12 +41,14 @@ async def test_a_leased_version_survives_pruning_until_released(
     worker = BlobLeases(plane, ttl_s=LEASE_TTL_S, reader_id="rollout-worker-7")
     later = time.time() + HOUR  # far past the grace: only the lease keeps v0
     async with worker.hold(old.hex, old.version):
-        assert await worker.live(later) == {old.hex: ["rollout-worker-7"]}
+        assert await worker.live([old.hex], later) == {old.hex: ["rollout-worker-7"]}
         assert await store.prune(now=later) == []
         assert [r.version for r in await store.refs()] == [0, 1]
-    assert await worker.live(later) == {}  # released: the record says so
+    assert await worker.live([old.hex], later) == {}  # released: the record says so
     assert [r.version for r in await store.prune(now=later)] == [0]
     assert [r.version for r in await store.refs()] == [1]
+    # A deleted blob's lease records go with it: the leases stream holds only current ones.
+    assert [m async for m in plane.replay(plane.names.leases_of(old.hex))] == []
 
 
 async def test_a_dead_readers_lease_lapses(
@@ -77,13 +79,13 @@ async def test_reads_through_the_store_hold_and_release_a_lease(
     transport_read = store._read_bytes
 
     async def observed_read(ref):  # the real read, with a look at the leases while it runs
-        during.update(await store.leases.live())
+        during.update(await store.leases.live([ref.hex]))
         return await transport_read(ref)
 
     monkeypatch.setattr(store, "_read_bytes", observed_read)
     assert await store.get_bytes(ref) == b"weights v1" * 50
     assert during == {ref.hex: ["trainer-0"]}
-    assert await store.leases.live() == {}
+    assert await store.leases.live([ref.hex]) == {}
 
 
 async def test_a_long_fetch_keeps_renewing_its_lease(
@@ -100,7 +102,7 @@ async def test_a_long_fetch_keeps_renewing_its_lease(
             while time.time() <= first.expires_at_unix_s:
                 record = LeaseRecord.model_validate_json((await anext(renewals)).data)
                 assert record.expires_at_unix_s > first.expires_at_unix_s
-            assert await leases.live() == {"ab" * 32: ["slow-reader"]}
+            assert await leases.live(["ab" * 32]) == {"ab" * 32: ["slow-reader"]}
         await renewals.aclose()
         # One record per (blob, reader): renewals and the release replaced each other.
         state = {s.name: s for s in await plane.streams()}[plane.names.leases_stream.name]

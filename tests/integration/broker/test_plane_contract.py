@@ -163,6 +163,25 @@ async def test_replay_by_sequence_time_and_limit(plane: DataPlane) -> None:
         await plane.get(names.experience_stream.name, 10_000)
 
 
+async def test_purge_drops_one_subjects_messages_only(plane: DataPlane) -> None:
+    names = plane.names
+    for reader in ("w1", "w2"):
+        await plane.publish(names.lease_subject("aa", reader), b"lease", msg_id=f"aa{reader}")
+    await plane.publish(names.lease_subject("bb", "w1"), b"kept", msg_id="bbw1")
+    await plane.purge(names.leases_of("aa"))
+    assert [m.data for m in await collect(plane, names.leases_of("aa"))] == []
+    assert [m.data for m in await collect(plane, names.leases_of("bb"))] == [b"kept"]
+    await plane.purge(names.leases_of("never-written"))  # nothing to purge is not an error
+
+
+async def test_a_per_subject_limit_keeps_the_newest_message(plane: DataPlane) -> None:
+    names = plane.names
+    subject = names.lease_subject("cc", "w1")
+    for i in range(3):
+        await plane.publish(subject, f"record {i}".encode(), msg_id=f"cc{i}")
+    assert [m.data for m in await collect(plane, subject)] == [b"record 2"]
+
+
 async def test_latest_and_watch_follow_weight_events(plane: DataPlane) -> None:
     names = plane.names
     assert await plane.current_weight_event() is None
