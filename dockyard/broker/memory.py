@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from dockyard.broker.names import ConsumerSpec, Retention, StreamSpec, subject_matches
 from dockyard.broker.plane import (
@@ -32,6 +32,11 @@ from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
+
+
+def _now() -> datetime:
+    """Message timestamps (a function, so tests can move the clock)."""
+    return datetime.now(UTC)
 
 
 @dataclass
@@ -172,7 +177,7 @@ class MemoryPlane(DataPlane):
         all_headers = dict(headers or {})
         all_headers["Nats-Msg-Id"] = msg_id
         stream.messages[seq] = StoredMessage(
-            stream.spec.name, subject, seq, datetime.now(UTC), all_headers, bytes(payload)
+            stream.spec.name, subject, seq, _now(), all_headers, bytes(payload)
         )
         stream.bytes += len(payload)
         stream.dedupe[msg_id] = (seq, now)
@@ -180,6 +185,7 @@ class MemoryPlane(DataPlane):
             self._keep_newest_per_subject(stream, subject)
         while self._would_exceed(stream, 0) and stream.messages:
             self._drop(stream, next(iter(stream.messages)))
+        self._expire(stream)
         await self._notify()
         return PublishAck(stream.spec.name, seq, duplicate=False)
 
@@ -189,6 +195,18 @@ class MemoryPlane(DataPlane):
         too_many = limits.max_msgs >= 0 and len(stream.messages) + extra_msgs > limits.max_msgs
         too_big = limits.max_bytes >= 0 and stream.bytes + extra_bytes > limits.max_bytes
         return too_many or too_big
+
+    def _expire(self, stream: _Stream) -> None:
+        """Drop messages older than the stream's age limit (checked whenever one is added)."""
+        max_age = stream.spec.effective_max_age_s(self.config.streams.max_age_s)
+        if max_age <= 0:
+            return
+        oldest_kept = _now() - timedelta(seconds=max_age)
+        while stream.messages:
+            seq, message = next(iter(stream.messages.items()))
+            if message.timestamp >= oldest_kept:
+                return
+            self._drop(stream, seq)
 
     def _keep_newest_per_subject(self, stream: _Stream, subject: str) -> None:
         same = [seq for seq, message in stream.messages.items() if message.subject == subject]

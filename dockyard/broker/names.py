@@ -36,6 +36,10 @@ class StreamSpec:
     #: Overrides ``data_plane.streams.max_age_s`` for a stream whose records expire by nature.
     max_age_s: float | None = None
 
+    def effective_max_age_s(self, configured: float) -> float:
+        """This stream's message age limit in seconds (0 = none), given the configured one."""
+        return configured if self.max_age_s is None else self.max_age_s
+
 
 @dataclass(frozen=True)
 class ConsumerSpec:

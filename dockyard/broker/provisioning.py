@@ -53,16 +53,12 @@ def stream_config(
         # that could silently drop part of a blob a worker is about to read.
         max_bytes=-1 if is_blob_store else limits.max_bytes,
         max_msgs=-1 if is_blob_store else limits.max_msgs,
-        max_age=0 if is_blob_store else _max_age(spec, config),
+        max_age=0 if is_blob_store else spec.effective_max_age_s(limits.max_age_s),
         max_msgs_per_subject=spec.max_msgs_per_subject,
         duplicate_window=limits.duplicate_window_s,
         discard=api.DiscardPolicy.NEW if spec.discard_new else api.DiscardPolicy.OLD,
         allow_direct=spec.allow_direct,
     )
-
-
-def _max_age(spec: StreamSpec, config: DataPlaneConfig) -> float:
-    return config.streams.max_age_s if spec.max_age_s is None else spec.max_age_s
 
 
 def consumer_config(spec: ConsumerSpec, config: DataPlaneConfig) -> api.ConsumerConfig:
