@@ -64,8 +64,22 @@ class BlobLeases:
 
     @contextlib.asynccontextmanager
     async def hold(self, hex_digest: str, version: int) -> AsyncIterator[None]:
-        """A live lease on the blob for as long as the block runs."""
-        await self._write(hex_digest, version, time.time() + self.ttl_s)
+        """A live lease on the blob for as long as the block runs.
+
+        A lease that cannot be written (no permission for ``NS.leases.>``, broker trouble) does
+        not stop the read: it goes ahead protected by the retention grace period alone.
+        """
+        try:
+            await self._write(hex_digest, version, time.time() + self.ttl_s)
+        except DataPlaneError as error:
+            log.warning(
+                "weight_blob.lease_unavailable",
+                version=version,
+                error=str(error),
+                hint="reading under the retention grace period only",
+            )
+            yield
+            return
         renewer = asyncio.create_task(self._renew(hex_digest, version))
         try:
             yield

@@ -190,6 +190,14 @@ async def test_a_rollout_credential_cannot_publish_a_weight_event(
         assert await worker_store.get_bytes(blob) == b"weights" * 100
         with pytest.raises(PermissionDenied, match=r"secured\.blobs\."):
             await rollout.publish(names.blob_data_subject(blob.hex), b"evil", msg_id="evil")
+    async with JetStreamPlane(role_config("dispatcher")) as dispatcher:
+        # A role without lease permission still reads (under the grace period only).
+        reader = create_weight_store(dispatcher, reader_id="no-lease-role")
+        assert await reader.get_bytes(blob) == b"weights" * 100
+        readers = {
+            m.subject.rsplit(".", 1)[1] async for m in dispatcher.replay(names.leases_of(blob.hex))
+        }
+        assert readers == {"worker-1"}  # the refused lease was never written
 
     wrong = role_config("rollout").model_copy(deep=True)
     wrong.credentials.password = "not-the-password"
