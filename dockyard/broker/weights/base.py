@@ -62,10 +62,25 @@ def digest_of_file(path: Path) -> str:
 
 
 def tensors_to_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
-    """safetensors, the format every engine's refit path loads."""
+    """safetensors, the format every engine's refit path loads.
+
+    Takes a live state dict as it is (the bytes are the only copy made): safetensors refuses
+    tensors that share storage, so only those (tied embeddings, views) are cloned, and every
+    name is kept because engines load by name.
+    """
     from safetensors.torch import save
 
-    return save({name: tensor.detach().contiguous().cpu() for name, tensor in tensors.items()})
+    storages: set[int] = set()
+    prepared = {}
+    for name, tensor in tensors.items():
+        tensor = tensor.detach()
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in storages:
+            tensor = tensor.clone()
+        else:
+            storages.add(storage)
+        prepared[name] = tensor.contiguous().cpu()
+    return save(prepared)
 
 
 def source_to_bytes(source: BlobSource) -> bytes:

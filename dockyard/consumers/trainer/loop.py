@@ -392,7 +392,9 @@ class TrainerLoop:
         return metrics
 
     async def _publish_weights(self) -> None:
-        state = {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
+        # No copy here: training is paused while the blob is written (it is awaited), and
+        # the serializer copies only tensors that share storage (tied embeddings).
+        state = {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
         ref = await self.weights.put(self.weight_version, state)
         event = WeightVersion(
             version=self.weight_version,

@@ -144,3 +144,27 @@ def test_since_parses_relative_and_absolute_times() -> None:
         parse_since("yesterday")
     assert resolve_subject(NAMES, "weights") == NAMES.weight_events
     assert resolve_subject(NAMES, "x.y") == "x.y"
+
+
+def test_a_state_dict_with_tied_and_view_tensors_serialises_by_name() -> None:
+    """Tied embeddings and views share storage (safetensors refuses that as is): every name
+    comes back with its values, and the caller's tensors are left alone."""
+    import torch
+    from safetensors.torch import load
+
+    from dockyard.broker.weights.base import tensors_to_bytes
+
+    embedding = torch.nn.Parameter(torch.randn(8, 4))
+    fused = torch.randn(6, 4)
+    state = {
+        "embed.weight": embedding,
+        "lm_head.weight": embedding,  # tied
+        "q.weight": fused[:3],  # views of one buffer
+        "k.weight": fused[3:],
+        "norm.bias": torch.zeros(2),
+    }
+    loaded = load(tensors_to_bytes(state))
+    assert set(loaded) == set(state)
+    for name, tensor in state.items():
+        assert torch.equal(loaded[name], tensor.detach()), name
+    assert state["lm_head.weight"] is embedding
