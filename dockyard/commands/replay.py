@@ -1,11 +1,13 @@
-"""``dockyard replay ls|show|export``: look into the streams of a running data plane.
+"""``dockyard replay ls|show|export|requeue``: look into the streams of a running data plane.
 
-    dockyard replay ls     (--config PATH [overrides] | --url nats://...)
-    dockyard replay show   --subject S [--from-seq N | --since TIME] [--limit K] (...)
-    dockyard replay export --subject S [--from-seq N | --since TIME] [--limit K] --out F.jsonl
+    dockyard replay ls      (--config PATH [overrides] | --url nats://...)
+    dockyard replay show    --subject S [--from-seq N | --since TIME] [--limit K] (...)
+    dockyard replay export  --subject S [--from-seq N | --since TIME] [--limit K] --out F.jsonl
+    dockyard replay requeue [--reason R ...] [--from-seq N | --since TIME] [--limit K] [--dry-run]
 
 ``--subject`` takes a full subject or a short name: prompts, rollouts, scored, weights, dead.
-Nothing is created or acked: inspection reads with direct gets only.
+Inspection creates and acks nothing (it reads with direct gets only); ``requeue`` is the one
+command that writes: it re-publishes dead letters' original bytes to their original subjects.
 """
 
 from __future__ import annotations
@@ -182,6 +184,40 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _requeue(args: argparse.Namespace) -> int:
+    from dockyard.broker.requeue import plan_requeue
+
+    args.subject = "dead"
+
+    async def run():  # type: ignore[no-untyped-def]
+        async with _open_plane(args) as plane:
+            subject, selection = _selection(args, plane.names)
+            chosen, skipped = await plan_requeue(
+                plane.replay(subject, **selection), plane.names, frozenset(args.reason or ())
+            )
+            acks = [] if args.dry_run else await plane.publish_many([r.message for r in chosen])
+            return chosen, skipped, acks
+
+    chosen, skipped, acks = _run(run())
+    for item in skipped:
+        print(f"skipped dead letter {item.dead_letter_seq}: {item.why}")
+    if args.dry_run:
+        for item in chosen:
+            print(
+                f"would re-queue dead letter {item.dead_letter_seq} ({item.reason}) to "
+                f"{item.message.subject}"
+            )
+        print(f"dry run: {len(chosen)} to re-queue, {len(skipped)} cannot be")
+        return 0
+    again = sum(1 for ack in acks if ack.duplicate)
+    print(
+        f"re-queued {len(acks) - again} dead letters"
+        + (f" ({again} already re-queued within the dedupe window)" if again else "")
+        + (f"; {len(skipped)} cannot be" if skipped else "")
+    )
+    return 0
+
+
 def _run(coroutine):  # type: ignore[no-untyped-def]
     from dockyard.broker.plane import DataPlaneError
 
@@ -220,3 +256,16 @@ def register(registrar: CommandRegistrar) -> None:
     export.add_argument("--out", required=True, metavar="FILE.jsonl")
     add_plane_arguments(export)
     export.set_defaults(handler=_export)
+
+    requeue = commands.add(
+        "requeue", help="Re-publish dead letters' original messages to their original subjects"
+    )
+    requeue.add_argument(
+        "--reason", action="append", help="only dead letters with this reason (repeatable)"
+    )
+    requeue.add_argument("--from-seq", type=int, help="first dead-letter stream sequence")
+    requeue.add_argument("--since", help="ISO-8601 time or relative (10m, 2h)")
+    requeue.add_argument("--limit", type=int, default=None, help="at most K dead letters")
+    requeue.add_argument("--dry-run", action="store_true", help="list, publish nothing")
+    add_plane_arguments(requeue)
+    requeue.set_defaults(handler=_requeue)

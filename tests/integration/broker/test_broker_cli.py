@@ -152,3 +152,58 @@ def test_replay_with_a_dead_url_fails_with_one_line(capsys: pytest.CaptureFixtur
     dead = ["--url", "nats://127.0.0.1:1", "--connect-timeout", "1"]
     assert main(["replay", "ls", *dead]) == 1
     assert "cannot reach a NATS server" in capsys.readouterr().err
+
+
+def _dead_letter_two(config: DataPlaneConfig) -> None:
+    """Two scored messages a consumer refused, for two different reasons."""
+
+    async def run() -> None:
+        async with JetStreamPlane(config) as plane:
+            names = plane.names
+            await plane.publish(names.scored, b"refused for its version", msg_id="orig-v")
+            await plane.publish(
+                names.scored, b"refused as corrupt", msg_id="orig-c", headers={"X-Trace": "t1"}
+            )
+            first, second = await plane.fetch(names.scored_consumer, 2, timeout_s=5)
+            await plane.dead_letter(first, "unsupported_version", "reads 1.x", stage="trainer")
+            await plane.dead_letter(second, "corrupt_frame", "not zstd", stage="trainer")
+
+    asyncio.run(run())
+
+
+def _scored_after(config: DataPlaneConfig, seq: int) -> list[tuple[bytes, dict[str, str]]]:
+    async def run() -> list[tuple[bytes, dict[str, str]]]:
+        async with JetStreamPlane(config) as plane:
+            return [
+                (m.data, dict(m.headers))
+                async for m in plane.replay(plane.names.scored, from_seq=seq)
+            ]
+
+    return asyncio.run(run())
+
+
+def test_replay_requeue_republishes_dead_letters_once(
+    nats_server: EmbeddedNatsServer,
+    data_plane_config_factory: Callable[..., DataPlaneConfig],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = data_plane_config_factory(nats_server.url)
+    _dead_letter_two(config)
+    target = ["--url", nats_server.url, "--namespace", config.namespace]
+
+    assert main(["replay", "requeue", "--dry-run", *target]) == 0
+    assert "dry run: 2 to re-queue, 0 cannot be" in capsys.readouterr().out
+    assert _scored_after(config, 3) == []  # a dry run publishes nothing
+
+    assert main(["replay", "requeue", "--reason", "unsupported_version", *target]) == 0
+    assert "re-queued 1 dead letters" in capsys.readouterr().out
+    [(data, headers)] = _scored_after(config, 3)
+    assert data == b"refused for its version"
+    assert re.fullmatch(r"requeue:\d+:orig-v", headers["Nats-Msg-Id"])
+
+    assert main(["replay", "requeue", *target]) == 0  # both now: one is already back
+    out = capsys.readouterr().out
+    assert "re-queued 1 dead letters (1 already re-queued within the dedupe window)" in out
+    requeued = _scored_after(config, 3)
+    assert [data for data, _ in requeued] == [b"refused for its version", b"refused as corrupt"]
+    assert requeued[1][1]["X-Trace"] == "t1"  # the original headers travel with it
