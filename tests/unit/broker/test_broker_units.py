@@ -168,3 +168,42 @@ def test_a_state_dict_with_tied_and_view_tensors_serialises_by_name() -> None:
     for name, tensor in state.items():
         assert torch.equal(loaded[name], tensor.detach()), name
     assert state["lm_head.weight"] is embedding
+
+
+def test_requeue_skips_what_it_cannot_send_back() -> None:
+    from dockyard.broker.requeue import Requeue, Skipped, requeue_of
+    from dockyard.schemas import DeadLetter, encode
+
+    def stored_letter(seq: int, letter_or_bytes: DeadLetter | bytes) -> StoredMessage:
+        data = (
+            letter_or_bytes
+            if isinstance(letter_or_bytes, bytes)
+            else encode(letter_or_bytes).payload
+        )
+        return StoredMessage("run1_dead", NAMES.dead_letters, seq, datetime.now(UTC), {}, data)
+
+    def letter(**fields: object) -> DeadLetter:
+        base: dict[str, object] = {
+            "original_subject": NAMES.scored,
+            "original_payload": b"\x00bad",
+            "original_message_id": "m7",
+            "stage": "trainer",
+            "reason": "corrupt_frame",
+            "message": "not zstd",
+        }
+        return DeadLetter(**(base | fields))
+
+    sent = requeue_of(stored_letter(4, letter()), NAMES)
+    assert isinstance(sent, Requeue)
+    assert sent.message.subject == NAMES.scored and sent.message.msg_id == "requeue:4:m7"
+    by_reference = letter(original_payload=None, original_ref="s3://bucket/blob")
+    elsewhere = letter(original_subject="otherns.experience.scored")
+    outcomes = [
+        requeue_of(stored_letter(5, by_reference), NAMES),
+        requeue_of(stored_letter(6, elsewhere), NAMES),
+        requeue_of(stored_letter(7, b"not a dead letter"), NAMES),
+    ]
+    assert all(isinstance(o, Skipped) for o in outcomes)
+    whys = [o.why for o in outcomes if isinstance(o, Skipped)]
+    assert "not kept" in whys[0] and "not a subject of this plane" in whys[1]
+    assert whys[2].startswith("undecodable dead letter")
