@@ -303,15 +303,18 @@ class JetStreamPlane(DataPlane):
                     )
                 except (*_RETRYABLE, nats.js.errors.TooManyStalledMsgsError):
                     futures.append(None)
+            # One wait for the whole window (a wait_for per future costs a task each).
+            waiting = [future for future in futures if future is not None]
+            if waiting:
+                await asyncio.wait(waiting, timeout=timeout)
             for offset, future in enumerate(futures):
                 index = start + offset
                 if future is not None:
-                    try:
-                        ack = await asyncio.wait_for(future, timeout=timeout)
+                    if future.done() and not future.cancelled() and future.exception() is None:
+                        ack = future.result()
                         results[index] = PublishAck(ack.stream, ack.seq, bool(ack.duplicate))
                         continue
-                    except (TimeoutError, APIError, nats.errors.Error) as error:
-                        log.warning("publish_async.fallback", error=repr(error))
+                    log.warning("publish_async.fallback", error=_why_not_acked(future, timeout))
                 message = messages[index]
                 results[index] = await self.publish(
                     message.subject, message.payload, msg_id=message.msg_id, headers=message.headers
@@ -564,3 +567,13 @@ def _parse_time(value: object) -> datetime | None:
 
 def monotonic_deadline(seconds: float) -> float:
     return time.monotonic() + seconds
+
+
+def _why_not_acked(future: asyncio.Future[api.PubAck], timeout_s: float) -> str:
+    """Why a pipelined publish gets no ack (and stops being waited for)."""
+    if not future.done():
+        future.cancel()
+        return f"no ack within {timeout_s:g}s"
+    if future.cancelled():
+        return "cancelled"
+    return repr(future.exception())
