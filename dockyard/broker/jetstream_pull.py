@@ -125,13 +125,16 @@ class PullChannel:
         self, out: list[Msg], want: int, reply: str, deadline: float, *, stop_on_first: bool
     ) -> None:
         while len(out) < want:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            try:
-                msg = await asyncio.wait_for(self._queue.get(), timeout=remaining)
-            except TimeoutError:
-                return
+            if self._queue.empty():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                try:
+                    msg = await asyncio.wait_for(self._queue.get(), timeout=remaining)
+                except TimeoutError:
+                    return
+            else:  # already here: no timer (wait_for costs a task per call)
+                msg = self._queue.get_nowait()
             if is_status(msg):
                 if msg.subject == reply:
                     return  # this request is finished
