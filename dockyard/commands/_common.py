@@ -29,7 +29,21 @@ def load_config_report_or_exit(args: argparse.Namespace):  # -> ConfigReport (la
 
 
 def load_role_config(args: argparse.Namespace):  # -> MasterConfig (imported lazily)
-    return load_config_report_or_exit(args).config
+    """The config of a command that starts work: also refused (exit 2) when it asks for
+    something this build does not implement (``dockyard.config.capabilities``)."""
+    from dockyard.config.capabilities import ignored, not_implemented
+
+    config = load_config_report_or_exit(args).config
+    missing = not_implemented(config)
+    if missing:
+        lines = "\n".join(f"  {issue}" for issue in missing)
+        raise CliError(
+            f"this config asks for what this build cannot run:\n{lines}",
+            exit_code=EXIT_INVALID_CONFIG,
+        )
+    for issue in ignored(config):
+        print(f"warning: {issue}", file=sys.stderr)
+    return config
 
 
 def add_status_argument(parser: argparse.ArgumentParser) -> None:

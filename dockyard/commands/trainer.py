@@ -16,6 +16,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.weights.factory import create_weight_store
     from dockyard.consumers.trainer.loop import TrainerLoop, TrainerStarved
     from dockyard.data.base import UnknownDatasetError, build_dataset
+    from dockyard.environments.registry import available_environments
     from dockyard.models import load_tokenizer
     from dockyard.producers.dispatcher import Dispatcher
     from dockyard.utils.status import StatusFile
@@ -27,6 +28,12 @@ async def _serve(args: argparse.Namespace) -> int:
         dataset = build_dataset(config.data.train, config.data.default_env)
     except UnknownDatasetError as error:
         raise CliError(f"data.train.name: {error}", exit_code=2) from None
+    if config.data.default_env not in available_environments():
+        raise CliError(
+            f"data.default_env: unknown environment {config.data.default_env!r} "
+            f"(known: {', '.join(available_environments())})",
+            exit_code=2,
+        )
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
     plane = create_data_plane(config.data_plane, client_name="trainer")
     async with plane:

@@ -87,6 +87,21 @@ def _siblings(cfg: DictConfig, schema: type[BaseModel], key: str) -> list[str]:
     return [f"{prefix}{name}" for name in sorted(names)]
 
 
+def _suggest(cfg: DictConfig, schema: type[BaseModel], key: str) -> str | None:
+    """``key`` with its first unknown segment replaced by the closest known one (a misspelt
+    section as well as a misspelt leaf), or None when nothing is close."""
+    parts = key.split(".")
+    for depth in range(1, len(parts) + 1):
+        path = ".".join(parts[:depth])
+        if _lookup(cfg, path) is not _MISSING or is_known_path(schema, parts[:depth]):
+            continue
+        close = difflib.get_close_matches(path, _siblings(cfg, schema, path), n=1, cutoff=0.6)
+        if not close:
+            return None
+        return ".".join([close[0], *parts[depth:]])
+    return None
+
+
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str], schema: type[BaseModel]) -> None:
     """Apply ``overrides`` to ``cfg`` in order; raise :class:`ConfigError` listing every refusal."""
     issues: list[ConfigIssue] = []
@@ -118,8 +133,8 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str], schema: type[Base
             continue
         plain_set = not (override.is_add() or override.is_force_add())
         if plain_set and not exists and not is_known_path(schema, key.split(".")):
-            close = difflib.get_close_matches(key, _siblings(cfg, schema, key), n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            suggestion = _suggest(cfg, schema, key)
+            hint = f"; did you mean {suggestion!r}?" if suggestion else ""
             issues.append(
                 ConfigIssue(
                     key,

@@ -29,15 +29,19 @@ class OnPolicyDistillationConfig(Section):
     def rule_issues(self) -> list[ConfigIssue]:
         issues: list[ConfigIssue] = []
         known = set(self.teachers)
+        # With OPD on, every alias must name a teacher (an empty map included): the scorer
+        # looks teachers up by alias. Off, the mapping is only checked against what is given.
+        check = self.enabled or bool(known)
+        listed = ", ".join(sorted(known)) or "none defined"
         for agent, alias in self.teacher_model_by_agent_name.items():
-            if known and alias not in known:
+            if check and alias not in known:
                 issues.append(
                     ConfigIssue(
                         f"teacher_model_by_agent_name.{agent}",
-                        f"teacher {alias!r} is not in teachers ({', '.join(sorted(known))})",
+                        f"teacher {alias!r} is not in teachers ({listed})",
                     )
                 )
-        if self.default_teacher_alias and known and self.default_teacher_alias not in known:
+        if self.default_teacher_alias and check and self.default_teacher_alias not in known:
             issues.append(
                 ConfigIssue(
                     "default_teacher_alias", f"{self.default_teacher_alias!r} is not in teachers"

@@ -164,6 +164,13 @@ class GenerationConfig(Section):
             )
         if self.vllm_cfg.precision == "fp8" and self.backend != "vllm":
             issues.append(ConfigIssue("vllm_cfg.precision", "fp8 serving needs backend=vllm"))
+        if self.backend == "sglang" and not self.sglang_cfg.server_urls:
+            # dockyard drives SGLang servers over HTTP; it does not start them.
+            issues.append(
+                ConfigIssue(
+                    "sglang_cfg.server_urls", "backend=sglang needs at least one server URL"
+                )
+            )
         return issues
 
 

@@ -89,8 +89,45 @@ def test_help_lists_subcommands():
 
 def test_an_unknown_dataset_stops_the_trainer_before_anything_starts(capsys, tmp_path):
     config = "configs/grpo_hle.yaml"  # a family config whose dataset is not built in here
-    assert main(["trainer", "--config", config, "--run-dir", str(tmp_path)]) == 2
+    one_device = "policy.dtensor_cfg.tensor_parallel_size=1"  # runnable here but for the data
+    assert main(["trainer", "--config", config, "--run-dir", str(tmp_path), one_device]) == 2
     err = capsys.readouterr().err
     assert "data.train.name: unknown dataset 'hle'" in err
     assert "Traceback" not in err
     assert not list(tmp_path.iterdir())  # no run directory content, no server started
+
+
+def test_a_setting_this_build_cannot_run_stops_every_role_with_its_key_path(capsys, tmp_path):
+    # The config family validates as the spec writes it, but a JAX trainer is not built in.
+    assert main(["config", "validate", "--config", "configs/grpo_swe_jax.yaml"]) == 0
+    capsys.readouterr()
+    for role in ("trainer", "rollout", "score", "run"):
+        argv = [role, "--config", "configs/grpo_swe_jax.yaml"]
+        if role in ("trainer", "run"):
+            argv += ["--run-dir", str(tmp_path / role)]
+        assert main(argv) == 2, role
+        err = capsys.readouterr().err
+        assert "policy.jax_cfg.enabled: the JAX trainer backend is not in this build" in err
+
+
+def test_ignored_speed_settings_only_warn(tmp_path):
+    from dockyard.config.capabilities import ignored, not_implemented
+    from dockyard.config.loader import load_config
+
+    config = load_config(
+        "configs/quickstart.yaml",
+        ["policy.sequence_packing.enabled=true", "++policy.dtensor_cfg.cpu_offload=true"],
+    )
+    assert not_implemented(config) == []
+    assert [issue.path for issue in ignored(config)] == [
+        "policy.sequence_packing.enabled",
+        "policy.dtensor_cfg.cpu_offload",
+    ]
+    turns = load_config("configs/quickstart.yaml", ["grpo.max_rollout_turns=3"])
+    assert [issue.path for issue in not_implemented(turns)] == ["grpo.max_rollout_turns"]
+
+
+def test_an_unknown_default_environment_stops_the_trainer(capsys, tmp_path):
+    argv = ["trainer", "--config", "configs/quickstart.yaml", "--run-dir", str(tmp_path)]
+    assert main([*argv, "data.default_env=nosuch"]) == 2
+    assert "data.default_env: unknown environment 'nosuch'" in capsys.readouterr().err

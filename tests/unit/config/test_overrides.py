@@ -32,6 +32,19 @@ def test_plain_set_of_an_unknown_key_is_refused_with_a_suggestion(write_config):
     assert "did you mean 'loss_fn.ratio_clip_min'" in message
 
 
+@pytest.mark.parametrize(
+    ("override", "suggestion"),
+    [
+        ("polcy.model_name=x", "policy.model_name"),  # a misspelt section
+        ("policy.generaton.temperature=1", "policy.generation.temperature"),  # a nested one
+    ],
+)
+def test_a_misspelt_section_gets_a_suggestion_too(write_config, override, suggestion):
+    with pytest.raises(ConfigError) as error:
+        load_config(write_config(), [override])
+    assert f"did you mean {suggestion!r}" in str(error.value)
+
+
 def test_add_creates_a_new_key_and_refuses_an_existing_one(write_config):
     report = load_config_report(write_config(), ["+my_extension.flag=true"])
     assert report.config.model_extra["my_extension"] == {"flag": True}

@@ -231,6 +231,16 @@ INVALID_CASES: list[tuple[str, list[str], str]] = [
         ["+data_plane.weight_transport.kind=filesystem"],
         "data_plane.weight_transport.path",
     ),
+    (
+        "sglang without servers",
+        ["policy.generation.backend=sglang"],
+        "policy.generation.sglang_cfg.server_urls",
+    ),
+    (
+        "opd teacher alias without teachers",
+        [*OPD_OK[:-1]],  # the alias names a teacher that no `teachers` entry defines
+        "on_policy_distillation.default_teacher_alias",
+    ),
     ("missing section", ["~cluster"], "cluster"),
     ("missing model name", ["~policy.model_name"], "policy.model_name"),
     ("wrong type", ["grpo.num_prompts_per_step=many"], "grpo.num_prompts_per_step"),
