@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import yaml
 
 from dockyard.cli import main
 from dockyard.config.loader import load_config
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -131,3 +134,17 @@ def test_an_unknown_default_environment_stops_the_trainer(capsys, tmp_path):
     argv = ["trainer", "--config", "configs/quickstart.yaml", "--run-dir", str(tmp_path)]
     assert main([*argv, "data.default_env=nosuch"]) == 2
     assert "data.default_env: unknown environment 'nosuch'" in capsys.readouterr().err
+
+
+def test_the_specs_example_entry_point_runs_the_same_pipeline():
+    script = REPO_ROOT / "examples" / "run_grpo_swe.py"
+    config = "examples/configs/quickstart.yaml"
+    result = subprocess.run(
+        [sys.executable, str(script), "--config", config, "grpo.num_prompts_per_step=3"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 2  # the override went through the config pipeline
+    assert "policy.train_global_batch_size" in result.stderr
