@@ -22,6 +22,7 @@ from dockyard.algorithms.grpo import MasterConfig
 from dockyard.broker.typed import MessagePlane
 from dockyard.data.base import Dataset
 from dockyard.producers.prompts import make_prompt_group
+from dockyard.schemas import PromptGroup
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -32,6 +33,7 @@ class DispatcherState:
     epoch: int = 0
     position: int = 0  # next index into the epoch's order
     dispatched: int = 0  # total groups published by this run
+    skipped_too_long: int = 0  # prompts over data.max_input_seq_length, never dispatched
 
 
 def capacity(config: MasterConfig) -> int:
@@ -60,6 +62,7 @@ class Dispatcher:
         self.state = state or DispatcherState()
         self.capacity = capacity(config)
         self._order = self._epoch_order(self.state.epoch)
+        self._skipped_in_a_row = 0
 
     def _epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self.dataset)))
@@ -75,26 +78,32 @@ class Dispatcher:
 
     @property
     def exhausted(self) -> bool:
-        return self.state.epoch >= self.config.grpo.max_num_epochs
+        # A whole epoch of prompts in a row too long to dispatch: none ever will be.
+        no_prompt_fits = self._skipped_in_a_row >= len(self.dataset)
+        return no_prompt_fits or self.state.epoch >= self.config.grpo.max_num_epochs
 
     async def top_up(self, in_flight: int, weight_version: int) -> list[str]:
         """Publish up to the budget; returns the group ids dispatched."""
         count = self.budget(in_flight)
         groups = []
+        cap = self.config.data.max_input_seq_length
         while len(groups) < count and not self.exhausted:
             index = self._order[self.state.position]
-            groups.append(
-                make_prompt_group(
-                    self.dataset[index],
-                    self.tokenizer,
-                    run_id=self.run_id,
-                    dataset_name=self.dataset.name,
-                    epoch=self.state.epoch,
-                    position=self.state.position,
-                    num_generations=self.config.grpo.num_generations_per_prompt,
-                    weight_version=weight_version,
-                )
+            group = make_prompt_group(
+                self.dataset[index],
+                self.tokenizer,
+                run_id=self.run_id,
+                dataset_name=self.dataset.name,
+                epoch=self.state.epoch,
+                position=self.state.position,
+                num_generations=self.config.grpo.num_generations_per_prompt,
+                weight_version=weight_version,
             )
+            if cap is not None and len(group.prompt_token_ids) > cap:
+                self._skip_too_long(group, cap)
+            else:
+                self._skipped_in_a_row = 0
+                groups.append(group)
             self.state.position += 1
             if self.state.position >= len(self._order):
                 self.state.epoch += 1
@@ -104,6 +113,22 @@ class Dispatcher:
             await self.messages.publish_many(groups)
             self.state.dispatched += len(groups)
         return [group.group_id for group in groups]
+
+    def _skip_too_long(self, group: PromptGroup, cap: int) -> None:
+        self.state.skipped_too_long += 1
+        self._skipped_in_a_row += 1
+        log.warning(
+            "dispatcher.prompt_too_long",
+            group_id=group.group_id,
+            prompt_tokens=len(group.prompt_token_ids),
+            max_input_seq_length=cap,
+        )
+        if self._skipped_in_a_row >= len(self.dataset):
+            log.error(
+                "dispatcher.no_prompt_fits",
+                max_input_seq_length=cap,
+                hint="every prompt of the dataset is longer than data.max_input_seq_length",
+            )
 
     def state_dict(self) -> dict[str, int]:
         return asdict(self.state)

@@ -346,6 +346,7 @@ class TrainerLoop:
             "pipeline/dropped_stale": float(self.summary.dropped_stale),
             "pipeline/duplicates": float(self.summary.duplicates),
             "pipeline/in_flight": float(self.ledger.in_flight),
+            "pipeline/skipped_too_long": float(self.dispatcher.state.skipped_too_long),
             "timing/wait_for_data_s": wait_s,
             "timing/publish_weights_s": publish_s,
             "weights/version": float(self.weight_version),

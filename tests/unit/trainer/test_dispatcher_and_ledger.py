@@ -123,3 +123,35 @@ def test_restore_needs_every_part_of_the_snapshot(missing):
     del snapshot[missing]
     with pytest.raises(KeyError):
         Ledger.restore(snapshot, None)
+
+
+def _prompt_lengths(cfg) -> list[int]:
+    dataset = build_dataset(cfg.data.train, cfg.data.default_env)
+    tokenizer = build_character_tokenizer()
+    return [len(tokenizer(dataset[i].prompt)["input_ids"]) for i in range(len(dataset))]
+
+
+async def test_prompts_over_the_input_cap_are_skipped_not_dispatched():
+    mixed = ["data.train.params.low=1", "data.train.params.high=999"]  # 1- to 3-digit sums
+    lengths = sorted(_prompt_lengths(config(*mixed)))
+    cap = max(length for length in lengths if length < lengths[-1])  # some fit, some do not
+    cfg = config(*mixed, f"data.max_input_seq_length={cap}")
+    async with MemoryPlane() as plane:
+        dispatcher = make(cfg, plane)
+        sent = await dispatcher.top_up(in_flight=0, weight_version=0)
+        groups = await dispatched(plane)
+        assert [g.group_id for g in groups] == sent and sent
+        assert all(len(g.prompt_token_ids) <= cap for g in groups)
+        state = dispatcher.state
+        consumed = state.epoch * len(dispatcher.dataset) + state.position
+        assert state.skipped_too_long > 0 and consumed == len(sent) + state.skipped_too_long
+
+
+async def test_a_dataset_with_no_prompt_under_the_cap_ends_instead_of_looping():
+    cap = min(_prompt_lengths(config())) - 1
+    cfg = config(f"data.max_input_seq_length={cap}", "grpo.max_num_epochs=1000")
+    async with MemoryPlane() as plane:
+        dispatcher = make(cfg, plane)
+        assert await dispatcher.top_up(in_flight=0, weight_version=0) == []
+        assert dispatcher.exhausted
+        assert dispatcher.state.skipped_too_long == len(dispatcher.dataset)
