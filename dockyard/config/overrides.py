@@ -33,7 +33,9 @@ def parse_overrides(overrides: Sequence[str]) -> list[Override]:
         try:
             parsed.append(parser.parse_override(text))
         except HydraException as error:
-            issues.append(ConfigIssue("", f"cannot parse override {text!r}: {error}"))
+            # The key path is what comes before '=' (without +, ++ or ~), when there is one.
+            key = text.split("=", 1)[0].lstrip("+~").strip() if "=" in text else ""
+            issues.append(ConfigIssue(key, f"cannot parse override {text!r}: {error}"))
     if issues:
         raise ConfigError(issues)
     return parsed

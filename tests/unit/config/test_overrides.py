@@ -106,9 +106,10 @@ def test_interpolations_in_override_values_are_resolved(write_config):
     assert cfg.policy.logprob_batch_size == 8
 
 
-def test_an_unparsable_override_is_reported(write_config):
-    with pytest.raises(ConfigError, match="cannot parse override"):
-        load_config(write_config(), ["policy.generation.stop_token_ids=[1,"])
+def test_an_unparsable_override_is_reported_with_its_key_path(write_config):
+    with pytest.raises(ConfigError, match="cannot parse override") as error:
+        load_config(write_config(), ["++policy.generation.stop_token_ids=[1,"])
+    assert [issue.path for issue in error.value.issues] == ["policy.generation.stop_token_ids"]
 
 
 def test_every_bad_override_is_reported_together(write_config):
