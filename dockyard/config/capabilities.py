@@ -47,6 +47,22 @@ def not_implemented(config: MasterConfig) -> list[ConfigIssue]:
                 "rollout workers generate one turn per sample (set 1)",
             )
         )
+    data = config.data
+    if data.extra_train_dataloaders:
+        issues.append(
+            ConfigIssue(
+                "data.extra_train_dataloaders",
+                "several training dataloaders are not implemented; only data.train is dispatched",
+            )
+        )
+    for path, processor in (
+        ("data.default_processor", data.default_processor),
+        ("data.train.processor", data.train.processor),
+    ):
+        if processor not in (None, "default"):
+            issues.append(
+                ConfigIssue(path, f"{processor!r}: only the 'default' processor is built in")
+            )
     if not dtensor.enabled:
         return issues  # its settings below apply to no trainer
     for name in ("tensor_parallel_size", "context_parallel_size", "expert_parallel_size"):
@@ -99,7 +115,28 @@ def ignored(config: MasterConfig) -> list[ConfigIssue]:
                 _TORCH_TRAINER,
             ),
             ("logger.monitor_gpus", config.logger.monitor_gpus, "no GPU monitoring in this build"),
+            (
+                "logger.num_val_samples_to_print",
+                config.logger.num_val_samples_to_print > 0,
+                "validation samples are not printed",
+            ),
         )
         if enabled
     ]
+    issues += [
+        ConfigIssue(
+            f"env.{name}.num_scoring_workers",
+            "ignored: the number of scorer processes is run.num_scorers (or how many "
+            "`dockyard score` you start)",
+        )
+        for name, env_config in _environment_sections(config)
+        if getattr(env_config, "num_scoring_workers", 1) > 1
+    ]
     return issues
+
+
+def _environment_sections(config: MasterConfig) -> list[tuple[str, object]]:
+    env = config.env
+    named = [(name, getattr(env, name)) for name in type(env).model_fields]
+    named += list((env.model_extra or {}).items())
+    return [(name, section) for name, section in named if section is not None]

@@ -148,3 +148,46 @@ def test_the_specs_example_entry_point_runs_the_same_pipeline():
     )
     assert result.returncode == 2  # the override went through the config pipeline
     assert "policy.train_global_batch_size" in result.stderr
+
+
+def test_unbuilt_data_settings_refuse_and_unused_counts_warn():
+    from dockyard.config.capabilities import ignored, not_implemented
+    from dockyard.config.loader import load_config
+
+    refused = load_config(
+        "configs/quickstart.yaml",
+        ["data.default_processor=chat_template", "data.train.processor=chat_template"],
+    )
+    assert [issue.path for issue in not_implemented(refused)] == [
+        "data.default_processor",
+        "data.train.processor",
+    ]
+    warned = load_config(
+        "configs/quickstart.yaml",
+        ["logger.num_val_samples_to_print=4", "env.arithmetic.num_scoring_workers=2"],
+    )
+    assert not_implemented(warned) == []
+    assert [issue.path for issue in ignored(warned)] == [
+        "logger.num_val_samples_to_print",
+        "env.arithmetic.num_scoring_workers",
+    ]
+
+
+def test_extra_dataloaders_of_a_sync_run_are_refused_at_launch():
+    from dockyard.config.capabilities import not_implemented
+    from dockyard.config.loader import load_config
+
+    sync_with_extra = load_config(
+        "configs/quickstart.yaml",
+        [
+            "grpo.async_grpo.enabled=false",
+            "loss_fn.use_importance_sampling_correction=false",
+            "~loss_fn.truncated_importance_sampling_type",
+            "~loss_fn.truncated_importance_sampling_ratio",
+            "~loss_fn.truncated_importance_sampling_ratio_min",
+            "data.extra_train_dataloaders=[{name: arithmetic}]",
+        ],
+    )
+    assert [issue.path for issue in not_implemented(sync_with_extra)] == [
+        "data.extra_train_dataloaders"
+    ]
