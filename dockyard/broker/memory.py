@@ -209,9 +209,14 @@ class MemoryPlane(DataPlane):
             self._drop(stream, seq)
 
     def _keep_newest_per_subject(self, stream: _Stream, subject: str) -> None:
-        same = [seq for seq, message in stream.messages.items() if message.subject == subject]
+        same = self._seqs_on(stream, subject)
         for seq in same[: max(0, len(same) - stream.spec.max_msgs_per_subject)]:
             self._drop(stream, seq)
+
+    @staticmethod
+    def _seqs_on(stream: _Stream, subject: str) -> list[int]:
+        """Sequences of the stream's messages on ``subject`` (wildcards allowed), oldest first."""
+        return [seq for seq, m in stream.messages.items() if subject_matches(subject, m.subject)]
 
     def _drop(self, stream: _Stream, seq: int) -> None:
         message = stream.messages.pop(seq, None)
@@ -344,9 +349,7 @@ class MemoryPlane(DataPlane):
 
     async def purge(self, subject: str) -> None:
         stream = self._stream(self.names.stream_for_subject(subject).name)
-        for seq in [
-            seq for seq, m in stream.messages.items() if subject_matches(subject, m.subject)
-        ]:
+        for seq in self._seqs_on(stream, subject):
             self._drop(stream, seq)
 
     async def replay(

@@ -117,10 +117,7 @@ class ArrayLayout:
         for kind, entries in self._groups.values():
             for arr, descriptor in entries:
                 wire = _wire_array(arr, kind)
-                padding = -size % ARRAY_ALIGNMENT
-                if padding:
-                    chunks.append(_ZEROS[padding])
-                    size += padding
+                size = _align(chunks, size)
                 nbytes = wire.nbytes
                 descriptor["dtype"] = _NAME_BY_DTYPE[wire.dtype]
                 descriptor["shape"] = list(wire.shape)

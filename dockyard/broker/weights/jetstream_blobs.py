@@ -19,7 +19,6 @@ import time
 
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import NotFoundError
 
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.plane import DataPlaneError, OutgoingMessage
@@ -165,11 +164,6 @@ class JetStreamBlobStore(WeightBlobStore):
         return sorted(out, key=lambda r: r.version)
 
     async def delete(self, ref: BlobRef) -> None:
-        stream = self.names.blobs_stream.name
         # Manifest first: a reader never finds a manifest whose chunks are gone.
-        for subject in (
-            self.names.blob_manifest_subject(ref.hex),
-            self.names.blob_data_subject(ref.hex),
-        ):
-            with contextlib.suppress(NotFoundError):
-                await self.plane.js.purge_stream(stream, subject=subject)
+        await self.plane.purge(self.names.blob_manifest_subject(ref.hex))
+        await self.plane.purge(self.names.blob_data_subject(ref.hex))
