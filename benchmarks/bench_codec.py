@@ -33,7 +33,7 @@ from corpus import Corpus, load_corpus, make_rollout
 from report import replace_section
 
 from dockyard.schemas import Rollout, decode, encode
-from dockyard.schemas.frames import ZSTD_LEVEL
+from dockyard.schemas.frames import ZSTD_LEVEL, compress_with_stored_tail
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 CASES = (("16 × 2048", 16, 2048), ("64 × 8192", 64, 8192))
@@ -297,6 +297,27 @@ def measure_transforms(rollout: Rollout) -> list[TransformRow]:
                     is_zero_copy,
                 )
             )
+        # What the codec does with float arrays: a frame whose content ends in raw blocks.
+        stored = compress_with_stored_tail(b"", [logprobs], logprobs.nbytes, level)
+        assert np.array_equal(np.frombuffer(decompressor.decompress(stored), np.float32), logprobs)
+        rows.append(
+            TransformRow(
+                "log-probs",
+                "stored (zstd raw blocks)",
+                level,
+                logprobs.nbytes,
+                len(stored),
+                timed(
+                    lambda d=decompressor, level=level: np.frombuffer(
+                        d.decompress(
+                            compress_with_stored_tail(b"", [logprobs], logprobs.nbytes, level)
+                        ),
+                        np.float32,
+                    )
+                ),
+                True,
+            )
+        )
     return rows
 
 

@@ -18,7 +18,7 @@ from dockyard.schemas.arrays import CTX_BLOB, CTX_LIMITS, CTX_PRECHECKED
 from dockyard.schemas.base import Message, parse_schema_version
 from dockyard.schemas.envelope import build_envelope_prefix, parse_envelope
 from dockyard.schemas.errors import CodecError, ReasonCode
-from dockyard.schemas.frames import ZSTD_LEVEL, compress, decompress_bounded
+from dockyard.schemas.frames import ZSTD_LEVEL, compress_with_stored_tail, decompress_bounded
 from dockyard.schemas.layout import lay_out
 from dockyard.schemas.limits import DEFAULT_LIMITS, DecodeLimits
 from dockyard.schemas.messages import MESSAGE_TYPES
@@ -70,7 +70,12 @@ def encode(message: Message, *, level: int = ZSTD_LEVEL) -> EncodedMessage:
     prefix = build_envelope_prefix(
         cls.SCHEMA_NAME, cls.SCHEMA_VERSION, laid_out.meta, laid_out.nbytes
     )
-    payload = compress(b"".join((prefix, *laid_out.chunks)), level)
+    payload = compress_with_stored_tail(
+        b"".join((prefix, *laid_out.compressed_chunks)),
+        laid_out.stored,
+        laid_out.stored_nbytes,
+        level,
+    )
     headers = {
         HEADER_MSG_ID: message.message_id(),
         HEADER_SCHEMA: cls.SCHEMA_NAME,

@@ -4,12 +4,19 @@ python-zstandard's one-shot ``decompress`` allocates whatever size a frame *decl
 ``max_output_size`` (a 16 KB frame can become 512 MiB), so the declared size is checked against
 the budget first; a frame without a declared size is streamed and stopped at the budget.
 Compressor and decompressor contexts are reused per thread (they are not thread-safe).
+
+The encoder may end a frame with *stored* content (:func:`compress_with_stored_tail`): bytes
+that entropy coding barely shrinks (float32 log-probs: ≈ 8% at level 1, for about half of the
+codec's zstd time) travel in zstd's raw blocks, which a decoder copies. It is still one standard
+zstd frame (RFC 8878), so every zstd decoder reads it, this package's older ones included.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
+import xxhash
 import zstandard
 
 from dockyard.schemas.errors import CodecError, ReasonCode
@@ -48,6 +55,116 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 def compress(content: bytes, level: int = ZSTD_LEVEL) -> bytes:
     """One zstd frame that declares its content size and carries a checksum."""
     return _compressor(level).compress(content)
+
+
+_MAGIC = b"\x28\xb5\x2f\xfd"
+#: Frame_Header_Descriptor bits (RFC 8878 §3.1.1.1.1).
+_SINGLE_SEGMENT = 0x20
+_CHECKSUM_FLAG = 0x04
+_FCS_4_BYTES = 2 << 6
+_FCS_8_BYTES = 3 << 6
+_BLOCK_MAX = 128 * 1024
+#: Window_Descriptor of a 128 KiB window (exponent 7: 2**(10 + 7)): raw blocks may be that big.
+_WINDOW_128K = 7 << 3
+_RAW, _RLE, _COMPRESSED = 0, 1, 2
+
+
+def compress_with_stored_tail(
+    head: bytes, tail: Sequence[object], tail_nbytes: int, level: int = ZSTD_LEVEL
+) -> bytes:
+    """One zstd frame whose content is ``head`` (compressed at ``level``) followed by the
+    buffers of ``tail`` (``tail_nbytes`` in all) in raw blocks; content size and checksum
+    declared as :func:`compress` does.
+
+    libzstd cannot switch a frame to raw blocks part-way, so ``head`` is compressed as a frame
+    of its own (no size, no checksum) and its blocks are carried into a frame header written
+    here. That is sound because raw blocks come *after* every compressed block: they change no
+    decoder state that a compressed block relies on (repeat offsets, entropy tables).
+    """
+    if not tail_nbytes:
+        return compress(head, level)
+    blocks = _blocks_of(_bare_compressor(level).compress(head))
+    if blocks is None:  # not the frame shape expected of libzstd: the plain way is always right
+        return compress(b"".join((head, *(memoryview(part).cast("B") for part in tail))), level)
+    window, compressed = blocks
+    total = len(head) + tail_nbytes
+    checksum = xxhash.xxh64(head)
+    parts: list[object] = [
+        _MAGIC,
+        bytes(((_FCS_4_BYTES if total < 1 << 32 else _FCS_8_BYTES) | _CHECKSUM_FLAG, window)),
+        total.to_bytes(4 if total < 1 << 32 else 8, "little"),
+        *compressed,
+    ]
+    remaining = tail_nbytes
+    block_left = 0
+    for part in tail:
+        view = memoryview(part).cast("B")
+        checksum.update(view)
+        position = 0
+        while position < len(view):
+            if not block_left:
+                block_left = min(_BLOCK_MAX, remaining)
+                remaining -= block_left
+                parts.append(_block_header(_RAW, block_left, last=not remaining))
+            taken = min(block_left, len(view) - position)
+            parts.append(view[position : position + taken])
+            position += taken
+            block_left -= taken
+    if remaining or block_left:
+        raise ValueError(
+            f"the stored tail holds {tail_nbytes - remaining - block_left} bytes, not {tail_nbytes}"
+        )
+    parts.append((checksum.intdigest() & 0xFFFFFFFF).to_bytes(4, "little"))
+    return b"".join(parts)
+
+
+def _bare_compressor(level: int) -> zstandard.ZstdCompressor:
+    compressors: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "bare", None)
+    if compressors is None:
+        compressors = _local.bare = {}
+    compressor = compressors.get(level)
+    if compressor is None:
+        compressor = compressors[level] = zstandard.ZstdCompressor(
+            level=level, write_content_size=False, write_checksum=False, write_dict_id=False
+        )
+    return compressor
+
+
+def _block_header(block_type: int, size: int, *, last: bool) -> bytes:
+    return ((size << 3) | (block_type << 1) | last).to_bytes(3, "little")
+
+
+def _blocks_of(frame: bytes) -> tuple[int, list[object]] | None:
+    """The window descriptor (at least 128 KiB) and the blocks of a frame written by
+    :func:`_bare_compressor`, its last block no longer marked last; None if it is not shaped
+    like one (a header with a window descriptor only, no checksum)."""
+    if len(frame) < 9 or frame[:4] != _MAGIC or frame[4] != 0:
+        return None
+    window = frame[5]
+    exponent, mantissa = window >> 3, window & 7
+    base = 1 << (10 + exponent)
+    if base + (base >> 3) * mantissa < _BLOCK_MAX:
+        window = _WINDOW_128K  # a bigger window than the blocks use is always valid
+    view = memoryview(frame)
+    position = 6
+    while position + 3 <= len(frame):
+        header = int.from_bytes(view[position : position + 3], "little")
+        block_type, size = (header >> 1) & 3, header >> 3
+        end = position + 3 + (1 if block_type == _RLE else size)
+        if block_type > _COMPRESSED or end > len(frame):
+            return None
+        if header & 1:
+            if end != len(frame):
+                return None
+            if block_type == _RAW and size == 0:  # libzstd's empty closing block: not needed
+                return window, [view[6:position]]
+            return window, [
+                view[6:position],
+                _block_header(block_type, size, last=False),
+                view[position + 3 : end],
+            ]
+        position = end
+    return None
 
 
 def decompress_bounded(frame: bytes, max_output: int) -> bytes:

@@ -13,6 +13,8 @@ Layout of the array section (a choice of this encoder; decoders only follow the 
 * an array object that appears in several places (the group's prompt ids shared by every
   sample) is written once, and its descriptors point at the same bytes;
 * every array starts at a multiple of 8 bytes, zero padding in between;
+* the arrays of kinds marked ``stored`` (float log-probs) come last: the frame writes that tail
+  in raw blocks instead of compressing it (``frames.compress_with_stored_tail``);
 * the arrays of a list of models (a rollout's samples) travel as *columns*: one array per field
   holding every item's values back to back, plus a ``rows`` array of ``(start, count)`` per item,
   under the parent's ``"@columns"`` key. A group of G samples then costs a handful of
@@ -107,25 +109,42 @@ class ArrayLayout:
         self._columns.append(_Column(kind, distinct, item_array, descriptor))
         return descriptor
 
-    def finish(self) -> tuple[list[Any], int]:
-        """The array section as buffers to join, and its size; completes every descriptor."""
+    def finish(self) -> tuple[list[Any], int, int, int]:
+        """The array section as buffers to join, its size, and how many of the buffers (at the
+        end) hold the stored arrays and their size; completes every descriptor."""
         chunks: list[Any] = []
         size = 0
         rows_written: dict[tuple[int, ...], dict[str, Any]] = {}
-        for column in self._columns:
-            size = _place_column(column, chunks, size, rows_written)
-        for kind, entries in self._groups.values():
-            for arr, descriptor in entries:
-                wire = _wire_array(arr, kind)
-                size = _align(chunks, size)
-                nbytes = wire.nbytes
-                descriptor["dtype"] = _NAME_BY_DTYPE[wire.dtype]
-                descriptor["shape"] = list(wire.shape)
-                descriptor["data"] = [size, nbytes]
-                if nbytes:
-                    chunks.append(wire)  # contiguous: bytes.join takes its buffer, no copy
-                    size += nbytes
-        return chunks, size
+        stored_from = stored_offset = 0
+        for stored in (False, True):
+            if stored:  # the stored arrays go last: the frame ends with them (``frames``)
+                stored_from, stored_offset = len(chunks), size
+            for column in self._columns:
+                if column.kind.stored is stored:
+                    size = _place_column(column, chunks, size, rows_written)
+            for kind, entries in self._groups.values():
+                if kind.stored is stored:
+                    size = _place_group(kind, entries, chunks, size)
+        return chunks, size, len(chunks) - stored_from, size - stored_offset
+
+
+def _place_group(
+    kind: ArrayKind,
+    entries: list[tuple[np.ndarray, dict[str, Any]]],
+    chunks: list[Any],
+    size: int,
+) -> int:
+    for arr, descriptor in entries:
+        wire = _wire_array(arr, kind)
+        size = _align(chunks, size)
+        nbytes = wire.nbytes
+        descriptor["dtype"] = _NAME_BY_DTYPE[wire.dtype]
+        descriptor["shape"] = list(wire.shape)
+        descriptor["data"] = [size, nbytes]
+        if nbytes:
+            chunks.append(wire)  # contiguous: bytes.join takes its buffer, no copy
+            size += nbytes
+    return size
 
 
 def _align(chunks: list[Any], size: int) -> int:
@@ -275,8 +294,19 @@ def pack_plain_model(obj: object) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class LaidOut:
     meta: dict[str, Any]
+    #: The array section's buffers; the last ``stored_chunks`` hold the stored arrays.
     chunks: list[Any]
     nbytes: int
+    stored_chunks: int = 0
+    stored_nbytes: int = 0
+
+    @property
+    def compressed_chunks(self) -> list[Any]:
+        return self.chunks[: len(self.chunks) - self.stored_chunks]
+
+    @property
+    def stored(self) -> list[Any]:
+        return self.chunks[len(self.chunks) - self.stored_chunks :]
 
     def array_section(self) -> bytes:
         return b"".join(self.chunks)
@@ -285,5 +315,4 @@ class LaidOut:
 def lay_out(model: WireModel) -> LaidOut:
     layout = ArrayLayout()
     meta = dump_meta(model, layout)
-    chunks, nbytes = layout.finish()
-    return LaidOut(meta, chunks, nbytes)
+    return LaidOut(meta, *layout.finish())
