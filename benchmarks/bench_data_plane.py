@@ -109,11 +109,14 @@ async def raw_path(url: str, sizes: list[int], case: str) -> float:
     messages: list[bytes] = []
     for size, blob in zip(sizes, blobs, strict=True):
         messages += [blob] * -(-size // piece)
+    # The same pipelining as the plane's defaults: 32 messages, at most 64 MiB in flight (past
+    # the server's 128 MB ingest buffer it refuses with 429, which nats-py never reports).
+    window = max(1, min(32, (64 * MiB) // max(len(m) for m in messages)))
     started = time.perf_counter()
-    for start in range(0, len(messages), 32):  # the same pipelining, raw: publish_async
+    for start in range(0, len(messages), window):
         futures = [
             await js.publish_async(subject, message, headers={"Nats-Msg-Id": f"{case}{index}"})
-            for index, message in enumerate(messages[start : start + 32], start)
+            for index, message in enumerate(messages[start : start + window], start)
         ]
         await asyncio.wait_for(asyncio.gather(*futures), timeout=120)
     received = 0

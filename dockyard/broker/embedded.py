@@ -71,6 +71,12 @@ class EmbeddedServerSettings:
     # Extra JetStream memory/disk caps; None lets the server choose from the machine.
     max_memory_store: int | None = None
     max_file_store: int | None = None
+    #: The per-stream ingest buffer (server ≥ 2.11; defaults 10,000 messages / 128 MB): past
+    #: it the server refuses publishes with 429 "too many requests". Set to test that path.
+    max_buffered_msgs: int | None = None
+    max_buffered_size: int | None = None
+    #: More lines of the ``jetstream {}`` block (e.g. ``{"sync_interval": "always"}``), as is.
+    jetstream_extra: dict[str, str] = field(default_factory=dict)
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -118,6 +124,11 @@ def render_config(settings: EmbeddedServerSettings, port: int) -> str:
         lines.append(f"  max_memory_store: {settings.max_memory_store}")
     if settings.max_file_store is not None:
         lines.append(f"  max_file_store: {settings.max_file_store}")
+    if settings.max_buffered_msgs is not None:
+        lines.append(f"  max_buffered_msgs: {settings.max_buffered_msgs}")
+    if settings.max_buffered_size is not None:
+        lines.append(f"  max_buffered_size: {settings.max_buffered_size}")
+    lines.extend(f"  {key}: {value}" for key, value in settings.jetstream_extra.items())
     lines.append("}")
     if settings.tls is not None:
         lines.append("tls {")

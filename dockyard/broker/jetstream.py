@@ -1,8 +1,10 @@
 """The NATS JetStream plane: the non-colocated data plane for fleets across machines.
 
 Publishing: deterministic ``Nats-Msg-Id`` (dedupe window), acks awaited with a timeout, bounded
-retries, a bounded outbound buffer while the broker is away, ``publish_async`` windows wrapped in
-``asyncio.wait_for`` (their futures never resolve on a server API error). Consuming: durable pull
+retries (transient refusals — 429 when a stream's ingest buffer is full, 503 — back off and
+retry), a bounded outbound buffer while the broker is away, ``publish_async`` windows bounded in
+messages and bytes, whose refused publishes fail at once (:class:`_JetStream`) and are retried
+on the awaited path. Consuming: durable pull
 consumers with a byte cap per request (:mod:`jetstream_pull`). Oversized payloads travel by
 reference (:mod:`chunking`). Messages that exhaust ``max_deliver`` are turned into dead letters
 from the server's advisory by whichever process consumes from that durable.
@@ -15,7 +17,7 @@ import contextlib
 import json
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -66,7 +68,28 @@ _RETRYABLE = (
     asyncio.TimeoutError,
 )
 _MAX_BACKOFF_S = 2.0
+#: Refusals that pass: 429 "too many requests" (a stream's ingest buffer is full, server ≥ 2.11)
+#: and 503 (JetStream briefly unavailable, e.g. during a leader election).
+_TRANSIENT_API_CODES = frozenset({429, 503})
 _ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+
+
+class _JetStream(JetStreamContext):
+    """nats-py's context, with a refused pipelined publish failing its future.
+
+    nats-py's reply handler raises the server's error instead of setting it on the future
+    (``APIError.from_error`` raises; nats.py #985), so a publish refused with 429 would only be
+    noticed when the window's timeout ran out.
+    """
+
+    async def _handle_async_reply(self, msg: Msg) -> None:
+        try:
+            await super()._handle_async_reply(msg)
+        except APIError as error:
+            prefix = self._async_reply_prefix
+            future = self._publish_async_futures.get(msg.subject[len(prefix) :]) if prefix else None
+            if future is not None and not future.done():
+                future.set_exception(error)
 
 
 class JetStreamPlane(DataPlane):
@@ -119,7 +142,7 @@ class JetStreamPlane(DataPlane):
             raise DataPlaneError(
                 f"cannot connect to the data plane at {urls}: {error!r}"
             ) from error
-        self._js = self._nc.jetstream(timeout=self.config.publish.timeout_s)
+        self._js = _JetStream(self._nc, timeout=self.config.publish.timeout_s)
         if self._provision_on_start:
             await self.provision()
 
@@ -237,10 +260,14 @@ class JetStreamPlane(DataPlane):
                     # waited a whole timeout.
                     await asyncio.sleep(min(_MAX_BACKOFF_S, 0.05 * 2**attempt))
             except APIError as error:
-                raise PublishError(
-                    f"broker refused publish to {subject}: {error.description} "
-                    f"(code {error.err_code})"
-                ) from error
+                if error.code not in _TRANSIENT_API_CODES:
+                    raise PublishError(
+                        f"broker refused publish to {subject}: {error.description} "
+                        f"(code {error.err_code})"
+                    ) from error
+                last_error = error
+                log.warning("publish.retry", subject=subject, attempt=attempt + 1, error=str(error))
+                await asyncio.sleep(min(_MAX_BACKOFF_S, 0.05 * 2**attempt))
         reason = (
             "the outbound buffer is full (broker unreachable)"
             if isinstance(last_error, nats.errors.OutboundBufferLimitError)
@@ -281,16 +308,16 @@ class JetStreamPlane(DataPlane):
         return await self._publish_window(list(messages))
 
     async def _publish_window(self, messages: list[OutgoingMessage]) -> list[PublishAck]:
-        """Pipelined publishes, at most ``publish.window`` awaiting an ack at once.
+        """Pipelined publishes, at most ``publish.window`` messages and ``publish.window_bytes``
+        awaiting an ack at once.
 
-        A message whose pipelined ack does not come back in time is republished on the retrying
-        path with the same ``Nats-Msg-Id``, so the retry cannot create a duplicate.
+        A message whose pipelined ack does not come back in time, or that the server refused
+        (429 when the stream's ingest buffer is full), is republished on the retrying path with
+        the same ``Nats-Msg-Id``, so the retry cannot create a duplicate.
         """
-        window = self.config.publish.window
         timeout = self.config.publish.timeout_s
         results: list[PublishAck | None] = [None] * len(messages)
-        for start in range(0, len(messages), window):
-            part = messages[start : start + window]
+        for start, part in self._windows(messages):
             futures: list[asyncio.Future[api.PubAck] | None] = []
             for message in part:
                 headers = dict(message.headers)
@@ -307,19 +334,44 @@ class JetStreamPlane(DataPlane):
             waiting = [future for future in futures if future is not None]
             if waiting:
                 await asyncio.wait(waiting, timeout=timeout)
+            fallbacks: list[int] = []
             for offset, future in enumerate(futures):
-                index = start + offset
                 if future is not None:
                     if future.done() and not future.cancelled() and future.exception() is None:
                         ack = future.result()
-                        results[index] = PublishAck(ack.stream, ack.seq, bool(ack.duplicate))
+                        results[start + offset] = PublishAck(
+                            ack.stream, ack.seq, bool(ack.duplicate)
+                        )
                         continue
-                    log.warning("publish_async.fallback", error=_why_not_acked(future, timeout))
+                    why = _why_not_acked(future, timeout)
+                else:
+                    why = "not sent (outbound buffer full or reconnecting)"
+                if not fallbacks:
+                    log.warning("publish_async.fallback", error=why, window=len(part))
+                fallbacks.append(start + offset)
+            for index in fallbacks:
                 message = messages[index]
                 results[index] = await self.publish(
                     message.subject, message.payload, msg_id=message.msg_id, headers=message.headers
                 )
         return [r for r in results if r is not None]
+
+    def _windows(
+        self, messages: list[OutgoingMessage]
+    ) -> Iterator[tuple[int, list[OutgoingMessage]]]:
+        """Consecutive runs of ``messages`` (and where each starts) within ``publish.window``
+        messages and ``publish.window_bytes`` of payload (a larger message goes alone)."""
+        settings = self.config.publish
+        start = 0
+        while start < len(messages):
+            end, size = start, 0
+            while end < len(messages) and end - start < settings.window:
+                size += len(messages[end].payload)
+                if size > settings.window_bytes and end > start:
+                    break
+                end += 1
+            yield start, messages[start:end]
+            start = end
 
     # -- consuming ---------------------------------------------------------------------------
     async def _channel(self, spec: ConsumerSpec) -> PullChannel:
@@ -576,4 +628,5 @@ def _why_not_acked(future: asyncio.Future[api.PubAck], timeout_s: float) -> str:
         return f"no ack within {timeout_s:g}s"
     if future.cancelled():
         return "cancelled"
-    return repr(future.exception())
+    error = future.exception()
+    return str(error) or repr(error)

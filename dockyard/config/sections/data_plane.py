@@ -35,6 +35,12 @@ class ConsumerConfig(Section):
 
 class PublishConfig(Section):
     window: PositiveInt = Field(64, description="publishes awaiting an ack at once")
+    window_bytes: PositiveInt = Field(
+        64 * MiB,
+        description="payload bytes awaiting an ack at once (at least one message); keep it "
+        "under the server's per-stream ingest buffer (max_buffered_size, 128 MB by default), "
+        "past which it refuses publishes with 429",
+    )
     timeout_s: PositiveFloat = 10.0
     retries: NonNegativeInt = 5
     max_buffered_bytes: PositiveInt = Field(256 * MiB, description="while the broker is down")

@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import nats
 import pytest
 from broker_test_utils import collect, eventually, fetch_until
+from nats.aio.msg import Msg
+from structlog.testing import capture_logs
 
 from dockyard.broker.connection import ConnectError
 from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.names import PlaneNames
-from dockyard.broker.plane import REASON_MAX_DELIVERIES, PermissionDenied, PublishError
+from dockyard.broker.plane import (
+    REASON_MAX_DELIVERIES,
+    OutgoingMessage,
+    PermissionDenied,
+    PublishError,
+)
 from dockyard.broker.security import generate_credentials
 from dockyard.broker.weights import create_weight_store
 from dockyard.config.sections.data_plane import DataPlaneConfig
@@ -149,6 +159,109 @@ async def test_publishing_while_the_broker_is_down_fails_clearly_with_bounded_bu
         assert len(refusals) == 6
         assert any("outbound buffer is full" in refusal for refusal in refusals)
         assert plane.nc.pending_data_size <= 4 * MiB
+
+
+async def _all_stored_once(
+    plane: JetStreamPlane, subject_consumer: object, count: int, prefix: str = "m"
+) -> None:
+    seen: list[str] = []
+    while len(seen) < count:
+        deliveries = await plane.fetch(subject_consumer, 64, 2.0)  # type: ignore[arg-type]
+        assert deliveries, f"only {len(seen)} of {count} messages were stored"
+        for delivery in deliveries:
+            assert delivery.msg_id is not None
+            seen.append(delivery.msg_id)
+            await delivery.ack()
+    assert sorted(seen) == sorted(f"{prefix}{i}" for i in range(count))  # each once, none lost
+    assert not await plane.fetch(subject_consumer, 64, 0.2)  # type: ignore[arg-type]
+
+
+async def test_a_refused_publish_is_retried_at_once_and_lands_once(
+    nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
+) -> None:
+    # A scripted responder stands in for the stream on one subject, because whether a real
+    # server refuses (429 "too many requests": its per-stream ingest buffer is full) depends on
+    # timing. It answers as JetStream does: a 429 for a message's first two publishes (the
+    # pipelined one and the first awaited one), then an ack. The replies travel through the real
+    # server to the plane's real nats-py client.
+    server = nats_server_factory()
+    url = server.url  # type: ignore[attr-defined]
+    config = data_plane_config_factory(url, publish={"timeout_s": 30.0, "retries": 3})
+    attempts: Counter[str] = Counter()
+    refusal = {"error": {"code": 429, "err_code": 10167, "description": "too many requests"}}
+
+    async def respond(msg: Msg) -> None:
+        msg_id = (msg.headers or {})["Nats-Msg-Id"]
+        attempts[msg_id] += 1
+        reply = refusal if attempts[msg_id] <= 2 else {"stream": "S", "seq": int(msg_id[1:])}
+        await responder.publish(msg.reply, json.dumps(reply).encode())
+
+    responder = await nats.connect(url)
+    try:
+        await responder.subscribe("scripted.experience", cb=respond)
+        await responder.flush()
+        async with JetStreamPlane(config) as plane:
+            messages = [
+                OutgoingMessage("scripted.experience", b"x" * 1024, f"m{i}", {})
+                for i in range(1, 9)
+            ]
+            started = time.monotonic()
+            with capture_logs() as logs:
+                acks = await plane.publish_many(messages)
+            # Noticed when the refusal arrives, not when the 30 s ack timeout runs out.
+            assert time.monotonic() - started < 15
+    finally:
+        await responder.close()
+    assert [ack.seq for ack in acks] == list(range(1, 9))
+    assert attempts == Counter({f"m{i}": 3 for i in range(1, 9)})
+    events = [entry["event"] for entry in logs]
+    assert events.count("publish_async.fallback") == 1  # one line per window
+    assert events.count("publish.retry") == 8
+    assert all("429" in entry["error"] for entry in logs if entry["event"].startswith("publish"))
+
+
+async def test_publishes_a_real_server_refuses_as_too_many_land_once(
+    nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
+) -> None:
+    # An ingest buffer of 2 messages (the default is 10,000) and a 16 MiB window of 256 KiB
+    # messages: the server usually refuses part of the window with 429 and drops those (how
+    # much depends on timing, so this test asserts only the outcome).
+    server = nats_server_factory(max_buffered_msgs=2)
+    config = data_plane_config_factory(
+        server.url,  # type: ignore[attr-defined]
+        publish={"timeout_s": 30.0, "retries": 8, "window": 64, "window_bytes": 64 * MiB},
+    )
+    async with JetStreamPlane(config) as plane:
+        names = plane.names
+        messages = [
+            OutgoingMessage(names.scored, os.urandom(256 * 1024), f"m{i}", {}) for i in range(64)
+        ]
+        started = time.monotonic()
+        acks = await plane.publish_many(messages)
+        assert time.monotonic() - started < 15
+        assert len({ack.seq for ack in acks}) == 64
+        await _all_stored_once(plane, names.scored_consumer, 64)
+
+
+async def test_the_publish_window_is_bounded_in_bytes(
+    nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
+) -> None:
+    # Windows of at most 1 MiB never overflow a 2 MiB ingest buffer: no refusal at all.
+    server = nats_server_factory(max_buffered_size=2 * MiB)
+    config = data_plane_config_factory(
+        server.url,  # type: ignore[attr-defined]
+        publish={"timeout_s": 30.0, "window": 64, "window_bytes": MiB},
+    )
+    async with JetStreamPlane(config) as plane:
+        names = plane.names
+        messages = [
+            OutgoingMessage(names.scored, os.urandom(256 * 1024), f"m{i}", {}) for i in range(64)
+        ]
+        with capture_logs() as logs:
+            acks = await plane.publish_many(messages)
+        assert [entry for entry in logs if entry["event"].startswith("publish")] == []
+        assert [ack.seq for ack in acks] == sorted(ack.seq for ack in acks)  # order kept
+        await _all_stored_once(plane, names.scored_consumer, 64)
 
 
 async def test_a_rollout_credential_cannot_publish_a_weight_event(
