@@ -23,6 +23,7 @@ from dockyard.schemas.layout import lay_out
 from dockyard.schemas.limits import DEFAULT_LIMITS, DecodeLimits
 from dockyard.schemas.messages import MESSAGE_TYPES
 from dockyard.schemas.precheck import ArrayPrecheck, NotChecked
+from dockyard.schemas.prechecked import prechecked_validator
 
 HEADER_MSG_ID = "Nats-Msg-Id"
 HEADER_SCHEMA = "Dockyard-Schema"
@@ -155,11 +156,16 @@ def _validate(
     precheck = ArrayPrecheck(blob, limits)
     try:
         precheck.run(cls, meta)
-        context: dict[str, Any] = {CTX_BLOB: blob, CTX_LIMITS: limits, CTX_PRECHECKED: True}
     except NotChecked:
         precheck.restore()
-        context = {CTX_BLOB: blob, CTX_LIMITS: limits}
+        prechecked = False
+    else:
+        prechecked = True
+    context: dict[str, Any] = {CTX_BLOB: blob, CTX_LIMITS: limits}
     try:
+        if prechecked:  # the arrays need no Python call each (``prechecked``)
+            context[CTX_PRECHECKED] = True
+            return prechecked_validator(cls).validate_python(meta, context=context)
         return cls.model_validate(meta, context=context)
     except ValidationError as exc:
         raise _refusal(cls, exc) from None

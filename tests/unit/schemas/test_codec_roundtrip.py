@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import msgpack
 import numpy as np
 import pytest
@@ -39,6 +41,8 @@ from dockyard.schemas import (
     decode,
     encode,
 )
+from dockyard.schemas.prechecked import _replace_array_validators, prechecked_validator
+from dockyard.schemas.rollout import RolloutSample
 
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -265,3 +269,16 @@ def test_uint8_loss_mask_and_empty_responses_round_trip() -> None:
     decoded = decode(None, encode(rollout).payload)
     assert decoded.samples[0].num_response_tokens == 0
     assert decoded.samples[0].loss_mask.dtype == np.uint8
+
+
+def test_prechecked_decoding_swaps_every_array_validator_and_nothing_else() -> None:
+    # ScoredRollout: the group's prompt ids, five arrays per sample, the teacher log-probs.
+    schema = copy.deepcopy(ScoredRollout.__pydantic_core_schema__)
+    assert _replace_array_validators(schema) == 7
+    assert prechecked_validator(WeightVersion) is WeightVersion.__pydantic_validator__
+    message = make_scored(num_samples=3, length=16)
+    decoded = decode(None, encode(message).payload)
+    assert type(decoded) is ScoredRollout and type(decoded.rollout.samples[0]) is RolloutSample
+    assert decoded == message
+    # The models' own validators still run on that path: the length mismatches of
+    # test_codec_refusals have well-formed descriptors, pass the pre-pass and are refused there.
