@@ -29,18 +29,24 @@ _STREAM_CHUNK = 1 << 20
 _local = threading.local()
 
 
-def _compressor(level: int) -> zstandard.ZstdCompressor:
-    compressors: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "compressors", None)
+def _compressor(level: int, *, bare: bool = False) -> zstandard.ZstdCompressor:
+    """This thread's compressor for ``level``: by default one whose frames declare their
+    content size (decoders bound memory before decompressing) and carry a content checksum
+    (replay reads streams months later); ``bare`` frames have neither
+    (``compress_with_stored_tail`` writes its own header)."""
+    compressors: dict[tuple[int, bool], zstandard.ZstdCompressor] | None = getattr(
+        _local, "compressors", None
+    )
     if compressors is None:
         compressors = _local.compressors = {}
-    compressor = compressors.get(level)
+    compressor = compressors.get((level, bare))
     if compressor is None:
-        # Content size is written so decoders can bound memory before decompressing; the
-        # content checksum catches corruption at rest (replay reads streams months later).
-        compressor = zstandard.ZstdCompressor(
-            level=level, write_content_size=True, write_checksum=True
+        compressor = compressors[(level, bare)] = zstandard.ZstdCompressor(
+            level=level,
+            write_content_size=not bare,
+            write_checksum=not bare,
+            write_dict_id=not bare,
         )
-        compressors[level] = compressor
     return compressor
 
 
@@ -83,7 +89,7 @@ def compress_with_stored_tail(
     """
     if not tail_nbytes:
         return compress(head, level)
-    blocks = _blocks_of(_bare_compressor(level).compress(head))
+    blocks = _blocks_of(_compressor(level, bare=True).compress(head))
     if blocks is None:  # not the frame shape expected of libzstd: the plain way is always right
         return compress(b"".join((head, *(memoryview(part).cast("B") for part in tail))), level)
     window, compressed = blocks
@@ -118,26 +124,14 @@ def compress_with_stored_tail(
     return b"".join(parts)
 
 
-def _bare_compressor(level: int) -> zstandard.ZstdCompressor:
-    compressors: dict[int, zstandard.ZstdCompressor] | None = getattr(_local, "bare", None)
-    if compressors is None:
-        compressors = _local.bare = {}
-    compressor = compressors.get(level)
-    if compressor is None:
-        compressor = compressors[level] = zstandard.ZstdCompressor(
-            level=level, write_content_size=False, write_checksum=False, write_dict_id=False
-        )
-    return compressor
-
-
 def _block_header(block_type: int, size: int, *, last: bool) -> bytes:
     return ((size << 3) | (block_type << 1) | last).to_bytes(3, "little")
 
 
 def _blocks_of(frame: bytes) -> tuple[int, list[object]] | None:
-    """The window descriptor (at least 128 KiB) and the blocks of a frame written by
-    :func:`_bare_compressor`, its last block no longer marked last; None if it is not shaped
-    like one (a header with a window descriptor only, no checksum)."""
+    """The window descriptor (at least 128 KiB) and the blocks of a bare frame (written by
+    ``_compressor(level, bare=True)``), its last block no longer marked last; None if it is not
+    shaped like one (a header with a window descriptor only, no checksum)."""
     if len(frame) < 9 or frame[:4] != _MAGIC or frame[4] != 0:
         return None
     window = frame[5]
