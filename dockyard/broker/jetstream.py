@@ -86,8 +86,10 @@ class _JetStream(JetStreamContext):
         try:
             await super()._handle_async_reply(msg)
         except APIError as error:
-            prefix = self._async_reply_prefix
-            future = self._publish_async_futures.get(msg.subject[len(prefix) :]) if prefix else None
+            # nats-py internals (2.x): without them the window's timeout still catches it.
+            prefix = getattr(self, "_async_reply_prefix", None)
+            futures = getattr(self, "_publish_async_futures", {})
+            future = futures.get(msg.subject[len(prefix) :]) if prefix else None
             if future is not None and not future.done():
                 future.set_exception(error)
 
