@@ -126,3 +126,18 @@ def test_the_zstd_command_line_tool_reads_the_frame(tmp_path: Path) -> None:
         ["zstd", "-d", "-c", str(path)], capture_output=True, check=True, timeout=60
     )
     assert result.stdout == zstandard.ZstdDecompressor().decompress(encoded.payload)
+
+
+def test_an_unexpected_libzstd_frame_shape_falls_back_to_the_plain_frame(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # If a libzstd release wrote bare frames differently (a checksum, a content size), the
+    # stored tail is not worth a wrong frame: everything is compressed the plain way.
+    from dockyard.schemas import frames
+
+    assert frames._blocks_of(b"\x28\xb5\x2f\xfd\x04" + bytes(8)) is None  # checksum flag set
+    assert frames._blocks_of(b"not a zstd frame at all") is None
+    monkeypatch.setattr(frames, "_blocks_of", lambda frame: None)
+    tail = [np.arange(1000, dtype=np.float32)]
+    frame = compress_with_stored_tail(b"head" * 100, tail, 4000)
+    assert frame == compress(b"head" * 100 + tail[0].tobytes())
