@@ -65,7 +65,6 @@ def compress(content: bytes, level: int = ZSTD_LEVEL) -> bytes:
 
 _MAGIC = b"\x28\xb5\x2f\xfd"
 #: Frame_Header_Descriptor bits (RFC 8878 §3.1.1.1.1).
-_SINGLE_SEGMENT = 0x20
 _CHECKSUM_FLAG = 0x04
 _FCS_4_BYTES = 2 << 6
 _FCS_8_BYTES = 3 << 6
