@@ -425,7 +425,7 @@ def main() -> int:
             "weight versions are narrowed (uint16/uint8: better ratio *and* speed, zero-copy) "
             "and compressed. The overall ratio still beats raw zstd on the producer's dtypes. "
             "What remains of the codec's own cost is per sample, in Python: msgpack and "
-            "pydantic over each sample's metadata (≈ 7-8 µs of validation per sample on "
+            "pydantic over each sample's metadata (≈ 5 µs of validation per sample on "
             "decode); since schema 2.0 a group's arrays travel as columns (one descriptor and "
             "one check per field, not per sample). Byte-shuffle and delta coding are not kept "
             "(they lose on ratio × speed or need a copy on decode); level 1 is the default "
