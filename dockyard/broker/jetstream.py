@@ -337,6 +337,7 @@ class JetStreamPlane(DataPlane):
             if waiting:
                 await asyncio.wait(waiting, timeout=timeout)
             fallbacks: list[int] = []
+            first_reason = ""
             for offset, future in enumerate(futures):
                 if future is not None:
                     if future.done() and not future.cancelled() and future.exception() is None:
@@ -345,12 +346,18 @@ class JetStreamPlane(DataPlane):
                             ack.stream, ack.seq, bool(ack.duplicate)
                         )
                         continue
-                    why = _why_not_acked(future, timeout)
+                    why = _why_not_acked(future, timeout)  # cancels a future still waiting
                 else:
                     why = "not sent (outbound buffer full or reconnecting)"
-                if not fallbacks:
-                    log.warning("publish_async.fallback", error=why, window=len(part))
+                first_reason = first_reason or why
                 fallbacks.append(start + offset)
+            if fallbacks:  # one line per window, not one per message
+                log.warning(
+                    "publish_async.fallback",
+                    error=first_reason,
+                    messages=len(fallbacks),
+                    window=len(part),
+                )
             for index in fallbacks:
                 message = messages[index]
                 results[index] = await self.publish(
