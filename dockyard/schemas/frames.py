@@ -86,11 +86,15 @@ def compress_with_stored_tail(
     here. That is sound because raw blocks come *after* every compressed block: they change no
     decoder state that a compressed block relies on (repeat offsets, entropy tables).
     """
+    views = [memoryview(part).cast("B") for part in tail]
+    held = sum(len(view) for view in views)
+    if held != tail_nbytes:  # a wrong count would write a frame no decoder accepts
+        raise ValueError(f"the stored tail holds {held} bytes, not {tail_nbytes}")
     if not tail_nbytes:
         return compress(head, level)
     blocks = _blocks_of(_compressor(level, bare=True).compress(head))
     if blocks is None:  # not the frame shape expected of libzstd: the plain way is always right
-        return compress(b"".join((head, *(memoryview(part).cast("B") for part in tail))), level)
+        return compress(b"".join((head, *views)), level)
     window, compressed = blocks
     total = len(head) + tail_nbytes
     checksum = xxhash.xxh64(head)
@@ -102,8 +106,7 @@ def compress_with_stored_tail(
     ]
     remaining = tail_nbytes
     block_left = 0
-    for part in tail:
-        view = memoryview(part).cast("B")
+    for view in views:
         checksum.update(view)
         position = 0
         while position < len(view):
@@ -115,10 +118,6 @@ def compress_with_stored_tail(
             parts.append(view[position : position + taken])
             position += taken
             block_left -= taken
-    if remaining or block_left:
-        raise ValueError(
-            f"the stored tail holds {tail_nbytes - remaining - block_left} bytes, not {tail_nbytes}"
-        )
     parts.append((checksum.intdigest() & 0xFFFFFFFF).to_bytes(4, "little"))
     return b"".join(parts)
 

@@ -5,8 +5,15 @@ array fields' Python validators have nothing left to do but return their input â
 would still call them, five times per sample. The validator built here is the message's own
 pydantic-core schema with each array validator replaced by an ``isinstance(np.ndarray)`` check
 that runs inside pydantic-core: the same models, defaults, constraints and model validators,
-and no Python call per array. Only the codec uses it, and only after a complete pre-pass (the
-pre-pass is the only thing that puts ndarrays into decoded metadata; msgpack never does).
+and no Python call for the arrays of the models that have model validators (the samples).
+Only the codec uses it, and only after a complete pre-pass (the pre-pass is the only thing that
+puts ndarrays into decoded metadata; msgpack never does).
+
+pydantic-core builds a nested model node that has no wrapper (no model validator) from the
+class's own prebuilt validator, not from the copy edited here; so the arrays of such models
+(a group's prompt ids, a score's teacher log-probs) still reach their Python validators. Those
+return at once on prechecked input (``arrays._prechecked``): a call per message, or per scored
+sample with teacher log-probs, not a second check.
 """
 
 from __future__ import annotations

@@ -85,9 +85,16 @@ def test_without_a_tail_the_frame_is_the_plain_one() -> None:
     assert compress_with_stored_tail(b"x" * 1000, [], 0) == compress(b"x" * 1000)
 
 
-def test_a_tail_shorter_than_announced_is_a_programming_error() -> None:
-    with pytest.raises(ValueError, match="stored tail"):
-        compress_with_stored_tail(b"head", [b"abc"], 10)
+@pytest.mark.parametrize(
+    ("tail", "announced"),
+    [([b"abc"], 10), ([b"abc", b"defg"], 3), ([b"abc"], 0)],
+    ids=["shorter", "longer", "announced-empty"],
+)
+def test_a_tail_of_another_size_than_announced_is_a_programming_error(
+    tail: list[bytes], announced: int
+) -> None:
+    with pytest.raises(ValueError, match="stored tail holds"):
+        compress_with_stored_tail(b"head", tail, announced)
 
 
 def test_corrupting_a_stored_byte_fails_the_checksum() -> None:
