@@ -80,11 +80,14 @@ def _version_range(versions: Sequence[int]) -> str:
 def _rollout_fields(summary: MessageSummary, rollout: Rollout, current: int | None) -> None:
     summary.group_id = rollout.group.group_id
     summary.environment = rollout.group.environment
-    versions = [int(v) for s in rollout.samples for v in s.token_weight_versions]
-    summary.weight_version = _version_range(versions)
-    if current is not None and versions:
-        summary.staleness = str(current - min(versions))
-    summary.lengths = [len(s.response_token_ids) for s in rollout.samples]
+    samples = rollout.samples
+    versions = samples.token_weight_versions
+    if versions.size:
+        low = int(versions.min())
+        summary.weight_version = _version_range((low, int(versions.max())))
+        if current is not None:
+            summary.staleness = str(current - low)
+    summary.lengths = list(samples.response_lengths)
 
 
 def summarise(stored: StoredMessage, current_version: int | None = None) -> MessageSummary:
@@ -107,7 +110,7 @@ def summarise(stored: StoredMessage, current_version: int | None = None) -> Mess
         _rollout_fields(summary, message, current_version)
     elif isinstance(message, ScoredRollout):
         _rollout_fields(summary, message.rollout, current_version)
-        summary.rewards = [score.reward for score in message.scores]
+        summary.rewards = list(message.scores.reward)
     elif isinstance(message, WeightVersion):
         summary.weight_version = str(message.version)
         summary.note = f"{message.digest[:19]}… {message.nbytes} B"

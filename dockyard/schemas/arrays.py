@@ -195,7 +195,10 @@ def validate_logprobs(value: Any, info: ValidationInfo) -> np.ndarray:
     _check_1d(arr, "f", "log-probs")
     # min and max propagate NaN and expose ±inf: two reductions and no temporary array.
     if arr.size and not (math.isfinite(arr.min()) and math.isfinite(arr.max())):
-        raise _refuse(ReasonCode.NON_FINITE, "log-probs contain NaN or infinity")
+        first = int(np.flatnonzero(~np.isfinite(arr))[0])
+        raise _refuse(
+            ReasonCode.NON_FINITE, f"log-probs contain NaN or infinity (first at entry {first})"
+        )
     return arr
 
 

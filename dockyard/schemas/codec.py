@@ -21,7 +21,7 @@ from dockyard.schemas.errors import CodecError, ReasonCode
 from dockyard.schemas.frames import ZSTD_LEVEL, compress_with_stored_tail, decompress_bounded
 from dockyard.schemas.layout import lay_out
 from dockyard.schemas.limits import DEFAULT_LIMITS, DecodeLimits
-from dockyard.schemas.messages import MESSAGE_TYPES
+from dockyard.schemas.messages import MESSAGE_TYPES, OLDER_READERS
 from dockyard.schemas.precheck import ArrayPrecheck, NotChecked
 from dockyard.schemas.prechecked import prechecked_validator
 
@@ -65,7 +65,7 @@ class EncodedMessage:
 def encode(message: Message, *, level: int = ZSTD_LEVEL) -> EncodedMessage:
     """Headers + payload of ``message``. ``level`` (zstd) is for tuning; decoders ignore it."""
     cls = type(message)
-    if MESSAGE_TYPES.get(cls.SCHEMA_NAME) is not cls:
+    if MESSAGE_TYPES.get(cls.SCHEMA_NAME) is not cls and cls not in OLDER_READERS.values():
         raise CodecError(ReasonCode.UNENCODABLE, f"{cls.__name__} is not a registered message")
     laid_out = lay_out(message)
     prefix = build_envelope_prefix(
@@ -144,8 +144,14 @@ def decode(
             f"header says version {header_version!r}, payload says {envelope.version!r}",
         )
     cls = _resolve_type(envelope.schema, expected)
-    _check_version(cls, envelope.version)
-    return _validate(cls, envelope.meta, envelope.data, limits)
+    reader = _reader_of(cls, envelope.version)
+    message = _validate(reader, envelope.meta, envelope.data, limits)
+    if reader is cls:
+        return message
+    try:  # an older major: read by its own class, then brought up to date
+        return message.upgrade()  # type: ignore[attr-defined,no-any-return]
+    except ValidationError as exc:
+        raise _refusal(cls, exc) from None
 
 
 def _validate(
@@ -182,19 +188,24 @@ def _resolve_type(schema: str, expected: type[Message] | None) -> type[Message]:
     return cls
 
 
-def _check_version(cls: type[Message], version: str) -> None:
-    """A readable MAJOR decodes (older or newer MINOR); any other MAJOR is refused."""
+def _reader_of(cls: type[Message], version: str) -> type[Message]:
+    """The class that reads ``cls``'s ``version``: itself for its own MAJOR (any MINOR) and the
+    majors it reads itself; an older major's reader (``OLDER_READERS``); else a refusal."""
     try:
         major, _minor = parse_schema_version(version)
     except ValueError as exc:
         raise CodecError(ReasonCode.UNSUPPORTED_VERSION, str(exc)) from None
-    readable = cls.readable_majors()
-    if major not in readable:
-        described = ", ".join(f"{m}.x" for m in sorted(readable))
-        raise CodecError(
-            ReasonCode.UNSUPPORTED_VERSION,
-            f"{cls.SCHEMA_NAME} {version} is not readable by this build (reads {described})",
-        )
+    if major in cls.readable_majors():
+        return cls
+    older = OLDER_READERS.get((cls.SCHEMA_NAME, major))
+    if older is not None:
+        return older
+    readable = cls.readable_majors() | {m for name, m in OLDER_READERS if name == cls.SCHEMA_NAME}
+    described = ", ".join(f"{m}.x" for m in sorted(readable))
+    raise CodecError(
+        ReasonCode.UNSUPPORTED_VERSION,
+        f"{cls.SCHEMA_NAME} {version} is not readable by this build (reads {described})",
+    )
 
 
 _REASONS_BY_VALUE = {reason.value: reason for reason in ReasonCode}

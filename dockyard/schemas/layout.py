@@ -15,7 +15,8 @@ Layout of the array section (a choice of this encoder; decoders only follow the 
 * every array starts at a multiple of 8 bytes, zero padding in between;
 * the arrays of kinds marked ``stored`` (float log-probs) come last: the frame writes that tail
   in raw blocks instead of compressing it (``frames.compress_with_stored_tail``);
-* the arrays of a list of models (a rollout's samples) travel as *columns*: one array per field
+* the arrays of a list of models (the samples of a 2.0 rollout, written by the legacy classes;
+  3.0 groups are columns by schema) travel as *columns*: one array per field
   holding every item's values back to back, plus a ``rows`` array of ``(start, count)`` per item,
   under the parent's ``"@columns"`` key. A group of G samples then costs a handful of
   descriptors instead of 5·G, and the decoder checks each column with one reduction. A field is

@@ -1,7 +1,8 @@
 """Decode side: resolve and check every array of a message once, before pydantic runs.
 
-The field validators in ``arrays`` check one array per call; for a group of G samples that is
-5·G Python calls, each with its own numpy reductions. This pass walks the decoded metadata
+The field validators in ``arrays`` check one array per call, each with its own numpy
+reductions (for a 2.x group of G samples that was 5·G calls; a 3.0 group has a handful of
+arrays whatever G). This pass walks the decoded metadata
 along :func:`~dockyard.schemas.wire_plan.plan_of`, replaces each array descriptor by a
 read-only view of the array section (a slice of one ``frombuffer`` view per dtype), and runs
 the value checks once per *group* of arrays: arrays of one kind and dtype that lie back to back

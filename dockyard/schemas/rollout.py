@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import ClassVar, Literal
+from functools import cached_property
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from dockyard.schemas.arrays import LogProbArray, MaskArray, TokenIdArray, VersionArray
+from dockyard.schemas.arrays import (
+    LogProbArray,
+    MaskArray,
+    TokenIdArray,
+    VersionArray,
+)
 from dockyard.schemas.base import INT64_MAX, UINT64_MAX, Message, WireModel
+from dockyard.schemas.columns import (
+    RowColumns,
+    check_counts,
+    check_total,
+    columns_from_rows,
+    concatenate,
+    offsets_of,
+    plain_columns,
+    rows_from_columns,
+    rows_to_columns,
+    split,
+)
 from dockyard.schemas.errors import ReasonCode
 from dockyard.schemas.prompt import PromptGroup
 
@@ -123,18 +142,194 @@ class RolloutSample(WireModel):
         return int(np.min(versions)) if versions.size else None
 
 
+#: The columns of a group's sampling parameters, engines and timings (one list per field).
+SamplingParamsColumns = plain_columns(SamplingParams)
+EngineInfoColumns = plain_columns(EngineInfo)
+SampleTimingsColumns = plain_columns(SampleTimings)
+
+TokenCount = Annotated[int, Field(ge=0, le=INT64_MAX)]
+WorkerId = Annotated[str, Field(min_length=1)]
+
+#: The response-aligned arrays: one entry per response token of every sample.
+_RESPONSE_ARRAYS = (
+    "response_token_ids",
+    "behaviour_logprobs",
+    "token_weight_versions",
+    "loss_mask",
+)
+
+
+class SampleColumns(RowColumns):
+    """A rollout's G samples field by field: entry i of every list, and the i-th run of every
+    array (cut by ``prompt_lengths`` / ``response_lengths``), belong to sample i.
+
+    It reads as a sequence of :class:`RolloutSample` (``len``, iteration, indexing), built on
+    first access from the validated columns; the trainer reads the columns themselves.
+    """
+
+    #: Prompt tokens per sample.
+    prompt_lengths: list[TokenCount] = Field(min_length=1)
+    #: The samples' prompts back to back; with ``prompt_shared``, the one prompt they all have.
+    prompt_token_ids: TokenIdArray
+    prompt_shared: bool = False
+    #: Response tokens per sample (T_i); the four response arrays hold sum(T_i) entries.
+    response_lengths: list[TokenCount]
+    response_token_ids: TokenIdArray
+    behaviour_logprobs: LogProbArray
+    token_weight_versions: VersionArray
+    loss_mask: MaskArray
+    finish_reason: list[FinishReason]
+    sampling: SamplingParamsColumns  # type: ignore[valid-type]
+    engine: EngineInfoColumns  # type: ignore[valid-type]
+    worker_id: list[WorkerId]
+    timings: SampleTimingsColumns  # type: ignore[valid-type]
+    segments: list[list[Segment]]
+    tool_calls: list[list[ToolCall]]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SampleColumns:
+        count = len(self.prompt_lengths)
+        check_counts(self, count, "samples")
+        for name in _RESPONSE_ARRAYS:
+            check_total(getattr(self, name), self.response_lengths, name, "response tokens")
+        if self.prompt_shared:
+            shared = self.prompt_token_ids.shape[0]
+            if any(length != shared for length in self.prompt_lengths):
+                raise PydanticCustomError(
+                    ReasonCode.LENGTH_MISMATCH.value,
+                    "a shared prompt of {shared} tokens, but prompt_lengths differ",
+                    {"shared": shared},
+                )
+        else:
+            check_total(self.prompt_token_ids, self.prompt_lengths, "prompt_token_ids", "tokens")
+            self._share_identical_prompts()
+        for index, (segments, length) in enumerate(
+            zip(self.segments, self.response_lengths, strict=True)
+        ):
+            for segment in segments:
+                if segment.end > length:
+                    raise PydanticCustomError(
+                        ReasonCode.LENGTH_MISMATCH.value,
+                        "sample {index}: segment [{start}, {end}) exceeds {length} response tokens",
+                        {
+                            "index": index,
+                            "start": segment.start,
+                            "end": segment.end,
+                            "length": length,
+                        },
+                    )
+        return self
+
+    def _share_identical_prompts(self) -> None:
+        """Write G identical prompts as one shared prompt, as ``from_rows`` does: the same
+        content then reads (and compares) the same whichever way an encoder wrote it."""
+        lengths = self.prompt_lengths
+        first = lengths[0]
+        if len(lengths) < 2 or any(length != first for length in lengths):
+            return
+        prompts = self.prompt_token_ids.reshape(len(lengths), first)
+        if bool((prompts == prompts[0]).all()):
+            # Still validating: the model is not handed out yet.
+            self.__dict__["prompt_token_ids"] = prompts[0]
+            self.__dict__["prompt_shared"] = True
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[RolloutSample]) -> SampleColumns:
+        """The columns of ``rows`` (validated samples, in ``sample_index`` order 0..G-1)."""
+        if any(row.sample_index != index for index, row in enumerate(rows)):
+            raise PydanticCustomError(
+                ReasonCode.INVALID_FIELD.value, "sample_index must be 0..G-1 in order"
+            )
+        prompts = [row.prompt_token_ids for row in rows]
+        first = prompts[0]
+        shared = all(
+            prompt is first or (prompt.shape == first.shape and np.array_equal(prompt, first))
+            for prompt in prompts
+        )
+        columns = cls(
+            prompt_lengths=[prompt.shape[0] for prompt in prompts],
+            prompt_token_ids=first if shared else concatenate(prompts),
+            prompt_shared=shared,
+            response_lengths=[row.num_response_tokens for row in rows],
+            **{
+                name: concatenate([row.__dict__[name] for row in rows]) for name in _RESPONSE_ARRAYS
+            },
+            finish_reason=[row.finish_reason for row in rows],
+            sampling=columns_from_rows(SamplingParams, [row.sampling for row in rows]),
+            engine=columns_from_rows(EngineInfo, [row.engine for row in rows]),
+            worker_id=[row.worker_id for row in rows],
+            timings=columns_from_rows(SampleTimings, [row.timings for row in rows]),
+            segments=[row.segments for row in rows],
+            tool_calls=[row.tool_calls for row in rows],
+        )
+        columns.keep_rows(rows)
+        return columns
+
+    @cached_property
+    def rows(self) -> list[RolloutSample]:
+        """Every sample as a :class:`RolloutSample` (views of the columns' arrays), built once."""
+        return self._build_rows()
+
+    def _build_rows(self) -> list[RolloutSample]:
+        count = len(self.prompt_lengths)
+        prompts = self.prompts()
+        responses = {
+            name: split(getattr(self, name), self.response_lengths) for name in _RESPONSE_ARRAYS
+        }
+        sampling = rows_from_columns(SamplingParams, self.sampling, count)
+        engines = rows_from_columns(EngineInfo, self.engine, count)
+        timings = rows_from_columns(SampleTimings, self.timings, count)
+        return [
+            RolloutSample.model_construct(
+                sample_index=index,
+                prompt_token_ids=prompts[index],
+                **{name: arrays[index] for name, arrays in responses.items()},
+                finish_reason=self.finish_reason[index],
+                sampling=sampling[index],
+                engine=engines[index],
+                worker_id=self.worker_id[index],
+                timings=timings[index],
+                segments=self.segments[index],
+                tool_calls=self.tool_calls[index],
+            )
+            for index in range(count)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.prompt_lengths)
+
+    def response_offsets(self) -> np.ndarray:
+        """Where each sample's run starts in the response arrays (G + 1 entries)."""
+        return offsets_of(self.response_lengths)
+
+    def prompts(self) -> list[np.ndarray]:
+        """Each sample's prompt ids (views; the same array for every sample when shared)."""
+        if self.prompt_shared:
+            return [self.prompt_token_ids] * len(self.prompt_lengths)
+        return split(self.prompt_token_ids, self.prompt_lengths)
+
+    def min_weight_version(self) -> int | None:
+        """The oldest weight version of any token of the group (None: no tokens)."""
+        versions = self.token_weight_versions
+        return int(versions.min()) if versions.size else None
+
+
 class Rollout(Message):
-    """The raw group: the prompt group it answers plus its G samples (in ``sample_index``
-    order)."""
+    """The raw group: the prompt group it answers plus its G samples (as columns)."""
 
     SCHEMA_NAME: ClassVar[str] = "rollout"
-    #: 2.0: the samples' arrays travel as columns (docs/wire-format.md); 1.x still decodes.
-    SCHEMA_VERSION: ClassVar[str] = "2.0"
-    ALSO_READS_MAJORS: ClassVar[frozenset[int]] = frozenset({1})
+    #: 3.0: the samples travel as columns (docs/wire-format.md); 1.x and 2.x still decode
+    #: (``legacy``).
+    SCHEMA_VERSION: ClassVar[str] = "3.0"
 
     group: PromptGroup
-    samples: list[RolloutSample] = Field(min_length=1)
+    samples: SampleColumns
     created_at_unix_s: float = Field(0.0, ge=0.0)
+
+    @field_validator("samples", mode="before")
+    @classmethod
+    def _samples_from_rows(cls, value: Any, info: ValidationInfo) -> Any:
+        return rows_to_columns(value, info, RolloutSample, SampleColumns.from_rows, "samples")
 
     @property
     def group_id(self) -> str:
@@ -146,11 +341,6 @@ class Rollout(Message):
             raise PydanticCustomError(
                 ReasonCode.LENGTH_MISMATCH.value,
                 f"{len(self.samples)} samples for num_generations={self.group.num_generations}",
-            )
-        indices = [sample.sample_index for sample in self.samples]
-        if indices != list(range(len(indices))):
-            raise PydanticCustomError(
-                ReasonCode.INVALID_FIELD.value, "sample_index must be 0..G-1 in order"
             )
         return self
 

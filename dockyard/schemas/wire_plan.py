@@ -100,6 +100,8 @@ def plan_of(cls: type[WireModel]) -> WirePlan:
             model_lists.append((name, typing.get_args(annotation)[0]))
         elif isinstance(annotation, type) and issubclass(annotation, enum.Enum):
             enums.append(name)
+        elif _is_plain_model_lists(annotation):
+            pass  # lists of lists of plain models: msgpack's hook packs the models as maps
         elif _mentions_wire_types(annotation):
             raise TypeError(f"{cls.__name__}.{name}: {annotation} is not a supported wire shape")
     return WirePlan(
@@ -124,3 +126,14 @@ def _holds_arrays(cls: type[WireModel]) -> bool:
 
 def _is_model(args: tuple[Any, ...]) -> bool:
     return len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], WireModel)
+
+
+def _is_plain_model_lists(annotation: Any) -> bool:
+    """``list[list[M]]`` for a plain model ``M`` (a group's per-sample segments)."""
+    if typing.get_origin(annotation) is not list:
+        return False
+    (inner,) = typing.get_args(annotation) or (None,)
+    if typing.get_origin(inner) is not list:
+        return False
+    args = typing.get_args(inner)
+    return _is_model(args) and plan_of(args[0]).plain

@@ -55,47 +55,72 @@ class TrainingBatch:
 
 
 def build_batch(groups: Sequence[ScoredRollout], pad_token_id: int) -> TrainingBatch:
-    """Stack every sample of ``groups`` (in order) into one batch."""
-    samples = [
-        (group, sample, score)
-        for group in groups
-        for sample, score in zip(group.rollout.samples, group.scores, strict=True)
-    ]
-    if not samples:
+    """Stack every sample of ``groups`` (in order) into one batch.
+
+    Reads the groups' columns (schema 3.0) directly: no per-sample model is built.
+    """
+    prompt_lengths = [n for group in groups for n in group.rollout.samples.prompt_lengths]
+    response_lengths = [n for group in groups for n in group.rollout.samples.response_lengths]
+    if not prompt_lengths:
         raise ValueError("cannot build a batch from no samples")
-    lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for _, s, _ in samples]
-    width = max(lengths)
-    batch = len(samples)
+    lengths = [p + r for p, r in zip(prompt_lengths, response_lengths, strict=True)]
+    width = max(2, max(lengths))  # at least one target column, even for empty sequences
+    batch = len(lengths)
     input_ids = np.full((batch, width), pad_token_id, dtype=np.int64)
     attention = np.zeros((batch, width), dtype=np.int64)
     token_mask = np.zeros((batch, width - 1), dtype=np.float32)
     generation = np.zeros((batch, width - 1), dtype=np.float32)
-    has_teacher = any(score.teacher_logprobs is not None for _, _, score in samples)
+    teacher_runs = [run for group in groups for run in group.scores.teacher_runs()]
+    has_teacher = any(run is not None for run in teacher_runs)
     teacher = np.zeros((batch, width - 1), dtype=np.float32) if has_teacher else None
     versions = np.zeros(batch, dtype=np.int64)
-    for row, ((_, sample, score), length) in enumerate(zip(samples, lengths, strict=True)):
-        prompt_length = len(sample.prompt_token_ids)
-        response_length = len(sample.response_token_ids)
-        input_ids[row, :prompt_length] = sample.prompt_token_ids
-        input_ids[row, prompt_length:length] = sample.response_token_ids
-        attention[row, :length] = 1
-        targets = slice(prompt_length - 1, prompt_length - 1 + response_length)
-        token_mask[row, targets] = sample.loss_mask
-        generation[row, targets] = sample.behaviour_logprobs
-        if teacher is not None and score.teacher_logprobs is not None:
-            teacher[row, targets] = score.teacher_logprobs
-        versions[row] = sample.min_weight_version() or 0
+    row = 0
+    for group in groups:
+        samples = group.rollout.samples
+        offsets = samples.response_offsets()
+        prompts = samples.prompts()
+        for index in range(len(samples)):
+            prompt_length, length = prompt_lengths[row], lengths[row]
+            input_ids[row, :prompt_length] = prompts[index]
+            input_ids[row, prompt_length:length] = samples.response_token_ids[
+                offsets[index] : offsets[index + 1]
+            ]
+            attention[row, :length] = 1
+            # Without a prompt the first response token predicts nothing: it has no target.
+            skip = 1 if prompt_length == 0 else 0
+            run = slice(offsets[index] + skip, offsets[index + 1])
+            targets = slice(prompt_length - 1 + skip, max(0, length - 1))
+            token_mask[row, targets] = samples.loss_mask[run]
+            generation[row, targets] = samples.behaviour_logprobs[run]
+            sample_teacher = teacher_runs[row]
+            if teacher is not None and sample_teacher is not None:
+                teacher[row, targets] = sample_teacher[skip:]
+            sample_versions = samples.token_weight_versions[offsets[index] : offsets[index + 1]]
+            versions[row] = int(sample_versions.min()) if sample_versions.size else 0
+            row += 1
     return TrainingBatch(
         input_ids=torch.from_numpy(input_ids),
         attention_mask=torch.from_numpy(attention),
         token_mask=torch.from_numpy(token_mask),
         generation_logprobs=torch.from_numpy(generation),
-        rewards=torch.tensor([score.reward for _, _, score in samples], dtype=torch.float32),
+        rewards=torch.tensor(
+            [reward for group in groups for reward in group.scores.reward], dtype=torch.float32
+        ),
         sample_mask=torch.ones(batch, dtype=torch.float32),
         min_weight_versions=torch.from_numpy(versions),
-        group_ids=tuple(group.group_id for group, _, _ in samples),
-        response_lengths=torch.tensor([len(s.response_token_ids) for _, s, _ in samples]),
-        truncated=torch.tensor([s.finish_reason == "length" for _, s, _ in samples]),
-        invalid_action=torch.tensor([score.invalid_action for _, _, score in samples]),
+        group_ids=tuple(
+            group.group_id for group in groups for _ in group.rollout.samples.prompt_lengths
+        ),
+        response_lengths=torch.tensor(response_lengths),
+        truncated=torch.tensor(
+            [
+                reason == "length"
+                for group in groups
+                for reason in group.rollout.samples.finish_reason
+            ]
+        ),
+        invalid_action=torch.tensor(
+            [flag for group in groups for flag in group.scores.invalid_action]
+        ),
         teacher_logprobs=torch.from_numpy(teacher) if teacher is not None else None,
     )

@@ -265,12 +265,8 @@ class TrainerLoop:
         if self.ledger.seen(group_id) or any(p.scored.group_id == group_id for p in self.pending):
             self.summary.duplicates += 1
             return
-        versions = [
-            version
-            for sample in scored.rollout.samples
-            if (version := sample.min_weight_version()) is not None
-        ]
-        age = self.weight_version - min(versions) if versions else 0  # oldest token decides
+        oldest = scored.rollout.samples.min_weight_version()
+        age = self.weight_version - oldest if oldest is not None else 0  # oldest token decides
         max_age = (
             self.config.grpo.async_grpo.max_trajectory_age_steps
             if self.config.grpo.async_grpo.enabled
@@ -294,7 +290,7 @@ class TrainerLoop:
         limit = grpo.dynamic_sampling_max_gen_batches * grpo.num_prompts_per_step
         if self.zero_variance_this_step >= limit:
             return False
-        rewards = torch.tensor([score.reward for score in scored.scores])
+        rewards = torch.tensor(scored.scores.reward)
         if dynamic_sampling_filter(rewards, [scored.group_id] * len(rewards)).num_groups_kept:
             return False
         self.zero_variance_this_step += 1
@@ -444,8 +440,10 @@ def generation_timeline(groups: Iterable[ScoredRollout]) -> dict[str, list[float
     series for W&B and the JSONL file, merged and summarised for scalar-only trackers."""
     timeline: dict[str, list[float]] = {}
     for group in groups:
-        for sample in group.rollout.samples:
-            timings = sample.timings
-            duration = max(0.0, timings.finished_at_unix_s - timings.started_at_unix_s)
-            timeline.setdefault(sample.worker_id, []).append(duration)
+        samples = group.rollout.samples
+        timings = samples.timings
+        for worker, started, finished in zip(
+            samples.worker_id, timings.started_at_unix_s, timings.finished_at_unix_s, strict=True
+        ):
+            timeline.setdefault(worker, []).append(max(0.0, finished - started))
     return timeline

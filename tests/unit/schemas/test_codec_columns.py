@@ -1,7 +1,15 @@
-"""Column layout (schema 2.0): a list's arrays as one array per field plus a rows table.
+"""Group layouts: 3.0 (columns field by field) and 2.0 (``@columns``), as written and as read.
 
-Round trips (shared arrays, mixed layouts, 1.x frames) and a corpus of malformed columns, each
-refused as ``bad_array`` (or ``array_too_large``) with the column's path, fast and small.
+Schema 3.0 carries a group's samples (and scores) field by field: lists of G values, and the
+arrays of all samples back to back, cut by ``prompt_lengths`` / ``response_lengths`` (a prompt
+shared by every sample travels once). Its refusals: column lists or arrays that disagree with
+the group's size (``length_mismatch``), a list where the columns belong (``wrong_type``).
+
+Schema 2.0 (one model per sample, the samples' arrays as one array per field plus a rows table
+under ``"@columns"``) and 1.x (per-item arrays) are still read: the frames here are written by
+the legacy classes (``RolloutV2.of`` / ``ScoredRolloutV2.of``), and decoding one gives the 3.0
+message it came from. A corpus of malformed 2.0 columns is refused as ``bad_array`` (or
+``array_too_large``) with the column's path, fast and small.
 """
 
 from __future__ import annotations
@@ -22,16 +30,328 @@ from schema_factories import (
 from test_codec_refusals import refusal
 
 from dockyard.schemas import ReasonCode, Rollout, ScoredRollout, decode, encode
+from dockyard.schemas.legacy import RolloutV2, ScoredRolloutV2
 from dockyard.schemas.scored import SampleScore
 
 
+def v2(message: Rollout | ScoredRollout) -> RolloutV2 | ScoredRolloutV2:
+    """``message`` in the 2.0 shape (what a 2.x writer sends)."""
+    if isinstance(message, ScoredRollout):
+        return ScoredRolloutV2.of(message)
+    return RolloutV2.of(message)
+
+
+def v2_payload(message: Rollout | ScoredRollout) -> bytes:
+    encoded = encode(v2(message))
+    assert encoded.headers["Dockyard-Schema-Version"] == "2.0"
+    return encoded.payload
+
+
+def v2_envelope(message: Rollout | ScoredRollout, *, columns: bool = True) -> dict[str, Any]:
+    envelope = unpack_payload(v2_payload(message), columns=columns)
+    assert envelope["schema_version"] == "2.0"
+    return envelope
+
+
+def v3_envelope(message: Rollout | ScoredRollout) -> dict[str, Any]:
+    envelope = unpack_payload(encode(message).payload)
+    assert envelope["schema_version"] == "3.0"
+    return envelope
+
+
 def _columns(message: Any) -> dict[str, Any]:
-    envelope = unpack_payload(encode(message).payload, columns=True)
-    meta = envelope["meta"]
+    """The 2.0 ``@columns`` of the samples of ``message`` (a 3.0 message written as 2.0)."""
+    meta = v2_envelope(message)["meta"]
     return meta.get("rollout", meta)["@columns"]["samples"]
 
 
-def test_an_array_shared_by_every_sample_is_written_once() -> None:
+def _with_prompts(prompts: list[np.ndarray], length: int = 8) -> Rollout:
+    samples = [make_sample(i, length, prompt_token_ids=prompt) for i, prompt in enumerate(prompts)]
+    return Rollout(group=make_prompt_group(num_generations=len(prompts)), samples=samples)
+
+
+# ----------------------------------------------------------------------------- 3.0 layout
+
+
+def test_3_0_a_prompt_shared_by_every_sample_is_written_once() -> None:
+    prompt = np.arange(100, 164, dtype=np.int64)
+    # Equal prompts, not only the same object: each sample gets its own copy.
+    rollout = _with_prompts([prompt.copy() for _ in range(4)])
+    assert rollout.samples.prompt_shared
+    samples = v3_envelope(rollout)["meta"]["samples"]
+    assert samples["prompt_shared"] is True
+    assert samples["prompt_lengths"] == [64] * 4
+    assert samples["prompt_token_ids"]["shape"] == [64]  # once, not 4 × 64
+    itemsize = np.dtype(samples["prompt_token_ids"]["dtype"]).itemsize
+    assert samples["prompt_token_ids"]["data"][1] == 64 * itemsize  # one prompt's worth of ids
+    decoded = decode(None, encode(rollout).payload)
+    assert decoded == rollout
+    assert decoded.samples.prompt_shared
+    assert decoded.samples.prompt_token_ids.tolist() == prompt.tolist()
+    assert all(s.prompt_token_ids.tolist() == prompt.tolist() for s in decoded.samples)
+    assert [p.tolist() for p in decoded.samples.prompts()] == [prompt.tolist()] * 4
+
+
+def test_3_0_samples_with_different_prompts_round_trip() -> None:
+    prompts = [np.arange(5, dtype=np.int64), np.arange(3, dtype=np.int64) + 70_000,
+               np.arange(5, dtype=np.int64), np.array([], dtype=np.int64)]  # fmt: skip
+    rollout = _with_prompts(prompts)
+    samples = v3_envelope(rollout)["meta"]["samples"]
+    assert samples["prompt_shared"] is False
+    assert samples["prompt_lengths"] == [5, 3, 5, 0]
+    assert samples["prompt_token_ids"]["shape"] == [13]  # every prompt, back to back
+    assert samples["prompt_token_ids"]["dtype"] == "uint32"  # 70_000 needs more than uint16
+    decoded = decode(None, encode(rollout).payload)
+    assert decoded == rollout
+    assert not decoded.samples.prompt_shared
+    for index, prompt in enumerate(prompts):
+        assert decoded.samples[index].prompt_token_ids.tolist() == prompt.tolist()
+        assert decoded.samples.prompts()[index].tolist() == prompt.tolist()
+
+
+def test_3_0_teacher_log_probs_of_some_samples_only_round_trip() -> None:
+    scored = make_scored(num_samples=3)
+    scores = [
+        score.model_copy(update={"teacher_logprobs": None}) if score.sample_index == 1 else score
+        for score in scored.scores
+    ]
+    partial = ScoredRollout(rollout=scored.rollout, scores=scores, scorer_id=scored.scorer_id)
+    columns = v3_envelope(partial)["meta"]["scores"]
+    assert columns["teacher_lengths"] == [8, None, 8]
+    assert columns["teacher_logprobs"]["shape"] == [16]  # only the samples that have them
+    decoded = decode(None, encode(partial).payload, expected=ScoredRollout)
+    assert decoded == partial
+    assert decoded.scores.teacher_lengths == [8, None, 8]
+    assert decoded.scores[1].teacher_logprobs is None
+    for index in (0, 2):
+        assert decoded.scores[index].teacher_logprobs.tolist() == [-0.25] * 8
+
+
+def test_3_0_without_any_teacher_log_probs_round_trips() -> None:
+    scored = make_scored(num_samples=3, teacher=False)
+    columns = v3_envelope(scored)["meta"]["scores"]
+    assert columns["teacher_lengths"] is None and columns["teacher_logprobs"] is None
+    decoded = decode(None, encode(scored).payload)
+    assert decoded == scored
+    assert all(score.teacher_logprobs is None for score in decoded.scores)
+
+
+def _v3_change(
+    change: Callable[[dict[str, Any]], None], message: Rollout | ScoredRollout | None = None
+) -> bytes:
+    envelope = v3_envelope(message if message is not None else make_scored(num_samples=3))
+    change(envelope["meta"])
+    return repack(envelope)
+
+
+def _shorten(descriptor: dict[str, Any], count: int) -> None:
+    """A response array of ``count`` entries (the same bytes, cut short)."""
+    itemsize = descriptor["data"][1] // descriptor["shape"][0]
+    descriptor.update(shape=[count], data=[descriptor["data"][0], count * itemsize])
+
+
+def _at(path: str, change: Callable[[Any], Any]) -> Callable[[dict[str, Any]], None]:
+    """A change of the meta node at ``path`` (dot-separated keys)."""
+
+    def apply(meta: dict[str, Any]) -> None:
+        node: Any = meta
+        for key in path.split("."):
+            node = node[key]
+        change(node)
+
+    return apply
+
+
+def _item(path: str, index: int, value: Any) -> Callable[[dict[str, Any]], None]:
+    return _at(path, lambda column: column.__setitem__(index, value))
+
+
+_SAMPLES = "rollout.samples"
+
+#: Column lists with one entry too few or too many (3 samples), and what the refusal names.
+COLUMN_COUNT_MISMATCHES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "worker-id-short": (
+        _at(f"{_SAMPLES}.worker_id", list.pop),
+        "samples.worker_id has 2 entries for 3 samples",
+    ),
+    "finish-reason-long": (
+        _at(f"{_SAMPLES}.finish_reason", lambda c: c.append("stop")),
+        "samples.finish_reason has 4 entries",
+    ),
+    "segments-short": (_at(f"{_SAMPLES}.segments", list.pop), "samples.segments has 2"),
+    "tool-calls-long": (
+        _at(f"{_SAMPLES}.tool_calls", lambda c: c.append([])),
+        "samples.tool_calls has 4",
+    ),
+    "response-lengths-short": (
+        _at(f"{_SAMPLES}.response_lengths", list.pop),
+        "samples.response_lengths has 2",
+    ),
+    "prompt-lengths-short": (
+        _at(f"{_SAMPLES}.prompt_lengths", list.pop),
+        "entries for 2 samples",  # the count comes from prompt_lengths
+    ),
+    "nested-sampling-seed": (
+        _at(f"{_SAMPLES}.sampling.seed", list.pop),
+        "samples.sampling.seed has 2",
+    ),
+    "nested-timings-optional": (
+        _at(f"{_SAMPLES}.timings.queue_wait_s", lambda c: c.append(None)),
+        "samples.timings.queue_wait_s has 4",
+    ),
+    "scores-reward-short": (_at("scores.reward", list.pop), "entries for 2 samples"),
+    "scores-flags-short": (_at("scores.flags", list.pop), "scores.flags has 2"),
+    "scores-detail-long": (_at("scores.detail", lambda c: c.append("")), "scores.detail has 4"),
+    "scores-teacher-lengths-short": (
+        _at("scores.teacher_lengths", list.pop),
+        "scores.teacher_lengths has 2",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(COLUMN_COUNT_MISMATCHES))
+def test_3_0_column_lists_of_the_wrong_length_are_refused(case: str) -> None:
+    change, message = COLUMN_COUNT_MISMATCHES[case]
+    error = refusal(_v3_change(change))
+    assert error.reason is ReasonCode.LENGTH_MISMATCH, error.detail
+    assert message in error.detail
+
+
+_RESPONSE_ARRAYS = (
+    "response_token_ids",
+    "behaviour_logprobs",
+    "token_weight_versions",
+    "loss_mask",
+)
+
+#: Arrays that disagree with the lengths that cut them (3 samples of 8 response tokens, one
+#: shared prompt of 4 tokens, teacher log-probs for every sample), and what the refusal names.
+LENGTH_MISMATCHES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    # The lengths say 23 (or 25) tokens; every response array holds 24.
+    "lengths-one-short": (
+        _item(f"{_SAMPLES}.response_lengths", 2, 7),
+        "response_token_ids has 24 entries for 23 response tokens",
+    ),
+    "lengths-one-long": (
+        _item(f"{_SAMPLES}.response_lengths", 0, 9),
+        "response_token_ids has 24 entries for 25 response tokens",
+    ),
+    # One response array shorter than the lengths say (the others agree with them).
+    **{
+        f"{name}-short": (
+            _at(f"{_SAMPLES}.{name}", lambda d: _shorten(d, 23)),
+            f"{name} has 23 entries for 24 response tokens",
+        )
+        for name in _RESPONSE_ARRAYS
+    },
+    "prompt-not-shared-but-one-prompt": (
+        _at(_SAMPLES, lambda s: s.__setitem__("prompt_shared", False)),
+        "prompt_token_ids has 4 entries for 12 tokens",
+    ),
+    "shared-prompt-of-another-length": (
+        _item(f"{_SAMPLES}.prompt_lengths", 1, 3),
+        "a shared prompt of 4 tokens, but prompt_lengths differ",
+    ),
+    "segment-past-its-response": (
+        _item(f"{_SAMPLES}.segments", 1, [{"role": "assistant", "start": 0, "end": 9}]),
+        "sample 1: segment [0, 9) exceeds 8 response tokens",
+    ),
+    "teacher-array-short": (
+        _at("scores.teacher_logprobs", lambda d: _shorten(d, 16)),
+        "teacher_logprobs has 16 entries for 24 teacher tokens",
+    ),
+    "teacher-lengths-disagree-with-array": (
+        _item("scores.teacher_lengths", 0, 7),
+        "teacher_logprobs has 24 entries for 23 teacher tokens",
+    ),
+    # The same total (7 + 8 + 9): only the samples' response lengths tell.
+    "teacher-lengths-disagree-with-responses": (
+        _at("scores.teacher_lengths", lambda c: c.__setitem__(slice(None), [7, 8, 9])),
+        "sample 0: 7 teacher log-probs for 8 response tokens",
+    ),
+    "teacher-lengths-without-array": (
+        _at("scores", lambda s: s.__setitem__("teacher_logprobs", None)),
+        "teacher_lengths and teacher_logprobs come together",
+    ),
+    "teacher-array-without-lengths": (
+        _at("scores", lambda s: s.__setitem__("teacher_lengths", None)),
+        "teacher_lengths and teacher_logprobs come together",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LENGTH_MISMATCHES))
+def test_3_0_arrays_that_disagree_with_their_lengths_are_refused(case: str) -> None:
+    change, message = LENGTH_MISMATCHES[case]
+    error = refusal(_v3_change(change))
+    assert error.reason is ReasonCode.LENGTH_MISMATCH, error.detail
+    assert message in error.detail
+
+
+def test_3_0_samples_or_scores_given_as_a_list_are_refused_as_wrong_type() -> None:
+    scored = make_scored(num_samples=2)
+    # The per-sample maps of the 2.0 layout (arrays per item), where 3.0 wants columns.
+    rows = v2_envelope(scored, columns=False)
+
+    def samples_as_list(meta: dict[str, Any]) -> None:
+        meta["rollout"]["samples"] = rows["meta"]["rollout"]["samples"]
+
+    def scores_as_list(meta: dict[str, Any]) -> None:
+        meta["scores"] = rows["meta"]["scores"]
+
+    for change, where in ((samples_as_list, "rollout.samples"), (scores_as_list, "scores")):
+        envelope = v3_envelope(scored)
+        change(envelope["meta"])
+        envelope["data"] = rows["data"]  # the descriptors point into the 2.0 section
+        error = refusal(repack(envelope))
+        assert error.reason is ReasonCode.WRONG_TYPE, error.detail
+        assert f"{where}: " in error.detail and "must be a map of columns" in error.detail
+    error = refusal(_v3_change(lambda meta: meta.__setitem__("samples", []), make_rollout()))
+    assert error.reason is ReasonCode.WRONG_TYPE, error.detail
+
+
+def test_3_0_a_non_finite_log_prob_is_refused_with_the_column_path() -> None:
+    rollout = make_rollout(num_samples=3)
+    envelope = v3_envelope(rollout)
+    column = envelope["meta"]["samples"]["behaviour_logprobs"]
+    offset = column["data"][0]
+    data = bytearray(envelope["data"])
+    nan_at = 8 * 2 + 3  # sample 2, token 3 (every sample has 8 tokens)
+    data[offset + 4 * nan_at : offset + 4 * nan_at + 4] = np.float32("nan").tobytes()
+    envelope["data"] = bytes(data)
+    error = refusal(repack(envelope))
+    assert error.reason is ReasonCode.NON_FINITE
+    assert "samples.behaviour_logprobs" in error.detail
+
+
+def test_an_unknown_major_version_names_the_readable_ones() -> None:
+    envelope = v3_envelope(make_rollout())
+    envelope["schema_version"] = "4.0"
+    error = refusal(repack(envelope))
+    assert error.reason is ReasonCode.UNSUPPORTED_VERSION
+    assert "reads 1.x, 2.x, 3.x" in error.detail
+    envelope = v3_envelope(make_scored())
+    envelope["schema_version"] = "0.9"
+    error = refusal(repack(envelope))
+    assert error.reason is ReasonCode.UNSUPPORTED_VERSION
+    assert "reads 1.x, 2.x, 3.x" in error.detail
+
+
+# ----------------------------------------------------------------------------- 2.0 layout
+
+
+def test_a_2_0_frame_decodes_into_the_3_0_message_it_came_from() -> None:
+    for message in (make_rollout(num_samples=3), make_scored(num_samples=3)):
+        decoded = decode(None, v2_payload(message))
+        assert type(decoded) is type(message)
+        assert decoded == message
+        assert type(decoded).SCHEMA_VERSION == "3.0"
+    # And a decoded 3.0 message written as 2.0 again (its rows are views of the columns).
+    again = decode(None, encode(make_scored(num_samples=3)).payload)
+    assert decode(None, v2_payload(again)) == make_scored(num_samples=3)
+
+
+def test_2_0_an_array_shared_by_every_sample_is_written_once() -> None:
     prompt = np.arange(100, 164, dtype=np.int64)
     samples = [
         make_sample(i, 8, prompt_token_ids=prompt).model_copy(update={"prompt_token_ids": prompt})
@@ -40,12 +360,13 @@ def test_an_array_shared_by_every_sample_is_written_once() -> None:
     rollout = Rollout(group=make_prompt_group(num_generations=4), samples=samples)
     column = _columns(rollout)["prompt_token_ids"]
     assert column["shape"] == [64]  # once, not 4 × 64: every row points at the same range
-    decoded = decode(None, encode(rollout).payload)
+    decoded = decode(None, v2_payload(rollout))
     assert decoded == rollout
+    assert decoded.samples.prompt_shared
     assert all(s.prompt_token_ids.tolist() == prompt.tolist() for s in decoded.samples)
 
 
-def test_fields_that_cannot_share_a_column_travel_per_item() -> None:
+def test_2_0_fields_that_cannot_share_a_column_travel_per_item() -> None:
     scored = make_scored(num_samples=3)
     # Teacher log-probs for some samples only, and log-probs of two precisions.
     scores = [
@@ -57,46 +378,52 @@ def test_fields_that_cannot_share_a_column_travel_per_item() -> None:
         update={"behaviour_logprobs": samples[2].behaviour_logprobs.astype(np.float64)}
     )
     mixed = ScoredRollout(
-        rollout=scored.rollout.model_copy(update={"samples": samples}),
+        rollout=Rollout(
+            group=scored.rollout.group,
+            samples=samples,
+            created_at_unix_s=scored.rollout.created_at_unix_s,
+        ),
         scores=scores,
         scorer_id=scored.scorer_id,
     )
-    envelope = unpack_payload(encode(mixed).payload, columns=True)
-    meta = envelope["meta"]
+    payload = v2_payload(mixed)
+    meta = unpack_payload(payload, columns=True)["meta"]
     assert "@columns" not in meta  # the scores' teacher log-probs: per item
     assert meta["scores"][1]["teacher_logprobs"] is None
     assert "behaviour_logprobs" not in meta["rollout"]["@columns"]["samples"]
     assert meta["rollout"]["samples"][2]["behaviour_logprobs"]["dtype"] == "float64"
-    decoded = decode(None, encode(mixed).payload)
+    assert meta["rollout"]["samples"][0]["behaviour_logprobs"]["dtype"] == "float32"
+    decoded = decode(None, payload)
     assert decoded == mixed
+    # 3.0 has one log-prob column: the widest precision any sample had.
+    assert decoded.rollout.samples.behaviour_logprobs.dtype == np.float64
     assert decoded.rollout.samples[2].behaviour_logprobs.dtype == np.float64
+    assert decoded.scores.teacher_lengths == [8, None, 8]
+    assert decoded.scores[1].teacher_logprobs is None
 
 
-def test_teacher_log_probs_of_every_sample_travel_as_a_column() -> None:
+def test_2_0_teacher_log_probs_of_every_sample_travel_as_a_column() -> None:
     scored = make_scored(num_samples=3)
-    envelope = unpack_payload(encode(scored).payload, columns=True)
+    envelope = v2_envelope(scored)
     assert set(envelope["meta"]["@columns"]["scores"]) == {"teacher_logprobs"}
-    assert decode(None, encode(scored).payload) == scored
+    assert decode(None, v2_payload(scored)) == scored
 
 
-def test_a_1x_frame_with_per_item_arrays_still_decodes() -> None:
+@pytest.mark.parametrize("version", ["1.0", "1.1", "2.0"])
+def test_a_1x_or_2_0_frame_with_per_item_arrays_still_decodes(version: str) -> None:
+    for message in (make_rollout(num_samples=3), make_scored(num_samples=3)):
+        envelope = v2_envelope(message, columns=False)  # columns rewritten per item
+        assert "@columns" not in envelope["meta"]
+        assert isinstance(envelope["meta"].get("rollout", envelope["meta"])["samples"], list)
+        envelope["schema_version"] = version
+        decoded = decode(None, repack(envelope))
+        assert type(decoded) is type(message)
+        assert decoded == message
+
+
+def test_2_0_a_bad_value_in_a_column_is_refused_with_the_samples_path() -> None:
     rollout = make_rollout(num_samples=3)
-    envelope = unpack_payload(encode(rollout).payload)  # columns rewritten per item
-    envelope["schema_version"] = "1.0"
-    assert decode(None, repack(envelope)) == rollout
-
-
-def test_an_unknown_major_version_names_the_readable_ones() -> None:
-    envelope = unpack_payload(encode(make_rollout()).payload, columns=True)
-    envelope["schema_version"] = "3.0"
-    error = refusal(repack(envelope))
-    assert error.reason is ReasonCode.UNSUPPORTED_VERSION
-    assert "reads 1.x, 2.x" in error.detail
-
-
-def test_a_bad_value_in_a_column_is_refused_with_the_samples_path() -> None:
-    rollout = make_rollout(num_samples=3)
-    envelope = unpack_payload(encode(rollout).payload, columns=True)
+    envelope = v2_envelope(rollout)
     column = envelope["meta"]["@columns"]["samples"]["behaviour_logprobs"]
     offset = column["data"][0]
     data = bytearray(envelope["data"])
@@ -109,7 +436,7 @@ def test_a_bad_value_in_a_column_is_refused_with_the_samples_path() -> None:
 
 
 def _column_change(change: Callable[[dict[str, Any], dict[str, Any]], None]) -> bytes:
-    envelope = unpack_payload(encode(make_rollout(num_samples=3)).payload, columns=True)
+    envelope = v2_envelope(make_rollout(num_samples=3))
     change(envelope, envelope["meta"]["@columns"]["samples"])
     return repack(envelope)
 
@@ -193,14 +520,14 @@ MALFORMED_COLUMNS: dict[str, tuple[Callable[[dict[str, Any], dict[str, Any]], No
 
 
 @pytest.mark.parametrize("case", list(MALFORMED_COLUMNS))
-def test_malformed_columns_are_refused(case: str) -> None:
+def test_2_0_malformed_columns_are_refused(case: str) -> None:
     change, message = MALFORMED_COLUMNS[case]
     error = refusal(_column_change(change))
     assert error.reason is ReasonCode.BAD_ARRAY, error.detail
     assert message in error.detail and "@columns" in error.detail
 
 
-def test_a_column_declaring_a_billion_elements_is_refused_before_allocating() -> None:
+def test_2_0_a_column_declaring_a_billion_elements_is_refused_before_allocating() -> None:
     def huge(env: dict[str, Any], cols: dict[str, Any]) -> None:
         cols["loss_mask"].update(shape=[10**9], data=[cols["loss_mask"]["data"][0], 10**9])
 
@@ -211,4 +538,84 @@ def test_a_column_declaring_a_billion_elements_is_refused_before_allocating() ->
 def test_columns_round_trip_scores_of_one_sample() -> None:
     scored = make_scored(num_samples=1)
     assert decode(None, encode(scored).payload) == scored
+    assert decode(None, v2_payload(scored)) == scored
     assert isinstance(scored.scores[0], SampleScore)
+    assert isinstance(decode(None, v2_payload(scored)).scores[0], SampleScore)
+
+
+def test_a_2_0_frame_with_signed_and_unsigned_64_bit_ids_decodes() -> None:
+    # Every whitelisted integer dtype is valid for token ids, per sample: one sample's ids as
+    # int64 and another's as uint64 (values beyond uint32, so the encoder keeps them) make a
+    # valid 2.0 frame. Its upgrade joins them into one 3.0 column, which must keep them as
+    # integers — or at worst be refused as a CodecError, never escape ``decode`` otherwise.
+    ids = [1, 2, 3, 2**40]
+    signed = make_sample(0, 4, response_token_ids=np.array(ids, dtype=np.int64))
+    unsigned = make_sample(1, 4, response_token_ids=np.array(ids, dtype=np.uint64))
+    legacy = RolloutV2(group=make_prompt_group(num_generations=2), samples=[signed, unsigned])
+    payload = encode(legacy).payload
+    meta = unpack_payload(payload, columns=True)["meta"]
+    assert [s["response_token_ids"]["dtype"] for s in meta["samples"]] == ["int64", "uint64"]
+    decoded = decode(None, payload, expected=Rollout)
+    assert decoded.samples.response_token_ids.dtype.kind in "iu"
+    assert [s.response_token_ids.tolist() for s in decoded.samples] == [ids, ids]
+
+
+def test_3_0_an_absent_column_of_a_defaulted_field_reads_as_its_default() -> None:
+    # An older minor's frame, written before a sampling field with a default existed, lacks
+    # that column: the decoded columns carry the default for every sample, the same as the
+    # group built from samples.
+    rollout = make_rollout(num_samples=3)
+    envelope = v3_envelope(rollout)
+    del envelope["meta"]["samples"]["sampling"]["stop"]
+    del envelope["meta"]["samples"]["timings"]["queue_wait_s"]
+    decoded = decode(None, repack(envelope), expected=Rollout)
+    assert decoded.samples.sampling.stop == [[], [], []]
+    assert decoded.samples.timings.queue_wait_s == [None, None, None]
+    assert decoded == rollout
+    assert [sample.sampling.stop for sample in decoded.samples] == [[], [], []]
+
+
+def test_3_0_a_required_column_of_a_nested_field_is_missing_field() -> None:
+    envelope = v3_envelope(make_rollout(num_samples=3))
+    del envelope["meta"]["samples"]["sampling"]["temperature"]
+    assert refusal(repack(envelope)).reason is ReasonCode.MISSING_FIELD
+
+
+def test_3_0_all_null_teacher_lengths_are_refused() -> None:
+    # "teacher log-probs, for no sample" would read as present-but-empty downstream (the OPD
+    # loss would train toward log p = 0): the column must be null instead.
+    envelope = v3_envelope(make_scored(num_samples=3))
+    columns = envelope["meta"]["scores"]
+    columns["teacher_lengths"] = [None, None, None]
+    columns["teacher_logprobs"].update(shape=[0], data=[columns["teacher_logprobs"]["data"][0], 0])
+    error = refusal(repack(envelope))
+    assert error.reason is ReasonCode.INVALID_FIELD, error.detail
+    assert "teacher_lengths" in error.detail
+
+
+def test_3_0_identical_prompts_written_apart_read_as_one_shared_prompt() -> None:
+    # Another encoder may write G identical prompts back to back: the same content must read
+    # (and compare) like the group built in Python, which shares the prompt.
+    rollout = make_rollout(num_samples=3)
+    envelope = v3_envelope(rollout)
+    columns = envelope["meta"]["samples"]
+    assert columns["prompt_shared"] is True
+    prompt = columns["prompt_token_ids"]
+    offset, nbytes = prompt["data"]
+    data = bytearray(envelope["data"])
+    tail = len(data)
+    data += bytes(-tail % 8) + bytes(data[offset : offset + nbytes]) * 3
+    envelope["data"] = bytes(data)
+    start = tail + (-tail % 8)
+    prompt.update(shape=[3 * prompt["shape"][0]], data=[start, 3 * nbytes])
+    columns["prompt_shared"] = False
+    decoded = decode(None, repack(envelope), expected=Rollout)
+    assert decoded.samples.prompt_shared
+    assert decoded == rollout
+
+
+def test_a_copy_with_changed_columns_does_not_keep_the_old_rows() -> None:
+    samples = make_rollout(num_samples=2).samples
+    assert samples[0].worker_id == "worker-a"  # the rows are built (cached)
+    copy = samples.model_copy(update={"worker_id": ["w1", "w2"]})
+    assert [sample.worker_id for sample in copy] == ["w1", "w2"]

@@ -60,8 +60,9 @@ def mutated(message: Any, change: Callable[[dict[str, Any]], None]) -> bytes:
     return repack(envelope)
 
 
-def sample_meta(envelope: dict[str, Any], index: int = 0) -> dict[str, Any]:
-    return envelope["meta"]["samples"][index]
+def sample_columns(envelope: dict[str, Any]) -> dict[str, Any]:
+    """The samples' columns (schema 3.0: one list or array descriptor per field)."""
+    return envelope["meta"]["samples"]
 
 
 # ----------------------------------------------------------------------------- frames
@@ -255,17 +256,24 @@ def _delete(path: list[Any]) -> Callable[[dict[str, Any]], None]:
     [
         (_set(["group", "num_generations"], "two"), ReasonCode.WRONG_TYPE),
         (_set(["group", "group_id"], 17), ReasonCode.WRONG_TYPE),
-        (_set(["samples"], {"0": {}}), ReasonCode.WRONG_TYPE),
-        (_set(["samples", 0, "sampling"], [1.0]), ReasonCode.WRONG_TYPE),
+        (_set(["samples"], [{}]), ReasonCode.WRONG_TYPE),
+        (_set(["samples", "sampling"], [1.0]), ReasonCode.WRONG_TYPE),
         (_set(["group", "prompt_token_ids"], [1, 2, 3]), ReasonCode.WRONG_TYPE),
         (_delete(["group", "trace_id"]), ReasonCode.MISSING_FIELD),
-        (_delete(["samples", 1, "behaviour_logprobs"]), ReasonCode.MISSING_FIELD),
+        (_delete(["samples", "behaviour_logprobs"]), ReasonCode.MISSING_FIELD),
         (_set(["group", "group_id"], "has space"), ReasonCode.INVALID_FIELD),
-        (_set(["samples", 0, "finish_reason"], "bored"), ReasonCode.INVALID_FIELD),
-        (_set(["samples", 0, "sampling", "top_p"], 1.5), ReasonCode.INVALID_FIELD),
+        (_set(["samples", "finish_reason", 0], "bored"), ReasonCode.INVALID_FIELD),
+        (_set(["samples", "sampling", "top_p", 0], 1.5), ReasonCode.INVALID_FIELD),
         (_set(["group", "num_generations"], 3), ReasonCode.LENGTH_MISMATCH),
-        (_set(["samples", 1, "sample_index"], 0), ReasonCode.INVALID_FIELD),
-        (_set(["samples", 0, "sampling", "temperature"], float("inf")), ReasonCode.NON_FINITE),
+        (_set(["samples", "worker_id"], ["worker-a"]), ReasonCode.LENGTH_MISMATCH),
+        (_set(["samples", "response_lengths"], [8, 7]), ReasonCode.LENGTH_MISMATCH),
+        (_set(["samples", "prompt_shared"], False), ReasonCode.LENGTH_MISMATCH),
+        (_set(["samples", "worker_id", 1], ""), ReasonCode.INVALID_FIELD),
+        (
+            _set(["samples", "segments", 0], [{"role": "tool", "start": 0, "end": 9}]),
+            ReasonCode.LENGTH_MISMATCH,
+        ),
+        (_set(["samples", "sampling", "temperature", 1], float("inf")), ReasonCode.NON_FINITE),
     ],
     ids=[
         "int-as-str",
@@ -279,7 +287,11 @@ def _delete(path: list[Any]) -> Callable[[dict[str, Any]], None]:
         "bad-finish-reason",
         "top-p-range",
         "sample-count",
-        "sample-order",
+        "short-column",
+        "lengths-disagree-with-arrays",
+        "shared-prompt-unmarked",
+        "empty-worker-id",
+        "segment-past-the-response",
         "inf-temperature",
     ],
 )
@@ -290,7 +302,7 @@ def test_field_refusals(change: Callable[[dict[str, Any]], None], reason: Reason
 
 def _descriptor(field: str, **changes: Any) -> Callable[[dict[str, Any]], None]:
     def change(envelope: dict[str, Any]) -> None:
-        sample_meta(envelope)[field].update(changes)
+        sample_columns(envelope)[field].update(changes)
 
     return change
 
@@ -308,7 +320,7 @@ def _descriptor(field: str, **changes: Any) -> Callable[[dict[str, Any]], None]:
         (_descriptor("behaviour_logprobs", data=[0, 31]), ReasonCode.BAD_ARRAY),
         (_descriptor("behaviour_logprobs", data=[1 << 40, 32]), ReasonCode.BAD_ARRAY),
         (_descriptor("behaviour_logprobs", extra_key=1), ReasonCode.BAD_ARRAY),
-        (_descriptor("loss_mask", dtype="int16", data=[0, 16]), ReasonCode.BAD_ARRAY),
+        (_descriptor("loss_mask", dtype="int16", data=[0, 32]), ReasonCode.BAD_ARRAY),
         (
             _descriptor("behaviour_logprobs", shape=[10**9], data=[0, 4 * 10**9]),
             ReasonCode.ARRAY_TOO_LARGE,
@@ -347,9 +359,10 @@ def test_array_refusals(change: Callable[[dict[str, Any]], None], reason: Reason
 
 def _poke_logprob(value: float) -> Callable[[dict[str, Any]], None]:
     def change(envelope: dict[str, Any]) -> None:
-        offset, _ = sample_meta(envelope, 1)["behaviour_logprobs"]["data"]
+        offset, _ = sample_columns(envelope)["behaviour_logprobs"]["data"]
         data = bytearray(envelope["data"])
-        data[offset + 8 : offset + 12] = np.float32(value).tobytes()
+        # Sample 1's third log-prob: entry 8 + 2 of the column (8 tokens per sample).
+        data[offset + 40 : offset + 44] = np.float32(value).tobytes()
         envelope["data"] = bytes(data)
 
     return change
@@ -359,26 +372,35 @@ def _poke_logprob(value: float) -> Callable[[dict[str, Any]], None]:
 def test_non_finite_logprobs(value: float) -> None:
     error = refusal(mutated(make_rollout(), _poke_logprob(value)))
     assert error.reason is ReasonCode.NON_FINITE
-    assert "samples.1.behaviour_logprobs" in error.detail
+    assert "samples.behaviour_logprobs" in error.detail
+    assert "first at entry 10" in error.detail
 
 
 def test_non_finite_teacher_logprobs_and_rewards() -> None:
     def teacher(envelope: dict[str, Any]) -> None:
-        offset, _ = envelope["meta"]["scores"][0]["teacher_logprobs"]["data"]
+        offset, _ = envelope["meta"]["scores"]["teacher_logprobs"]["data"]
         data = bytearray(envelope["data"])
         data[offset : offset + 4] = np.float32("nan").tobytes()
         envelope["data"] = bytes(data)
 
     assert refusal(mutated(make_scored(), teacher)).reason is ReasonCode.NON_FINITE
-    reward = _set(["scores", 1, "reward"], float("nan"))
+    reward = _set(["scores", "reward", 1], float("nan"))
     assert refusal(mutated(make_scored(), reward)).reason is ReasonCode.NON_FINITE
 
 
 def test_teacher_logprob_length_mismatch() -> None:
     def shorten(envelope: dict[str, Any]) -> None:
-        envelope["meta"]["scores"][0]["teacher_logprobs"].update(shape=[3], data=[0, 12])
+        envelope["meta"]["scores"]["teacher_logprobs"].update(shape=[3], data=[0, 12])
 
-    assert refusal(mutated(make_scored(), shorten)).reason is ReasonCode.LENGTH_MISMATCH
+    def lengths(envelope: dict[str, Any]) -> None:  # the array agrees; a sample's count not
+        envelope["meta"]["scores"]["teacher_lengths"] = [7, 9]
+
+    def one_sided(envelope: dict[str, Any]) -> None:
+        envelope["meta"]["scores"]["teacher_lengths"] = None
+
+    for change in (shorten, lengths, one_sided):
+        error = refusal(mutated(make_scored(), change))
+        assert error.reason is ReasonCode.LENGTH_MISMATCH, error.detail
 
 
 def test_vocabulary_bound_on_token_ids() -> None:
@@ -393,20 +415,25 @@ def test_vocabulary_bound_on_token_ids() -> None:
 
 def test_negative_token_ids_are_out_of_vocabulary() -> None:
     def negative(envelope: dict[str, Any]) -> None:
-        descriptor = sample_meta(envelope)["response_token_ids"]
+        descriptor = sample_columns(envelope)["response_token_ids"]
         offset, _ = descriptor["data"]
-        values = np.array([-1] * 4, dtype="<i2").tobytes()
+        values = np.array([-1] * 8, dtype="<i2").tobytes()
         data = bytearray(envelope["data"])
-        data[offset : offset + 8] = values
+        data[offset : offset + 16] = values
         envelope["data"] = bytes(data)
         descriptor.update(dtype="int16", shape=[8], data=[offset, 16])
+        sample_columns(envelope)["response_lengths"] = [4, 4]
+        for name in ("behaviour_logprobs", "token_weight_versions", "loss_mask"):
+            column = sample_columns(envelope)[name]
+            column["shape"] = [8]
+            column["data"][1] //= 2
 
     assert refusal(mutated(make_rollout(), negative)).reason is ReasonCode.TOKEN_OUT_OF_VOCAB
 
 
 def test_uint8_mask_with_values_other_than_0_and_1() -> None:
     def twos(envelope: dict[str, Any]) -> None:
-        descriptor = sample_meta(envelope)["loss_mask"]
+        descriptor = sample_columns(envelope)["loss_mask"]
         offset, _ = descriptor["data"]
         data = bytearray(envelope["data"])
         data[offset : offset + 8] = bytes([2] * 8)

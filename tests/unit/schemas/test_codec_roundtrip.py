@@ -66,9 +66,12 @@ def test_prompt_group_round_trip(message: PromptGroup) -> None:
 @given(rollouts())
 def test_rollout_round_trip(message: Rollout) -> None:
     decoded = roundtrip(message)
+    # One dtype per column: log-probs keep the widest precision any sample had; integers keep
+    # their values (maybe in a narrower dtype).
+    widest = np.result_type(*(sample.behaviour_logprobs for sample in message.samples))
+    assert decoded.samples.behaviour_logprobs.dtype == widest
     for original, sample in zip(message.samples, decoded.samples, strict=True):
-        # Log-probs keep their precision; integers keep their values (maybe a narrower dtype).
-        assert sample.behaviour_logprobs.dtype == original.behaviour_logprobs.dtype
+        assert np.array_equal(sample.behaviour_logprobs, original.behaviour_logprobs)
         assert np.array_equal(sample.response_token_ids, original.response_token_ids)
 
 
@@ -104,8 +107,8 @@ def test_registry_names_every_message_type() -> None:
     # (all with defaults).
     assert versions == {
         "prompt_group": "1.1",
-        "rollout": "2.0",
-        "scored_rollout": "2.0",
+        "rollout": "3.0",
+        "scored_rollout": "3.0",
         "weight_version": "1.0",
         "dead_letter": "1.0",
     }
@@ -116,7 +119,7 @@ def test_headers_carry_identity_schema_and_codec() -> None:
     assert encoded.headers == {
         HEADER_MSG_ID: "rollout:run7-e0-i12:0",
         HEADER_SCHEMA: "rollout",
-        HEADER_SCHEMA_VERSION: "2.0",
+        HEADER_SCHEMA_VERSION: "3.0",
         HEADER_CODEC: CODEC_NAME,
     }
 
@@ -130,19 +133,20 @@ def test_payload_is_one_zstd_frame_of_one_msgpack_map_with_declared_size() -> No
     envelope = msgpack.unpackb(content, raw=False, strict_map_key=True)  # any msgpack library
     assert list(envelope) == ["schema", "schema_version", "meta", "pad", "data"]
     assert envelope["schema"] == "scored_rollout"
-    # The samples' log-probs: one column (every sample's values back to back) + its rows.
-    column = envelope["meta"]["rollout"]["@columns"]["samples"]["behaviour_logprobs"]
+    # The samples' log-probs: one array (every sample's values back to back), cut by the
+    # samples' response lengths.
+    columns = envelope["meta"]["rollout"]["samples"]
     samples = make_scored().rollout.samples
-    assert column["dtype"] == "float32" and column["shape"] == [8 * len(samples)]
-    offset, nbytes = column["data"]
+    assert columns["response_lengths"] == [8] * len(samples)
+    descriptor = columns["behaviour_logprobs"]
+    assert descriptor["dtype"] == "float32" and descriptor["shape"] == [8 * len(samples)]
+    offset, nbytes = descriptor["data"]
     assert offset % 8 == 0 and nbytes == 32 * len(samples)
-    rows_offset, rows_nbytes = column["rows"]["data"]
-    assert column["rows"]["dtype"] == "uint32" and column["rows"]["shape"] == [len(samples), 2]
-    rows = np.frombuffer(envelope["data"][rows_offset : rows_offset + rows_nbytes], "<u4")
     values = np.frombuffer(envelope["data"][offset : offset + nbytes], "<f4")
-    for sample, (start, count) in zip(samples, rows.reshape(-1, 2).tolist(), strict=True):
-        assert np.array_equal(values[start : start + count], sample.behaviour_logprobs)
-    assert "behaviour_logprobs" not in envelope["meta"]["rollout"]["samples"][0]
+    for index, sample in enumerate(samples):
+        assert np.array_equal(values[8 * index : 8 * index + 8], sample.behaviour_logprobs)
+    assert columns["worker_id"] == ["worker-a"] * len(samples)
+    assert envelope["meta"]["scores"]["reward"] == [1.0, 0.0]
 
 
 def test_decoded_arrays_are_read_only_views_of_the_decompressed_buffer() -> None:
@@ -179,14 +183,14 @@ def test_token_ids_are_narrowed_on_the_wire_when_they_fit() -> None:
     large = make_sample(1, 4, response_token_ids=np.array([0, 5, 65_536, 7], dtype=np.int64))
     group = make_prompt_group(num_generations=2)
     rollout = Rollout(group=group, samples=[small, large])
-    columns = unpack_payload(encode(rollout).payload, columns=True)["meta"]["@columns"]
+    columns = unpack_payload(encode(rollout).payload)["meta"]["samples"]
     # One dtype per column: the widest any sample needs.
-    assert columns["samples"]["response_token_ids"]["dtype"] == "uint32"
-    assert columns["samples"]["prompt_token_ids"]["dtype"] == "uint16"
-    assert columns["samples"]["token_weight_versions"]["dtype"] == "uint8"  # versions < 256
+    assert columns["response_token_ids"]["dtype"] == "uint32"
+    assert columns["prompt_token_ids"]["dtype"] == "uint16"
+    assert columns["token_weight_versions"]["dtype"] == "uint8"  # versions < 256
     alone = Rollout(group=make_prompt_group(num_generations=1), samples=[small])
-    alone_columns = unpack_payload(encode(alone).payload, columns=True)["meta"]["@columns"]
-    assert alone_columns["samples"]["response_token_ids"]["dtype"] == "uint16"
+    alone_columns = unpack_payload(encode(alone).payload)["meta"]["samples"]
+    assert alone_columns["response_token_ids"]["dtype"] == "uint16"
     decoded = decode(None, encode(rollout).payload)
     assert decoded.samples[0].response_token_ids.tolist() == [0, 5, 65_535, 7]
     assert decoded.samples[1].response_token_ids.tolist() == [0, 5, 65_536, 7]
@@ -205,7 +209,7 @@ def test_generic_key_order_from_another_encoder_still_decodes() -> None:
     # A non-Python encoder may write "data" before "meta" and leave out "pad".
     envelope = unpack_payload(encode(make_rollout()).payload)
     reordered = {"data": envelope["data"], "meta": envelope["meta"], "schema": "rollout"}
-    reordered["schema_version"] = "1.0"
+    reordered["schema_version"] = "3.0"
     payload = zstandard.ZstdCompressor().compress(msgpack.packb(reordered, use_bin_type=True))
     assert decode(None, payload) == make_rollout()
 
@@ -221,8 +225,9 @@ def test_frame_without_declared_size_within_budget_decodes() -> None:
 def test_message_ids_are_deterministic_from_content_identity() -> None:
     first = make_rollout()
     # The same group regenerated by another worker after a redelivery: same logical rollout.
-    other_worker = first.model_copy(
-        update={"samples": [s.model_copy(update={"worker_id": "worker-b"}) for s in first.samples]}
+    other_worker = Rollout(
+        group=first.group,
+        samples=[s.model_copy(update={"worker_id": "worker-b"}) for s in first.samples],
     )
     assert encode(first).message_id == encode(other_worker).message_id == "rollout:run7-e0-i12:0"
     redispatched = make_rollout(attempt=1)
@@ -282,3 +287,19 @@ def test_prechecked_decoding_swaps_every_array_validator_and_nothing_else() -> N
     assert decoded == message
     # The models' own validators still run on that path: the length mismatches of
     # test_codec_refusals have well-formed descriptors, pass the pre-pass and are refused there.
+
+
+def test_groups_pickle_with_their_columns() -> None:
+    # Messages cross process boundaries in Python too (multiprocessing, caches): the column
+    # models derived from the row models must be importable by name.
+    import pickle
+
+    message = make_scored(num_samples=3)
+    decoded = decode(None, encode(message).payload)
+    for original in (message, decoded):
+        copy = pickle.loads(pickle.dumps(original, protocol=5))
+        # The rows a group was built from are a cache: they do not travel (twice the bytes).
+        assert "rows" not in copy.rollout.samples.__dict__
+        assert "rows" not in copy.scores.__dict__
+        assert copy == message
+        assert copy.rollout.samples[2].sampling == message.rollout.samples[2].sampling

@@ -159,3 +159,55 @@ def test_filters_remove_truncated_and_disagreeing_samples(quickstart):
     filtered, fraction = trainer.filter_samples(truncated, agreeing)
     assert filtered.sample_mask.tolist() == [1.0, 1.0, 0.0]
     assert fraction == pytest.approx(1 / 3)
+
+
+def test_batches_from_columns_match_the_samples_they_hold():
+    # Samples with prompts of their own, an empty response and teacher log-probs for one sample
+    # only, read through the wire (the trainer's groups are decoded 3.0 columns).
+    from dockyard.schemas import decode, encode
+
+    base = scored_group("g", [1, 5], [[7, 2], [], [9, 9, 2]], [1.0, 0.0, 0.5])
+    prompts = [[1, 5], [1, 4, 4, 6], [2]]
+    samples = [
+        sample.model_copy(update={"prompt_token_ids": np.array(prompt, dtype=np.int64)})
+        for sample, prompt in zip(base.rollout.samples, prompts, strict=True)
+    ]
+    scores = [
+        score.model_copy(
+            update={"teacher_logprobs": np.array([-1.0, -2.0], dtype=np.float32)}
+            if score.sample_index == 0
+            else {}
+        )
+        for score in base.scores
+    ]
+    scored = ScoredRollout(
+        rollout=Rollout(group=base.rollout.group, samples=samples), scores=scores, scorer_id="s0"
+    )
+    decoded = decode(None, encode(scored).payload, expected=ScoredRollout)
+    assert not decoded.rollout.samples.prompt_shared
+    batch = build_batch([decoded], PAD)
+    assert batch.input_ids.tolist() == [[1, 5, 7, 2], [1, 4, 4, 6], [2, 9, 9, 2]]
+    assert batch.token_mask.tolist() == [[0, 1, 1], [0, 0, 0], [1, 1, 1]]
+    assert batch.teacher_logprobs is not None
+    assert batch.teacher_logprobs[0, 1:3].tolist() == [-1.0, -2.0]
+    assert batch.teacher_logprobs[2].abs().sum().item() == 0.0
+    assert batch.response_lengths.tolist() == [2, 0, 3]
+    assert batch.min_weight_versions.tolist() == [3, 0, 5]
+    assert batch.rewards.tolist() == [1.0, 0.0, 0.5]
+    # The same batch as from the group built in Python (its rows, not the wire's columns).
+    local = build_batch([scored], PAD)
+    assert torch.equal(local.input_ids, batch.input_ids)
+    assert torch.equal(local.teacher_logprobs, batch.teacher_logprobs)
+
+
+def test_samples_without_a_prompt_train_from_their_second_token():
+    # A sample with no prompt tokens is valid on the wire; its first response token has no
+    # prediction target, the others do. An empty sample yields an all-masked row.
+    batch = build_batch(
+        [scored_group("g", [], [[7, 2, 9], []], [1.0, 0.0]), scored_group("h", [1], [[5]], [0.5])],
+        PAD,
+    )
+    assert batch.input_ids.tolist() == [[7, 2, 9], [PAD, PAD, PAD], [1, 5, PAD]]
+    assert batch.token_mask.tolist() == [[1, 1], [0, 0], [1, 0]]
+    assert batch.generation_logprobs[0].tolist() == [-0.5, -0.5]
+    assert batch.attention_mask.tolist() == [[1, 1, 1], [0, 0, 0], [1, 1, 0]]
