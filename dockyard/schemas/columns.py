@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cache
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import ValidationInfo, create_model
@@ -86,8 +86,15 @@ def rows_to_columns(
     return from_rows(rows)
 
 
+class PlainColumns(WireModel):
+    """Base of the models :func:`plain_columns` derives: the columns of a plain row model."""
+
+    #: The row model whose fields these columns hold.
+    ROW: ClassVar[type[WireModel]]
+
+
 @cache
-def plain_columns(row: type[WireModel]) -> type[WireModel]:
+def plain_columns(row: type[WireModel]) -> type[PlainColumns]:
     """A model with one list per field of the plain model ``row`` (entry i: row i's value).
 
     Each list item keeps the field's type and constraints (``Field(ge=0)`` on the row field
@@ -112,12 +119,12 @@ def plain_columns(row: type[WireModel]) -> type[WireModel]:
             fields[name] = (list[item] | None, None)  # type: ignore[valid-type]
     columns = create_model(  # type: ignore[call-overload]
         f"{row.__name__}Columns",
-        __base__=WireModel,
+        __base__=PlainColumns,
         __module__=row.__module__,
         __doc__=f"The columns of a list of {row.__name__} (one list per field).",
         **fields,
     )
-    columns.ROW = row  # what ``check_counts`` and ``rows_from_columns`` fill defaults from
+    columns.ROW = row  # where ``check_counts`` finds the defaults of absent columns
     return columns  # type: ignore[no-any-return]
 
 
@@ -148,8 +155,8 @@ def check_counts(columns: WireModel, count: int, what: str) -> None:
     values = columns.__dict__
     for name in _list_fields(type(columns)):
         value = values[name]
-        if value is None and _fills_defaults(type(columns)):
-            values[name] = _defaults(type(columns).ROW, name, count)  # type: ignore[attr-defined]
+        if value is None and isinstance(columns, PlainColumns):
+            values[name] = _defaults(columns.ROW, name, count)
         elif type(value) is list and len(value) != count:
             raise PydanticCustomError(
                 ReasonCode.LENGTH_MISMATCH.value,
@@ -158,10 +165,6 @@ def check_counts(columns: WireModel, count: int, what: str) -> None:
             )
     for name in _nested_columns(type(columns)):
         check_counts(values[name], count, f"{what}.{name}")
-
-
-def _fills_defaults(cls: type[WireModel]) -> bool:
-    return hasattr(cls, "ROW")  # the models of ``plain_columns``
 
 
 def _defaults(row: type[WireModel], name: str, count: int) -> list[Any]:

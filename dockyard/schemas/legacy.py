@@ -64,7 +64,7 @@ class RolloutV2(Message):
         )
 
     def message_id(self) -> str:
-        return f"{self.SCHEMA_NAME}:{self.group.group_id}:{self.group.attempt}"
+        return self.group.message_id_as(self.SCHEMA_NAME)
 
 
 class ScoredRolloutV2(Message):
@@ -120,5 +120,4 @@ class ScoredRolloutV2(Message):
         )
 
     def message_id(self) -> str:
-        group = self.rollout.group
-        return f"{self.SCHEMA_NAME}:{group.group_id}:{group.attempt}"
+        return self.rollout.group.message_id_as(self.SCHEMA_NAME)

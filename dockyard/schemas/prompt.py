@@ -66,4 +66,9 @@ class PromptGroup(Message):
     created_at_unix_s: float = Field(0.0, ge=0.0, description="dispatch time, Unix seconds")
 
     def message_id(self) -> str:
-        return f"{self.SCHEMA_NAME}:{self.group_id}:{self.attempt}"
+        return self.message_id_as(self.SCHEMA_NAME)
+
+    def message_id_as(self, schema_name: str) -> str:
+        """The message id of this group's ``schema_name`` message (its rollout, its scored
+        rollout): one per group and attempt, whoever produced it."""
+        return f"{schema_name}:{self.group_id}:{self.attempt}"

@@ -348,4 +348,4 @@ class Rollout(Message):
         # Not the worker id: a group redelivered to another worker after a crash is the same
         # logical rollout, so JetStream's dedupe window drops the second publish and the
         # trainer's seen-set (keyed by group id) drops anything later.
-        return f"{self.SCHEMA_NAME}:{self.group.group_id}:{self.group.attempt}"
+        return self.group.message_id_as(self.SCHEMA_NAME)

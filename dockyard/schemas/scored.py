@@ -195,5 +195,4 @@ class ScoredRollout(Message):
         return self
 
     def message_id(self) -> str:
-        group = self.rollout.group
-        return f"{self.SCHEMA_NAME}:{group.group_id}:{group.attempt}"
+        return self.rollout.group.message_id_as(self.SCHEMA_NAME)
