@@ -79,7 +79,12 @@ def test_the_run_survives_killed_roles_and_a_broker_restart(
         server.kill()
         time.sleep(0.5)  # the outage itself, not synchronisation: the roles must ride it out
         server.restart()
-        _, stderr = process.communicate(timeout=400)
+        try:  # within pytest's own timeout, so that a hang still shows the run's last words
+            _, stderr = process.communicate(timeout=200)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, stderr = process.communicate()
+            raise AssertionError(f"the run did not finish:\n{stderr[-6000:]}") from None
     finally:
         if process.poll() is None:
             process.kill()
