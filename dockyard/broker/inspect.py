@@ -20,7 +20,9 @@ from dockyard.schemas import (
     Message,
     PromptGroup,
     Rollout,
+    RolloutV2,
     ScoredRollout,
+    ScoredRolloutV2,
     WeightVersion,
     decode,
 )
@@ -135,5 +137,16 @@ def export_record(stored: StoredMessage) -> dict[str, object]:
         record["payload_base64"] = base64.b64encode(stored.data).decode()
         return record
     record["schema"] = type(message).SCHEMA_NAME
-    record["message"] = message.model_dump(mode="json")
+    record["message"] = _readable(message).model_dump(mode="json")
     return record
+
+
+def _readable(message: Message) -> Message:
+    """``message`` as people read it: a group as one map per sample and per score (the 2.x
+    shape, the same content), not the 3.0 wire columns. ``jq '.message.scores[].reward'``
+    keeps working whatever version the stream holds."""
+    if isinstance(message, ScoredRollout):
+        return ScoredRolloutV2.of(message)
+    if isinstance(message, Rollout):
+        return RolloutV2.of(message)
+    return message

@@ -207,3 +207,28 @@ def test_requeue_skips_what_it_cannot_send_back() -> None:
     whys = [o.why for o in outcomes if isinstance(o, Skipped)]
     assert "not kept" in whys[0] and "not a subject of this plane" in whys[1]
     assert whys[2].startswith("undecodable dead letter")
+
+
+def test_replay_export_writes_a_group_one_object_per_sample() -> None:
+    # People read exports with jq: one object per sample and per score, whatever the layout
+    # on the wire (3.0 carries the group field by field).
+    import json
+    from datetime import UTC, datetime
+
+    from dockyard.broker.inspect import export_record
+    from dockyard.broker.plane import StoredMessage
+    from dockyard.schemas import encode
+    from tests.unit.schemas.schema_factories import make_scored
+
+    scored = make_scored(num_samples=3, length=4)
+    encoded = encode(scored)
+    stored = StoredMessage("s", "x.scored", 7, datetime.now(UTC), encoded.headers, encoded.payload)
+    record = json.loads(json.dumps(export_record(stored)))
+    message = record["message"]
+    assert record["schema"] == "scored_rollout"
+    assert [score["reward"] for score in message["scores"]] == [1.0, 0.0, 1.0]
+    samples = message["rollout"]["samples"]
+    assert [sample["sample_index"] for sample in samples] == [0, 1, 2]
+    expected = scored.rollout.samples[2].response_token_ids.tolist()
+    assert samples[2]["response_token_ids"] == expected
+    assert message["scores"][1]["teacher_logprobs"] == [-0.25] * 4
