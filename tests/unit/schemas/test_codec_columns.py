@@ -304,18 +304,22 @@ def test_3_0_samples_or_scores_given_as_a_list_are_refused_as_wrong_type() -> No
     assert error.reason is ReasonCode.WRONG_TYPE, error.detail
 
 
-def test_3_0_a_non_finite_log_prob_is_refused_with_the_column_path() -> None:
-    rollout = make_rollout(num_samples=3)
-    envelope = v3_envelope(rollout)
-    column = envelope["meta"]["samples"]["behaviour_logprobs"]
+def _nan_in_sample_2(envelope: dict[str, Any], column: dict[str, Any]) -> bytes:
+    """``envelope`` with token 3 of sample 2 (8 tokens each) of the log-prob ``column`` NaN."""
     offset = column["data"][0]
     data = bytearray(envelope["data"])
-    nan_at = 8 * 2 + 3  # sample 2, token 3 (every sample has 8 tokens)
+    nan_at = 8 * 2 + 3
     data[offset + 4 * nan_at : offset + 4 * nan_at + 4] = np.float32("nan").tobytes()
     envelope["data"] = bytes(data)
-    error = refusal(repack(envelope))
+    return repack(envelope)
+
+
+def test_3_0_a_non_finite_log_prob_is_refused_with_the_column_path() -> None:
+    envelope = v3_envelope(make_rollout(num_samples=3))
+    error = refusal(_nan_in_sample_2(envelope, envelope["meta"]["samples"]["behaviour_logprobs"]))
     assert error.reason is ReasonCode.NON_FINITE
     assert "samples.behaviour_logprobs" in error.detail
+    assert "first at entry 19" in error.detail
 
 
 def test_an_unknown_major_version_names_the_readable_ones() -> None:
@@ -416,15 +420,9 @@ def test_a_1x_or_2_0_frame_with_per_item_arrays_still_decodes(version: str) -> N
 
 
 def test_2_0_a_bad_value_in_a_column_is_refused_with_the_samples_path() -> None:
-    rollout = make_rollout(num_samples=3)
-    envelope = v2_envelope(rollout)
+    envelope = v2_envelope(make_rollout(num_samples=3))
     column = envelope["meta"]["@columns"]["samples"]["behaviour_logprobs"]
-    offset = column["data"][0]
-    data = bytearray(envelope["data"])
-    nan_at = 8 * 2 + 3  # sample 2, token 3 (every sample has 8 tokens)
-    data[offset + 4 * nan_at : offset + 4 * nan_at + 4] = np.float32("nan").tobytes()
-    envelope["data"] = bytes(data)
-    error = refusal(repack(envelope))
+    error = refusal(_nan_in_sample_2(envelope, column))
     assert error.reason is ReasonCode.NON_FINITE
     assert "samples.2.behaviour_logprobs" in error.detail
 
