@@ -242,10 +242,9 @@ class SampleColumns(RowColumns):
             )
         prompts = [row.prompt_token_ids for row in rows]
         first = prompts[0]
-        shared = all(
-            prompt is first or (prompt.shape == first.shape and np.array_equal(prompt, first))
-            for prompt in prompts
-        )
+        # One array object (how producers build a group) is shared at once; prompts equal by
+        # value are joined, then shared by the validator (``_share_identical_prompts``).
+        shared = all(prompt is first for prompt in prompts)
         columns = cls(
             prompt_lengths=[prompt.shape[0] for prompt in prompts],
             prompt_token_ids=first if shared else concatenate(prompts),

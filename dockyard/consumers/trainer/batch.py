@@ -81,21 +81,20 @@ def build_batch(groups: Sequence[ScoredRollout], pad_token_id: int) -> TrainingB
         prompts = samples.prompts()
         for index in range(len(samples)):
             prompt_length, length = prompt_lengths[row], lengths[row]
+            response = slice(offsets[index], offsets[index + 1])
             input_ids[row, :prompt_length] = prompts[index]
-            input_ids[row, prompt_length:length] = samples.response_token_ids[
-                offsets[index] : offsets[index + 1]
-            ]
+            input_ids[row, prompt_length:length] = samples.response_token_ids[response]
             attention[row, :length] = 1
             # Without a prompt the first response token predicts nothing: it has no target.
             skip = 1 if prompt_length == 0 else 0
-            run = slice(offsets[index] + skip, offsets[index + 1])
+            run = slice(response.start + skip, response.stop)
             targets = slice(prompt_length - 1 + skip, max(0, length - 1))
             token_mask[row, targets] = samples.loss_mask[run]
             generation[row, targets] = samples.behaviour_logprobs[run]
             sample_teacher = teacher_runs[row]
             if teacher is not None and sample_teacher is not None:
                 teacher[row, targets] = sample_teacher[skip:]
-            sample_versions = samples.token_weight_versions[offsets[index] : offsets[index + 1]]
+            sample_versions = samples.token_weight_versions[response]
             versions[row] = int(sample_versions.min()) if sample_versions.size else 0
             row += 1
     return TrainingBatch(
@@ -109,7 +108,9 @@ def build_batch(groups: Sequence[ScoredRollout], pad_token_id: int) -> TrainingB
         sample_mask=torch.ones(batch, dtype=torch.float32),
         min_weight_versions=torch.from_numpy(versions),
         group_ids=tuple(
-            group.group_id for group in groups for _ in group.rollout.samples.prompt_lengths
+            group_id
+            for group in groups
+            for group_id in [group.group_id] * len(group.rollout.samples)
         ),
         response_lengths=torch.tensor(response_lengths),
         truncated=torch.tensor(
