@@ -10,9 +10,10 @@ from broker_test_utils import collect, eventually, fetch_until
 
 from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.embedded import EmbeddedNatsServer
+from dockyard.broker import jetstream
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.names import ConsumerSpec
-from dockyard.broker.plane import REASON_CHUNKS_MISSING, ProvisioningDrift
+from dockyard.broker.plane import REASON_CHUNKS_MISSING, OutgoingMessage, ProvisioningDrift
 from dockyard.broker.typed import MessagePlane
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.schemas import WeightVersion
@@ -55,6 +56,25 @@ async def test_oversized_payload_is_chunked_and_reassembled_once(
     [replayed] = await collect(plane, names.scored)
     assert replayed.data == payload
     assert (await plane.get(names.experience_stream.name, ack.seq)).data == payload
+
+
+async def test_pipelined_publishes_past_the_clients_pending_slots_wait_for_a_slot(
+    nats_server: EmbeddedNatsServer,
+    data_plane_config_factory: ConfigFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A window of 12 through 2 slots: every publish after the second waits for an ack to free
+    # one (the timed wait), and each message is still stored once, in order.
+    monkeypatch.setattr(jetstream, "PENDING_PUBLISH_SLOTS", 2)
+    config = data_plane_config_factory(nats_server.url, publish={"window": 12})
+    async with JetStreamPlane(config) as plane:
+        subject = plane.names.scored
+        messages = [OutgoingMessage(subject, b"%d" % i, f"slot-{i}", {}) for i in range(12)]
+        acks = await plane.publish_many(messages)
+        assert [ack.seq for ack in acks] == list(range(1, 13))
+        assert not any(ack.duplicate for ack in acks)
+        stored = await collect(plane, subject)
+        assert [message.data for message in stored] == [b"%d" % i for i in range(12)]
 
 
 async def test_lost_chunks_turn_the_reference_into_a_dead_letter(
