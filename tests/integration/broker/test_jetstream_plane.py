@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from broker_test_utils import collect, eventually, fetch_until
 
+from dockyard.broker import jetstream
 from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.embedded import EmbeddedNatsServer
-from dockyard.broker import jetstream
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import REASON_CHUNKS_MISSING, OutgoingMessage, ProvisioningDrift
