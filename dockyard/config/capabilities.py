@@ -115,11 +115,6 @@ def ignored(config: MasterConfig) -> list[ConfigIssue]:
                 _TORCH_TRAINER,
             ),
             ("logger.monitor_gpus", config.logger.monitor_gpus, "no GPU monitoring in this build"),
-            (
-                "logger.num_val_samples_to_print",
-                config.logger.num_val_samples_to_print > 0,
-                "validation samples are not printed",
-            ),
         )
         if enabled
     ]

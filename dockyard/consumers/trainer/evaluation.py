@@ -1,13 +1,17 @@
 """Validation in the trainer: greedy answers on held-out prompts, scored by the environment.
 
 Greedy decoding makes the number a property of the weights alone (no sampling noise), so the
-curve of validation accuracy per step is comparable across runs and restarts.
+curve of validation accuracy per step is comparable across runs and restarts. The first
+``logger.num_val_samples_to_print`` answers of each validation are logged as they were given
+(``validation.sample`` events: prompt, answer, ground truth, reward), to see *what* the policy
+answers, not only how often it is right.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +21,22 @@ from dockyard.engines.base import GenerationRequest
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.torch_engine import TorchEngine
 from dockyard.environments.base import Environment, SampleInput, ScoringGroup
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+#: Longer prompts and answers are cut in the log (the end kept: where the answer is).
+MAX_PRINTED_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class ValSample:
+    """One held-out prompt, the policy's greedy answer and its reward."""
+
+    prompt: str
+    response: str
+    ground_truth: str
+    reward: float
 
 
 @dataclass(frozen=True)
@@ -25,6 +45,7 @@ class EvalResult:
     mean_reward: float
     num_samples: int
     seconds: float
+    samples: tuple[ValSample, ...] = ()
 
     def as_metrics(self, prefix: str = "val") -> dict[str, float]:
         return {
@@ -70,6 +91,7 @@ class Evaluator:
         finally:
             self.model.train(was_training)
         rewards: list[float] = []
+        samples: list[ValSample] = []
         for record, result in zip(self.records, results, strict=True):
             text = self.tokenizer.decode(result.token_ids, skip_special_tokens=False)  # type: ignore[attr-defined]
             group = ScoringGroup(
@@ -79,15 +101,38 @@ class Evaluator:
                 samples=[SampleInput(response_text=text, finish_reason=result.finish_reason)],
                 ground_truth=record.ground_truth,
             )
-            rewards.extend((await self.environment.score(group)).rewards)
+            [reward] = (await self.environment.score(group)).rewards
+            rewards.append(reward)
+            samples.append(ValSample(record.prompt, text, record.ground_truth, reward))
         correct = sum(1 for reward in rewards if reward >= 1.0)
         return EvalResult(
             accuracy=correct / len(rewards),
             mean_reward=sum(rewards) / len(rewards),
             num_samples=len(rewards),
             seconds=time.perf_counter() - started,
+            samples=tuple(samples),
         )
 
     def evaluate_blocking(self) -> EvalResult:
         """For synchronous callers (the SFT stage runs in a worker thread)."""
         return asyncio.run(self.evaluate())
+
+
+def log_val_samples(samples: Sequence[ValSample], step: int) -> None:
+    """One ``validation.sample`` event per sample, texts cut to :data:`MAX_PRINTED_CHARS`."""
+    for index, sample in enumerate(samples):
+        log.info(
+            "validation.sample",
+            step=step,
+            index=index,
+            reward=sample.reward,
+            prompt=_cut(sample.prompt),
+            response=_cut(sample.response),
+            ground_truth=_cut(sample.ground_truth),
+        )
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_PRINTED_CHARS:
+        return text
+    return f"[{len(text) - MAX_PRINTED_CHARS} chars cut]…{text[-MAX_PRINTED_CHARS:]}"

@@ -31,7 +31,7 @@ from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.base import WeightBlobStore
 from dockyard.consumers.trainer.batch import build_batch
 from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoint, write_checkpoint
-from dockyard.consumers.trainer.evaluation import Evaluator
+from dockyard.consumers.trainer.evaluation import Evaluator, log_val_samples
 from dockyard.consumers.trainer.health import diagnose
 from dockyard.consumers.trainer.ledger import Ledger
 from dockyard.consumers.trainer.plot import plot_run
@@ -386,6 +386,7 @@ class TrainerLoop:
         if log_now:
             self.metrics.log_metrics(metrics, step=step)
         log.info("trainer.validation", step=step, accuracy=result.accuracy)
+        log_val_samples(result.samples[: self.config.logger.num_val_samples_to_print], step)
         return metrics
 
     async def _publish_weights(self) -> None:

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode):
     run_dir = tmp_path / "run"
-    overrides = [*small_run, "grpo.max_num_steps=4"]
+    overrides = [*small_run, "grpo.max_num_steps=4", "logger.num_val_samples_to_print=2"]
     if mode == "sync":
         overrides += [
             "grpo.async_grpo.enabled=false",
@@ -50,6 +50,15 @@ def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode)
     ):
         assert all(name in m for m in step_metrics), name
     assert any("val/accuracy" in r["metrics"] for r in records)
+    # Every validation (at the start, every 2 steps, at the end) prints its first two answers.
+    events = json_events(run_dir / "logs" / "trainer.log")
+    validations = [e["step"] for e in events if e["event"] == "trainer.validation"]
+    printed = [e for e in events if e["event"] == "validation.sample"]
+    assert len(validations) >= 3
+    assert [(e["step"], e["index"]) for e in printed] == [
+        (step, index) for step in validations for index in (0, 1)
+    ]
+    assert all(e["prompt"].endswith("=") and "reward" in e for e in printed)
     # The per-worker generation timeline: one series per rollout worker, one entry per sample.
     timelines = [m["timing/generation_timeline"] for m in step_metrics]
     assert all(set(t) == {"w0"} and len(t["w0"]) == 4 * 4 for t in timelines)
@@ -64,6 +73,11 @@ def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2", "step_4"]
     if mode == "async":
         assert_checkpoint_exports_to_hf(run_dir / "checkpoints" / "step_4", tmp_path / "hf")
+
+
+def json_events(log_file) -> list[dict]:
+    lines = log_file.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
 
 
 def assert_checkpoint_exports_to_hf(checkpoint, out):

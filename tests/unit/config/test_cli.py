@@ -167,10 +167,7 @@ def test_unbuilt_data_settings_refuse_and_unused_counts_warn():
         ["logger.num_val_samples_to_print=4", "env.arithmetic.num_scoring_workers=2"],
     )
     assert not_implemented(warned) == []
-    assert [issue.path for issue in ignored(warned)] == [
-        "logger.num_val_samples_to_print",
-        "env.arithmetic.num_scoring_workers",
-    ]
+    assert [issue.path for issue in ignored(warned)] == ["env.arithmetic.num_scoring_workers"]
 
 
 def test_extra_dataloaders_of_a_sync_run_are_refused_at_launch():

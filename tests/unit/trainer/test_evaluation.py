@@ -1,0 +1,57 @@
+"""Validation: the greedy answers behind the accuracy, and the ones printed to the log."""
+
+from __future__ import annotations
+
+from structlog.testing import capture_logs
+
+from dockyard.config.sections.data import DatasetConfig
+from dockyard.consumers.trainer.evaluation import (
+    MAX_PRINTED_CHARS,
+    Evaluator,
+    ValSample,
+    log_val_samples,
+)
+from dockyard.data.base import build_dataset
+from dockyard.environments.registry import build_environment
+from dockyard.models import build_arithmetic_policy
+
+
+async def test_the_result_keeps_each_answer_with_the_reward_it_got():
+    model, tokenizer = build_arithmetic_policy(seed=0)
+    dataset = build_dataset(
+        DatasetConfig(
+            name="arithmetic",
+            split="validation",
+            params={"low": 10, "high": 99, "num_samples": 5, "seed": 2},
+        ),
+        "arithmetic",
+    )
+    evaluator = Evaluator(
+        model, tokenizer, dataset, build_environment("arithmetic"), max_new_tokens=4
+    )
+    result = await evaluator.evaluate()
+
+    assert [s.prompt for s in result.samples] == [dataset[i].prompt for i in range(5)]
+    assert [s.ground_truth for s in result.samples] == [dataset[i].ground_truth for i in range(5)]
+    assert all(s.response for s in result.samples)  # greedy answers of an untrained policy
+    correct = sum(s.reward >= 1.0 for s in result.samples)
+    assert result.accuracy == correct / 5
+    assert result.mean_reward == sum(s.reward for s in result.samples) / 5
+
+
+def test_printed_samples_are_one_event_each_with_long_texts_cut_from_the_front():
+    long_answer = "x" * (3 * MAX_PRINTED_CHARS) + "=42"
+    samples = [
+        ValSample(prompt="12+30=", response="42", ground_truth="42", reward=1.0),
+        ValSample(prompt="1+1=", response=long_answer, ground_truth="2", reward=0.0),
+    ]
+    with capture_logs() as events:
+        log_val_samples(samples, step=7)
+
+    printed = [e for e in events if e["event"] == "validation.sample"]
+    assert [(e["step"], e["index"], e["reward"]) for e in printed] == [(7, 0, 1.0), (7, 1, 0.0)]
+    assert printed[0]["prompt"] == "12+30=" and printed[0]["response"] == "42"
+    assert printed[0]["ground_truth"] == "42"
+    cut = printed[1]["response"]
+    marker = f"[{2 * MAX_PRINTED_CHARS + 3} chars cut]…"
+    assert cut == marker + long_answer[-MAX_PRINTED_CHARS:]
