@@ -114,7 +114,6 @@ def ignored(config: MasterConfig) -> list[ConfigIssue]:
                 on and dtensor.sequence_parallel,
                 _TORCH_TRAINER,
             ),
-            ("logger.monitor_gpus", config.logger.monitor_gpus, "no GPU monitoring in this build"),
         )
         if enabled
     ]

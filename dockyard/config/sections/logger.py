@@ -33,8 +33,10 @@ class SwanlabConfig(Section):
 
 
 class GpuMonitoringConfig(Section):
-    collection_interval: PositiveFloat = 10.0
-    flush_interval: PositiveFloat = 10.0
+    collection_interval: PositiveFloat = Field(10.0, description="seconds between GPU readings")
+    flush_interval: PositiveFloat = Field(
+        10.0, description="seconds at least between two flushes of readings into the metrics"
+    )
 
 
 class LoggerConfig(Section):
@@ -43,8 +45,10 @@ class LoggerConfig(Section):
     tensorboard_enabled: bool = False
     mlflow_enabled: bool = False
     swanlab_enabled: bool = False
-    monitor_gpus: bool = False
-    num_val_samples_to_print: NonNegativeInt = 0
+    monitor_gpus: bool = Field(False, description="trainer logs gpu/<i>/* via nvidia-smi")
+    num_val_samples_to_print: NonNegativeInt = Field(
+        0, description="each validation logs its first N answers (validation.sample events)"
+    )
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     tensorboard: TensorboardConfig = Field(default_factory=TensorboardConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)

@@ -45,6 +45,7 @@ from dockyard.schemas import CodecError, ScoredRollout, WeightVersion, decode
 from dockyard.utils.checkpoint_manager import CheckpointManager
 from dockyard.utils.logging import get_logger
 from dockyard.utils.metrics import MetricsLogger
+from dockyard.utils.metrics.gpu_monitor import start_gpu_monitor
 from dockyard.utils.status import StatusFile
 
 log = get_logger(__name__)
@@ -134,6 +135,7 @@ class TrainerLoop:
             else None
         )
         self.metrics = MetricsLogger(cfg.logger, self.run_dir)
+        self.gpu_monitor = start_gpu_monitor(cfg.logger)
         self.ledger = Ledger(trail=self.run_dir / LEDGER_FILE)
 
     async def _resume_or_start(self) -> int:
@@ -206,6 +208,8 @@ class TrainerLoop:
         try:
             await self._train_until_done()
         finally:
+            if self.gpu_monitor is not None:
+                self.gpu_monitor.stop()
             self.metrics.close()
         return self.summary
 
@@ -349,8 +353,10 @@ class TrainerLoop:
         }
         if cfg.grpo.val_period and self.step % cfg.grpo.val_period == 0:
             metrics.update(await self._validate(self.step, log_now=False))
+        gpu_series = self.gpu_monitor.take_due() if self.gpu_monitor is not None else {}
         self.metrics.log_metrics(
-            {**metrics, "timing/generation_timeline": generation_timeline(scored)}, step=self.step
+            {**metrics, **gpu_series, "timing/generation_timeline": generation_timeline(scored)},
+            step=self.step,
         )
         log.info(
             "trainer.step",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
 
 from dockyard.consumers.trainer.ledger import read_trail
+from tests.gpu_stand_in import install_nvidia_smi
 from tests.integration.e2e.conftest import QUICKSTART, run_dockyard
 from tests.integration.e2e.ledger_checks import assert_exactly_once, metric_steps
 
@@ -15,9 +17,19 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
-def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode):
+def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode, monkeypatch):
     run_dir = tmp_path / "run"
-    overrides = [*small_run, "grpo.max_num_steps=4", "logger.num_val_samples_to_print=2"]
+    # The trainer monitors "GPUs": a stand-in nvidia-smi (this machine has none) on its PATH.
+    install_nvidia_smi(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    overrides = [
+        *small_run,
+        "grpo.max_num_steps=4",
+        "logger.num_val_samples_to_print=2",
+        "logger.monitor_gpus=true",
+        "logger.gpu_monitoring.collection_interval=0.05",
+        "logger.gpu_monitoring.flush_interval=0.05",
+    ]
     if mode == "sync":
         overrides += [
             "grpo.async_grpo.enabled=false",
@@ -50,6 +62,9 @@ def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode)
     ):
         assert all(name in m for m in step_metrics), name
     assert any("val/accuracy" in r["metrics"] for r in records)
+    gpu_series = [m["gpu/1/utilization_pct"] for m in step_metrics if "gpu/1/utilization_pct" in m]
+    assert gpu_series and all(value >= 15.0 for series in gpu_series for value in series)
+    assert not any("gpu/1/power_w" in m for m in step_metrics)  # the stand-in reports none
     # Every validation (at the start, every 2 steps, at the end) prints its first two answers.
     events = json_events(run_dir / "logs" / "trainer.log")
     validations = [e["step"] for e in events if e["event"] == "trainer.validation"]
