@@ -17,10 +17,7 @@ importance sampling.
 
 from __future__ import annotations
 
-import asyncio
-import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,22 +25,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dockyard.engines.base import (
     EngineError,
-    EngineHealth,
     FinishReason,
-    GenerationEngine,
     GenerationRequest,
     GenerationResult,
     GenerationTimings,
     SamplingParams,
-    WeightSource,
-    check_request_shapes,
-    refuse_images,
 )
-from dockyard.engines.http_client import AsyncRefitGate, ServerPool
-from dockyard.engines.weights import stage_weights_dir
-from dockyard.utils.logging import get_logger
-
-log = get_logger(__name__)
+from dockyard.engines.http_engine import HttpServerEngine
 
 
 class _FinishReason(BaseModel):
@@ -91,41 +79,9 @@ def sglang_sampling_params(params: SamplingParams) -> dict[str, object]:
     return body
 
 
-class SglangEngine(GenerationEngine):
+class SglangEngine(HttpServerEngine):
     backend = "sglang"
-
-    def __init__(
-        self,
-        server_urls: Sequence[str],
-        *,
-        request_timeout_s: float = 600.0,
-        initial_version: int = 0,
-        staging_dir: str | Path | None = None,
-    ) -> None:
-        self._pool = ServerPool(server_urls, timeout_s=request_timeout_s, backend=self.backend)
-        self._version = initial_version
-        self._staging_dir = Path(staging_dir or tempfile.gettempdir()) / "dockyard-sglang-refit"
-        self._gate = AsyncRefitGate()
-        self._closed = False
-
-    @property
-    def current_version(self) -> int:
-        return self._version
-
-    async def generate(
-        self, requests: Sequence[GenerationRequest], params: SamplingParams, num_samples: int
-    ) -> list[GenerationResult]:
-        self._check_open()
-        check_request_shapes(requests, num_samples)
-        refuse_images(requests, self.backend)
-        started = time.perf_counter()
-        per_request = await asyncio.gather(
-            *(
-                self._generate_one(index, request, params, num_samples, started)
-                for index, request in enumerate(requests)
-            )
-        )
-        return [result for results in per_request for result in results]
+    label = "sglang"
 
     async def _generate_one(
         self,
@@ -173,45 +129,9 @@ class SglangEngine(GenerationEngine):
             )
         return results
 
-    async def update_weights(self, version: int, source: WeightSource) -> None:
-        self._check_open()
-        started = time.perf_counter()
-        async with self._gate.refit():
-            model_path = await asyncio.to_thread(stage_weights_dir, source, self._staging_dir)
-            body = {
-                "model_path": str(model_path),
-                "weight_version": str(version),
-                "flush_cache": True,
-            }
-            replies = await asyncio.gather(
-                *(
-                    self._pool.post(url, "/update_weights_from_disk", json=body)
-                    for url in self._pool.urls
-                )
-            )
-            for url, reply in zip(self._pool.urls, replies, strict=True):
-                parsed = _UpdateWeightsReply.model_validate(reply.json())
-                if not parsed.success:
-                    raise EngineError(f"SGLang {url} refused the refit: {parsed.message}")
-            self._version = version
-        log.info(
-            "refit_done",
-            backend=self.backend,
-            version=version,
-            seconds=round(time.perf_counter() - started, 4),
-        )
-
-    async def health(self) -> EngineHealth:
-        alive = await asyncio.gather(*(self._pool.alive(url) for url in self._pool.urls))
-        down = [url for url, ok in zip(self._pool.urls, alive, strict=True) if not ok]
-        detail = f"unreachable: {', '.join(down)}" if down else ""
-        return EngineHealth(not down and not self._closed, self.backend, self._version, detail)
-
-    async def shutdown(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._pool.aclose()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineError("the sglang engine is shut down")
+    async def _refit_server(self, url: str, version: int, path: Path) -> None:
+        body = {"model_path": str(path), "weight_version": str(version), "flush_cache": True}
+        reply = await self._pool.post(url, "/update_weights_from_disk", json=body)
+        parsed = _UpdateWeightsReply.model_validate(reply.json())
+        if not parsed.success:
+            raise EngineError(f"SGLang {url} refused the refit: {parsed.message}")

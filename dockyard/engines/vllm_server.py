@@ -15,8 +15,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,23 +24,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dockyard.engines.base import (
     EngineError,
-    EngineHealth,
     FinishReason,
-    GenerationEngine,
     GenerationRequest,
     GenerationResult,
     GenerationTimings,
     SamplingParams,
-    WeightSource,
-    check_request_shapes,
-    refuse_images,
 )
-from dockyard.engines.http_client import AsyncRefitGate, ServerPool
+from dockyard.engines.http_engine import HttpServerEngine
 from dockyard.engines.vllm_engine import vllm_sampling_kwargs
-from dockyard.engines.weights import stage_weights_dir
-from dockyard.utils.logging import get_logger
-
-log = get_logger(__name__)
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -70,8 +59,12 @@ class _ModelList(BaseModel):
     data: list[dict[str, object]]
 
 
-class VllmServerEngine(GenerationEngine):
+class VllmServerEngine(HttpServerEngine):
+    """Image parts would go through ``/v1/chat/completions``, which takes no token-id prompt:
+    requests with images are refused."""
+
     backend = "vllm"
+    label = "vllm-server"
 
     def __init__(
         self,
@@ -82,46 +75,24 @@ class VllmServerEngine(GenerationEngine):
         staging_dir: str | Path | None = None,
         served_model_name: str | None = None,
     ) -> None:
-        self._pool = ServerPool(server_urls, timeout_s=request_timeout_s, backend="vllm")
-        self._version = initial_version
-        self._gate = AsyncRefitGate()
-        self._staging_dir = Path(staging_dir or tempfile.gettempdir()) / "dockyard-vllm-refit"
+        super().__init__(
+            server_urls,
+            request_timeout_s=request_timeout_s,
+            initial_version=initial_version,
+            staging_dir=staging_dir,
+        )
         self._model_name = served_model_name
-        self._closed = False
 
-    @property
-    def current_version(self) -> int:
-        return self._version
-
-    async def _served_model(self) -> str:
+    async def _before_generate(self) -> None:
         if self._model_name is None:
             reply = await self._pool.get(self._pool.urls[0], "/v1/models")
             models = _ModelList.model_validate(reply.json()).data
             if not models:
                 raise EngineError(f"vLLM server {self._pool.urls[0]} serves no model")
             self._model_name = str(models[0]["id"])
-        return self._model_name
-
-    async def generate(
-        self, requests: Sequence[GenerationRequest], params: SamplingParams, num_samples: int
-    ) -> list[GenerationResult]:
-        self._check_open()
-        check_request_shapes(requests, num_samples)
-        # Image parts go through /v1/chat/completions, which takes no token-id prompt.
-        refuse_images(requests, "remote vllm")
-        model = await self._served_model()
-        started = time.perf_counter()
-        per_request = await asyncio.gather(
-            *(
-                self._generate_one(model, index, request, params, num_samples, started)
-                for index, request in enumerate(requests)
-            )
-        )
-        return [result for results in per_request for result in results]
 
     async def _generate_one(
         self,
-        model: str,
         index: int,
         request: GenerationRequest,
         params: SamplingParams,
@@ -129,7 +100,7 @@ class VllmServerEngine(GenerationEngine):
         started: float,
     ) -> list[GenerationResult]:
         body = {
-            "model": model,
+            "model": self._model_name,
             "prompt": list(request.prompt_token_ids),
             "logprobs": 1,
             "return_token_ids": True,
@@ -168,22 +139,6 @@ class VllmServerEngine(GenerationEngine):
             )
         return results
 
-    async def update_weights(self, version: int, source: WeightSource) -> None:
-        self._check_open()
-        started = time.perf_counter()
-        async with self._gate.refit():
-            path = await asyncio.to_thread(stage_weights_dir, source, self._staging_dir)
-            await asyncio.gather(
-                *(self._refit_server(url, version, path) for url in self._pool.urls)
-            )
-            self._version = version
-        log.info(
-            "refit_done",
-            backend="vllm-server",
-            version=version,
-            seconds=round(time.perf_counter() - started, 4),
-        )
-
     async def _refit_server(self, url: str, version: int, path: Path) -> None:
         await self._pool.post(url, "/pause", params={"mode": "wait"})
         try:
@@ -196,18 +151,3 @@ class VllmServerEngine(GenerationEngine):
             await self._pool.post(url, "/reset_prefix_cache")
         finally:
             await self._pool.post(url, "/resume")
-
-    async def health(self) -> EngineHealth:
-        alive = await asyncio.gather(*(self._pool.alive(url) for url in self._pool.urls))
-        down = [url for url, ok in zip(self._pool.urls, alive, strict=True) if not ok]
-        detail = f"unreachable: {', '.join(down)}" if down else ""
-        return EngineHealth(not down and not self._closed, self.backend, self._version, detail)
-
-    async def shutdown(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._pool.aclose()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineError("the vllm server engine is shut down")

@@ -23,3 +23,16 @@ def tiny_model(tiny_policy):
     import copy
 
     return copy.deepcopy(tiny_policy[0])
+
+
+@pytest.fixture
+def served_engine(tiny_model, tiny_tokenizer):
+    """The torch engine that the stand-in inference servers generate with."""
+    from dockyard.engines.torch_engine import TorchEngine
+
+    return TorchEngine(
+        tiny_model,
+        eos_token_ids=[tiny_tokenizer.eos_token_id],
+        pad_token_id=tiny_tokenizer.pad_token_id,
+        tokenizer=tiny_tokenizer,
+    )

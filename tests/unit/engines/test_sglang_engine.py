@@ -13,19 +13,12 @@ from standin_servers import StandInSglangServer
 from dockyard.engines.base import EngineError, GenerationRequest
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.sglang_engine import SglangEngine
-from dockyard.engines.torch_engine import TorchEngine
 from dockyard.models import build_bpe_policy
 
 
 @pytest.fixture
-def standin(tiny_model, tiny_tokenizer):
-    engine = TorchEngine(
-        tiny_model,
-        eos_token_ids=[tiny_tokenizer.eos_token_id],
-        pad_token_id=tiny_tokenizer.pad_token_id,
-        tokenizer=tiny_tokenizer,
-    )
-    with StandInSglangServer(engine) as server:
+def standin(served_engine):
+    with StandInSglangServer(served_engine) as server:
         yield server
 
 

@@ -92,14 +92,8 @@ def test_the_factory_builds_the_selected_backend(tmp_path):
 
 
 @pytest.fixture
-def standin(tiny_model, tiny_tokenizer):
-    engine = TorchEngine(
-        tiny_model,
-        eos_token_ids=[tiny_tokenizer.eos_token_id],
-        pad_token_id=tiny_tokenizer.pad_token_id,
-        tokenizer=tiny_tokenizer,
-    )
-    with StandInVllmServer(engine) as server:
+def standin(served_engine):
+    with StandInVllmServer(served_engine) as server:
         yield server
 
 
