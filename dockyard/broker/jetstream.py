@@ -328,22 +328,20 @@ class JetStreamPlane(DataPlane):
         results: list[PublishAck | None] = [None] * len(messages)
         for start, part in self._windows(messages):
             futures: list[asyncio.Future[api.PubAck] | None] = []
-            for message in part:
-                stall = self._stall_timeout(timeout)
-                headers = dict(message.headers)
-                headers[HEADER_MSG_ID] = message.msg_id
-                try:
-                    futures.append(
-                        await self.js.publish_async(
-                            message.subject, message.payload, headers=headers, wait_stall=stall
-                        )
-                    )
-                except (*_RETRYABLE, nats.js.errors.TooManyStalledMsgsError):
-                    futures.append(None)
-            # One wait for the whole window (a wait_for per future costs a task each).
-            waiting = [future for future in futures if future is not None]
-            if waiting:
-                await asyncio.wait(waiting, timeout=timeout)
+            try:
+                for message in part:
+                    futures.append(await self._publish_pipelined(message, timeout))
+                # One wait for the whole window (a wait_for per future costs a task each).
+                waiting = [future for future in futures if future is not None]
+                if waiting:
+                    await asyncio.wait(waiting, timeout=timeout)
+            except BaseException:
+                # Cancelled mid-window: a future left waiting would hold one of nats-py's
+                # pending slots until an ack that may never come (one lost in a reconnect).
+                for future in futures:
+                    if future is not None and not future.done():
+                        future.cancel()
+                raise
             fallbacks: list[int] = []
             first_reason = ""
             for offset, future in enumerate(futures):
@@ -373,13 +371,31 @@ class JetStreamPlane(DataPlane):
                 )
         return [r for r in results if r is not None]
 
+    async def _publish_pipelined(
+        self, message: OutgoingMessage, timeout: float
+    ) -> asyncio.Future[api.PubAck] | None:
+        """The future of the message's ack, or None when it could not be sent now."""
+        headers = dict(message.headers)
+        headers[HEADER_MSG_ID] = message.msg_id
+        try:
+            return await self.js.publish_async(
+                message.subject,
+                message.payload,
+                headers=headers,
+                wait_stall=self._stall_timeout(timeout),
+            )
+        except (*_RETRYABLE, nats.js.errors.TooManyStalledMsgsError):
+            return None
+
     def _stall_timeout(self, timeout: float) -> float | None:
         """``wait_stall`` for the next ``publish_async``: None while a slot is free (the wait
         cannot block then, and on Python 3.11 a timeout makes ``asyncio.wait_for`` start a task
         per publish: about a third of a small message's publish cost), else ``timeout``."""
-        # nats-py internals (2.x); without them every publish pays for the timeout.
+        # nats-py internals (2.x); without them every publish pays for the timeout. Not before
+        # the reply subscription exists: setting it up yields before the slot is taken.
         semaphore = getattr(self.js, "_publish_async_pending_semaphore", None)
-        if isinstance(semaphore, asyncio.Semaphore) and not semaphore.locked():
+        ready = bool(getattr(self.js, "_async_reply_prefix", None))
+        if ready and isinstance(semaphore, asyncio.Semaphore) and not semaphore.locked():
             return None
         return timeout
 

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 from broker_test_utils import collect, eventually, fetch_until
+from structlog.testing import capture_logs
 
 from dockyard.broker import jetstream
 from dockyard.broker.dead_letters import read_dead_letter
@@ -70,7 +71,13 @@ async def test_pipelined_publishes_past_the_clients_pending_slots_wait_for_a_slo
     async with JetStreamPlane(config) as plane:
         subject = plane.names.scored
         messages = [OutgoingMessage(subject, b"%d" % i, f"slot-{i}", {}) for i in range(12)]
-        acks = await plane.publish_many(messages)
+        with capture_logs() as events:
+            acks = await plane.publish_many(messages)
+        # Pipelined all the way: no publish fell back to the one-by-one path...
+        assert not [e for e in events if e["event"] == "publish_async.fallback"]
+        # ...and with slots free again, the next publish waits without a timer (the nats-py
+        # internals this relies on are still there).
+        assert plane._stall_timeout(5.0) is None
         assert [ack.seq for ack in acks] == list(range(1, 13))
         assert not any(ack.duplicate for ack in acks)
         stored = await collect(plane, subject)
