@@ -92,9 +92,22 @@ class HttpServerEngine(GenerationEngine):
         started = time.perf_counter()
         async with self._gate.refit():
             path = await asyncio.to_thread(stage_weights_dir, source, self._staging_dir)
-            await asyncio.gather(
-                *(self._refit_server(url, version, path) for url in self._pool.urls)
+            # Every server finishes (or fails) before the gate opens: requests must never reach
+            # a server that is still loading weights.
+            outcomes = await asyncio.gather(
+                *(self._refit_server(url, version, path) for url in self._pool.urls),
+                return_exceptions=True,
             )
+            failed = [
+                f"{url}: {outcome}"
+                for url, outcome in zip(self._pool.urls, outcomes, strict=True)
+                if isinstance(outcome, BaseException)
+            ]
+            if failed:
+                raise EngineError(
+                    f"refit to version {version} failed on {len(failed)} of "
+                    f"{len(self._pool.urls)} {self.label} servers: {'; '.join(failed)}"
+                )
             self._version = version
         log.info(
             "refit_done",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -124,3 +126,36 @@ async def test_health_and_server_errors(sglang, standin):
     await sglang.shutdown()
     with pytest.raises(EngineError, match="shut down"):
         await sglang.generate([GenerationRequest([5])], make_sampling_params(max_new_tokens=1), 1)
+
+
+async def test_a_refit_failing_on_one_server_holds_requests_until_every_server_is_done(
+    served_engine, tmp_path
+):
+    release_slow = threading.Event()
+
+    def refuse(query: dict, body: dict) -> tuple[int, object]:
+        return 200, {"success": False, "message": "no room"}
+
+    def slow(query: dict, body: dict) -> tuple[int, object]:
+        release_slow.wait(timeout=60)
+        return 200, {"success": True, "message": "ok"}
+
+    with StandInSglangServer(served_engine) as failing, StandInSglangServer(served_engine) as busy:
+        failing.routes[("POST", "/update_weights_from_disk")] = refuse
+        busy.routes[("POST", "/update_weights_from_disk")] = slow
+        engine = SglangEngine([failing.url, busy.url], staging_dir=tmp_path / "stage")
+        weights = tmp_path / "v5"
+        served_engine.model.save_pretrained(weights)
+        try:
+            refit = asyncio.ensure_future(engine.update_weights(5, weights))
+            # The failure comes back at once; the refit must still wait for the busy server
+            # (a request sent now would reach it mid-load with the old version's stamp).
+            done, _ = await asyncio.wait({refit}, timeout=0.5)
+            assert not done
+            release_slow.set()
+            with pytest.raises(EngineError, match=r"failed on 1 of 2 sglang servers: .*no room"):
+                await refit
+            assert engine.current_version == 0
+        finally:
+            release_slow.set()
+            await engine.shutdown()
