@@ -25,7 +25,8 @@ from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
 
-#: Longer prompts and answers are cut in the log (the end kept: where the answer is).
+#: Longer prompts and answers keep their last this many characters in the log (where the
+#: answer is), after a marker saying how many were cut.
 MAX_PRINTED_CHARS = 2000
 
 
@@ -101,7 +102,13 @@ class Evaluator:
                 samples=[SampleInput(response_text=text, finish_reason=result.finish_reason)],
                 ground_truth=record.ground_truth,
             )
-            [reward] = (await self.environment.score(group)).rewards
+            scored = (await self.environment.score(group)).rewards
+            if len(scored) != 1:
+                raise RuntimeError(
+                    f"environment {self.environment.name!r} returned {len(scored)} rewards "
+                    "for one validation answer"
+                )
+            reward = scored[0]
             rewards.append(reward)
             samples.append(ValSample(record.prompt, text, record.ground_truth, reward))
         correct = sum(1 for reward in rewards if reward >= 1.0)
@@ -119,7 +126,7 @@ class Evaluator:
 
 
 def log_val_samples(samples: Sequence[ValSample], step: int) -> None:
-    """One ``validation.sample`` event per sample, texts cut to :data:`MAX_PRINTED_CHARS`."""
+    """One ``validation.sample`` event per sample, long texts cut (:data:`MAX_PRINTED_CHARS`)."""
     for index, sample in enumerate(samples):
         log.info(
             "validation.sample",

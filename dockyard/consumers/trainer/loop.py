@@ -201,15 +201,15 @@ class TrainerLoop:
     # -- the loop ----------------------------------------------------------------------------
     async def run(self) -> TrainerSummary:
         self._build()
-        replay_from = await self._resume_or_start()
-        self.status.update("running", step=self.step, weight_version=self.weight_version)
-        if replay_from:
-            await self._replay(replay_from)
         try:
+            replay_from = await self._resume_or_start()
+            self.status.update("running", step=self.step, weight_version=self.weight_version)
+            if replay_from:
+                await self._replay(replay_from)
             await self._train_until_done()
         finally:
-            if self.gpu_monitor is not None:
-                self.gpu_monitor.stop()
+            if self.gpu_monitor is not None:  # may wait out a reading: not on the event loop
+                await asyncio.to_thread(self.gpu_monitor.stop)
             self.metrics.close()
         return self.summary
 
@@ -253,7 +253,8 @@ class TrainerLoop:
                 await self._train_step(self.pending[:per_step], wait_s)
                 self.pending = self.pending[per_step:]
                 waiting_since = time.monotonic()
-        if self.config.grpo.val_at_end:
+        validated_now = bool(self.summary.history) and self.summary.history[-1][0] == self.step
+        if self.config.grpo.val_at_end and not validated_now:  # same weights: same answers
             await self._validate(self.step)
         if self.checkpoints is not None:
             self._save_checkpoint()

@@ -18,6 +18,7 @@ monitored: rollout hosts run their engines' own metrics.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
 import threading
@@ -111,20 +112,26 @@ def _number(cell: str) -> float | None:
 
 
 class NvidiaSmi:
-    """Reads every GPU with one ``nvidia-smi`` call."""
+    """Reads every GPU (or those of ``devices``, as ``CUDA_VISIBLE_DEVICES`` lists them: indices
+    or UUIDs) with one ``nvidia-smi`` call."""
 
-    def __init__(self, executable: str) -> None:
+    def __init__(self, executable: str, devices: str | None = None) -> None:
         self.executable = executable
+        self.devices = devices
 
     def read(self) -> list[GpuReading]:
-        command = [
-            self.executable,
-            f"--query-gpu={','.join(QUERY_FIELDS)}",
-            f"--format={QUERY_FORMAT}",
-        ]
+        command = [self.executable]
+        if self.devices:
+            command.append(f"--id={self.devices}")
+        command += [f"--query-gpu={','.join(QUERY_FIELDS)}", f"--format={QUERY_FORMAT}"]
         try:
             done = subprocess.run(
-                command, capture_output=True, text=True, timeout=_READ_TIMEOUT_S, check=False
+                command,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=_READ_TIMEOUT_S,
+                check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as error:
             raise GpuMonitorError(f"{self.executable} did not answer: {error}") from error
@@ -197,7 +204,11 @@ class GpuMonitor:
 
     def _run(self) -> None:
         while not self._stopping.wait(self.collection_interval_s):
-            self.collect_once()
+            try:
+                self.collect_once()
+            except Exception:  # never let monitoring die silently (or take training with it)
+                log.exception("gpu_monitor.crashed")
+                return
 
 
 def start_gpu_monitor(config: LoggerConfig) -> GpuMonitor | None:
@@ -211,7 +222,13 @@ def start_gpu_monitor(config: LoggerConfig) -> GpuMonitor | None:
             reason="logger.monitor_gpus is on but nvidia-smi is not on PATH; no GPU metrics",
         )
         return None
-    sampler = NvidiaSmi(executable)
+    # Only the GPUs this process may use, when it is told (a shared node); the metrics keep
+    # nvidia-smi's numbering, which is the node's, not CUDA's renumbering from 0.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        log.warning("gpu_monitor.unavailable", reason="CUDA_VISIBLE_DEVICES hides every GPU")
+        return None
+    sampler = NvidiaSmi(executable, devices=visible.strip() if visible else None)
     try:
         first = sampler.read()
     except GpuMonitorError as error:

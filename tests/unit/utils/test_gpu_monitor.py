@@ -130,6 +130,7 @@ def test_the_thread_collects_until_stopped(tmp_path):
 
 
 def test_started_only_when_asked_and_a_gpu_answers(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert start_gpu_monitor(LoggerConfig(monitor_gpus=False)) is None
     with capture_logs() as events:
@@ -172,3 +173,45 @@ def test_flushed_series_reach_the_trackers_whole_or_summarised(tmp_path):
     scalars = read_tensorboard_scalars(tmp_path / "logs" / "tensorboard")
     assert scalars["gpu/0/utilization_pct/max"] == [(1, 8.0)]
     assert scalars["gpu/0/utilization_pct/mean"] == [(1, 6.5)]
+
+
+def test_only_the_gpus_cuda_may_use_are_read(tmp_path, monkeypatch):
+    install_nvidia_smi(tmp_path, gpus=4)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    monitor = start_gpu_monitor(
+        LoggerConfig(monitor_gpus=True, gpu_monitoring={"flush_interval": 1e-9})
+    )
+    assert monitor is not None
+    try:
+        monitor.stop()  # collect by hand from here
+        assert monitor.collect_once()
+        gpus = {name.split("/")[1] for name in monitor.take_due()}
+        assert gpus == {"1", "3"}  # the node's numbering, as nvidia-smi prints it
+    finally:
+        monitor.stop()
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with capture_logs() as events:
+        assert start_gpu_monitor(LoggerConfig(monitor_gpus=True)) is None
+    assert "hides every GPU" in events[0]["reason"]
+
+
+class ExplodingSampler(NvidiaSmi):
+    """Stands in for a reading that fails in a way nobody planned for."""
+
+    def read(self):
+        raise RuntimeError("unplanned")
+
+
+def test_an_unplanned_error_ends_monitoring_with_a_log_line_not_silently(tmp_path):
+    monitor = GpuMonitor(
+        ExplodingSampler("nvidia-smi"), collection_interval_s=0.01, flush_interval_s=0
+    )
+    with capture_logs() as events:
+        monitor.start()
+        thread = monitor._thread
+        assert thread is not None
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+    assert [e["event"] for e in events] == ["gpu_monitor.crashed"]
