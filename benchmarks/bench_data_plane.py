@@ -220,22 +220,23 @@ def main() -> int:
             *lines,
             "",
             "Reading: from 1 MiB groups up compression pays for itself. 64 KiB groups (16 "
-            "samples of ≈ 240 tokens, 1,024 messages) still miss the target. The transport is "
-            "not the limit: without the codec (payloads encoded beforehand, not decoded; last "
-            "two columns) dockyard moves them ≈ 2× faster than raw nats-py, since they are a "
-            "quarter of the bytes (≈ 1.5× before pipelined publishes stopped paying for a "
-            "stall timeout while nats-py had a free slot: on Python 3.11 that timeout started "
-            "a task per publish, ≈ 40 µs of a 21 KB publish's ≈ 110). The codec is: timed "
-            "inside this run, encoding takes ≈ 0.13-0.15 ms and decoding ≈ 0.16-0.18 ms per "
+            "samples of ≈ 240 tokens) still miss the target. The transport is not the limit: "
+            "without the codec (payloads encoded beforehand, not decoded; last two columns) "
+            "dockyard moves them about twice as fast as raw nats-py, since they are a quarter "
+            "of the bytes (≈ 1.5× before pipelined publishes stopped paying for a stall "
+            "timeout while nats-py had a free slot: on Python 3.11 that timeout started a task "
+            "per publish, ≈ 40 µs of a 21 KB publish's ≈ 110). The codec is: timed inside "
+            "this benchmark, encoding takes ≈ 0.13-0.15 ms and decoding ≈ 0.16-0.18 ms per "
             "group (≈ 0.1 and 0.13 ms in a tight loop over a few groups that stay in cache), "
             "against ≈ 0.3 ms for the whole raw path of an 80 KB message. zstd is ≈ 0.05 ms "
             "of that; the rest is the ≈ 450 small values of a 16-sample group's metadata, "
-            "packed and unpacked by msgpack, validated by pydantic and walked by the "
-            "layout and pre-check passes. Schema 3.0 (groups carried field by field) took "
-            "64 KiB from 0.38× to ≈ 0.6×, the publish fix to ≈ 0.65×; 1.0× needs the codec's "
-            "per-group metadata work compiled, not a faster broker path. Running producer and "
-            "consumer as separate processes at once (a prototype, not kept) gave 0.72-0.91× "
-            "on this 2-core machine: the same CPU per group, shared with the server.",
+            "packed and unpacked by msgpack, validated by pydantic and walked by the layout "
+            "and pre-check passes. Schema 3.0 (groups carried field by field) took 64 KiB from "
+            "0.38× to ≈ 0.6×, the publish fix to 0.63-0.71× (three runs); 1.0× needs the codec's "
+            "per-group metadata work compiled, not a faster broker path. Producer and consumer "
+            "as separate processes running at once (a prototype, not kept) gave 0.72-0.91× on "
+            "this 2-core machine: the same CPU per group, shared with the server. Rows swing "
+            "by ±15-25% between runs (a shared VM); compare ratios, not MiB/s.",
             "",
         ]
         write_docs(body)
