@@ -181,7 +181,8 @@ class JetStreamPlane(DataPlane):
             self._events.closing = True
             # Closing after the broker died must not fail the caller: nothing is left to flush.
             with contextlib.suppress(TimeoutError, nats.errors.Error, OSError):
-                await asyncio.wait_for(self._nc.close(), timeout=5)
+                async with asyncio.timeout(5):
+                    await self._nc.close()
             self._nc = None
             self._js = None
         if self._embedded is not None:
@@ -437,7 +438,8 @@ class JetStreamPlane(DataPlane):
         except (nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError) as e:
             log.warning("fetch.disconnected", consumer=consumer.durable, error=repr(e))
             with contextlib.suppress(TimeoutError):  # wait for the reconnect, do not spin
-                await asyncio.wait_for(self._events.connected.wait(), timeout=timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._events.connected.wait()
             return []
         deliveries: list[Delivery] = []
         for msg in msgs:

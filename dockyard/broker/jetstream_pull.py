@@ -130,10 +130,11 @@ class PullChannel:
                 if remaining <= 0:
                     return
                 try:
-                    msg = await asyncio.wait_for(self._queue.get(), timeout=remaining)
+                    async with asyncio.timeout(remaining):
+                        msg = await self._queue.get()
                 except TimeoutError:
                     return
-            else:  # already here: no timer (wait_for costs a task per call)
+            else:  # already here: no timer
                 msg = self._queue.get_nowait()
             if is_status(msg):
                 if msg.subject == reply:

@@ -250,7 +250,8 @@ class MemoryPlane(DataPlane):
             wake_at = min([deadline, *self._next_events(state)])
             async with self._changed:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, wake_at - now))
+                    async with asyncio.timeout(max(0.0, wake_at - now)):
+                        await self._changed.wait()
 
     def _next_events(self, state: _Consumer) -> list[float]:
         return [f.deadline for f in state.in_flight.values()] + list(state.ready_at.values())

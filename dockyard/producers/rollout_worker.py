@@ -192,7 +192,8 @@ class RolloutWorker:
                 await self.version_changed.wait_for(lambda: self.engine.current_version >= version)
 
         try:
-            await asyncio.wait_for(reached(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await reached()
         except TimeoutError:
             log.warning(
                 "rollout.stale_weights",

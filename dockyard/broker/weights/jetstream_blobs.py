@@ -142,7 +142,8 @@ class JetStreamBlobStore(WeightBlobStore):
         try:
             while not finished.done():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(finished), timeout=1.0)
+                    async with asyncio.timeout(1.0):
+                        await asyncio.shield(finished)
                 if time.monotonic() - progress["at"] > self.stall_timeout_s:
                     raise DataPlaneError(
                         f"blob {ref.digest}: no chunk for {self.stall_timeout_s:g}s after "

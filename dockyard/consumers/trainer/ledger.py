@@ -29,7 +29,7 @@ class Ledger:
     def record_dispatched(self, group_ids: list[str]) -> None:
         # A restarted dispatcher re-issues the same ids; they are one group, not two.
         known = set(self.dispatched)
-        new = [g for g in group_ids if g not in known]
+        new = list(dict.fromkeys(g for g in group_ids if g not in known))
         self.dispatched.extend(new)
         self._append([{"event": "dispatched", "group_id": g} for g in new])
 
@@ -44,7 +44,10 @@ class Ledger:
 
     @property
     def in_flight(self) -> int:
-        return len(self.dispatched) - len(self.trained) - len(self.dropped)
+        """Dispatched groups not trained or dropped yet. Groups settled without having been
+        dispatched by this ledger (replayed from an incarnation that left no checkpoint) do not
+        count against it."""
+        return sum(1 for g in self.dispatched if g not in self.trained and g not in self.dropped)
 
     def _append(self, events: list[dict[str, object]]) -> None:
         if self.trail is None or not events:

@@ -233,7 +233,16 @@ class TrainerLoop:
                 await item.ack()
             if received:
                 last_data, warned = time.monotonic(), False
-            elif self.dispatcher.exhausted and self.ledger.in_flight == 0 and not self.pending:
+            elif self.dispatcher.exhausted and self.ledger.in_flight <= len(self.pending):
+                # Everything still open is here, and less than a step's worth (or it would
+                # have been trained): the data is used up.
+                for pending in self.pending:
+                    self.ledger.record_dropped(
+                        pending.scored.group_id,
+                        f"dataset exhausted: {len(self.pending)} groups left, "
+                        f"fewer than a step's {per_step}",
+                    )
+                self.pending = []
                 log.warning("trainer.dataset_exhausted", step=self.step)
                 break
             else:
@@ -252,6 +261,7 @@ class TrainerLoop:
                 wait_s = time.monotonic() - waiting_since
                 await self._train_step(self.pending[:per_step], wait_s)
                 self.pending = self.pending[per_step:]
+                self._drop_stale_pending()  # the version moved on: the rest aged by one
                 waiting_since = time.monotonic()
         validated_now = bool(self.summary.history) and self.summary.history[-1][0] == self.step
         if self.config.grpo.val_at_end and not validated_now:  # same weights: same answers
@@ -270,6 +280,16 @@ class TrainerLoop:
         if self.ledger.seen(group_id) or any(p.scored.group_id == group_id for p in self.pending):
             self.summary.duplicates += 1
             return
+        if self._dropped_as_stale(scored):
+            return
+        if self._drop_for_dynamic_sampling(scored):
+            return
+        self.pending.append(Pending(scored, seq, time.monotonic()))
+
+    def _dropped_as_stale(self, scored: ScoredRollout) -> bool:
+        """Drop (and record) a group whose oldest token is older than the age limit allows at
+        the current version. Checked when a group comes in and again after every step, so no
+        group is trained past the limit however long it waited."""
         oldest = scored.rollout.samples.min_weight_version()
         age = self.weight_version - oldest if oldest is not None else 0  # oldest token decides
         max_age = (
@@ -277,13 +297,14 @@ class TrainerLoop:
             if self.config.grpo.async_grpo.enabled
             else 0
         )
-        if age > max_age:
-            self.ledger.record_dropped(group_id, f"stale: age {age} > {max_age}")
-            self.summary.dropped_stale += 1
-            return
-        if self._drop_for_dynamic_sampling(scored):
-            return
-        self.pending.append(Pending(scored, seq, time.monotonic()))
+        if age <= max_age:
+            return False
+        self.ledger.record_dropped(scored.group_id, f"stale: age {age} > {max_age}")
+        self.summary.dropped_stale += 1
+        return True
+
+    def _drop_stale_pending(self) -> None:
+        self.pending = [p for p in self.pending if not self._dropped_as_stale(p.scored)]
 
     def _drop_for_dynamic_sampling(self, scored: ScoredRollout) -> bool:
         """``grpo.use_dynamic_sampling`` (sync loop): a group whose rewards are all equal has no

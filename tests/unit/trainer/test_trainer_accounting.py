@@ -1,0 +1,190 @@
+"""The trainer's accounting of groups over a whole run: the real TrainerLoop, dispatcher and
+in-memory plane; the rollout worker and scorer are replaced by a stand-in that answers every
+prompt with a scored group at once (no model runs), stamped with a chosen weight version."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+
+from dockyard.broker.memory import MemoryPlane
+from dockyard.broker.typed import MessagePlane
+from dockyard.broker.weights.factory import create_weight_store
+from dockyard.config.loader import load_config
+from dockyard.consumers.trainer.ledger import read_trail
+from dockyard.consumers.trainer.loop import TrainerLoop
+from dockyard.data.base import build_dataset
+from dockyard.models import build_character_tokenizer
+from dockyard.producers.dispatcher import Dispatcher
+from dockyard.schemas import (
+    EngineInfo,
+    PromptGroup,
+    Rollout,
+    RolloutSample,
+    SampleScore,
+    SampleTimings,
+    SamplingParams,
+    ScoredRollout,
+)
+
+TOKENIZER = build_character_tokenizer()
+
+
+def small_config(*overrides: str):
+    return load_config(
+        "configs/quickstart.yaml",
+        [
+            "sft.enabled=false",
+            "grpo.val_at_start=false",
+            "grpo.val_at_end=false",
+            "grpo.val_period=0",
+            "grpo.num_prompts_per_step=2",
+            "grpo.num_generations_per_prompt=2",
+            "policy.train_global_batch_size=4",
+            "policy.train_micro_batch_size=4",
+            "run.starvation_warning_s=5",
+            "run.starvation_timeout_s=30",
+            "checkpointing.enabled=false",
+            "~data_plane",
+            *overrides,
+        ],
+    )
+
+
+def answer(group: PromptGroup, version: int) -> ScoredRollout:
+    """Two samples of the right answer, every token stamped with ``version``."""
+    tokens = np.array(
+        [*TOKENIZER(group.ground_truth, add_special_tokens=False)["input_ids"], 0], np.int64
+    )
+    now = time.time()
+    samples = [
+        RolloutSample(
+            sample_index=index,
+            prompt_token_ids=group.prompt_token_ids,
+            response_token_ids=tokens,
+            behaviour_logprobs=np.full(len(tokens), -0.1, np.float32),
+            token_weight_versions=np.full(len(tokens), version, np.int64),
+            loss_mask=np.ones(len(tokens), np.uint8),
+            finish_reason="stop",
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=4),
+            engine=EngineInfo(name="stand-in", version="0"),
+            worker_id="stand-in",
+            timings=SampleTimings(started_at_unix_s=now, finished_at_unix_s=now),
+        )
+        for index in range(group.num_generations)
+    ]
+    return ScoredRollout(
+        rollout=Rollout(group=group, samples=samples),
+        scores=[SampleScore(sample_index=i, reward=float(i % 2)) for i in range(len(samples))],
+        scorer_id="stand-in",
+    )
+
+
+async def answer_prompts(messages: MessagePlane, versions_behind: int) -> None:
+    """Stands in for a rollout worker (and scorer) that is ``versions_behind`` refits late."""
+    while True:
+        for item in await messages.fetch(
+            messages.names.prompt_consumer, PromptGroup, batch=16, timeout_s=0.2
+        ):
+            group = item.message
+            version = max(0, group.dispatch_weight_version - versions_behind)
+            await messages.publish(answer(group, version))
+            await item.ack()
+
+
+@contextlib.asynccontextmanager
+async def trainer(run_dir: Path, *overrides: str, versions_behind: int = 0) -> AsyncIterator:
+    config = small_config(*overrides)
+    async with MemoryPlane() as plane:
+        messages = MessagePlane(plane, stage="trainer")
+        dataset = build_dataset(config.data.train, config.data.default_env)
+        dispatcher = Dispatcher(config, messages, dataset, TOKENIZER, run_id="acct")
+        loop = TrainerLoop(config, messages, create_weight_store(plane), run_dir, dispatcher)
+        stand_in = asyncio.create_task(answer_prompts(messages, versions_behind))
+        try:
+            yield loop
+        finally:
+            stand_in.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stand_in
+
+
+def step_metrics(run_dir: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    return [r["metrics"] for r in records if "staleness/max" in r["metrics"]]
+
+
+def settled(run_dir: Path) -> tuple[list[str], dict[str, int], dict[str, str]]:
+    events = read_trail(run_dir / "ledger.jsonl")
+    dispatched = [e["group_id"] for e in events if e["event"] == "dispatched"]
+    trained = {e["group_id"]: e["step"] for e in events if e["event"] == "trained"}
+    dropped = {e["group_id"]: e["reason"] for e in events if e["event"] == "dropped"}
+    return dispatched, trained, dropped
+
+
+async def test_no_group_is_trained_older_than_the_age_limit_however_long_it_waited(tmp_path):
+    # Workers one refit late: groups come in at age 1 (accepted), and those that wait in the
+    # buffer for a step would be trained at age 2.
+    async with trainer(
+        tmp_path,
+        "grpo.max_num_steps=6",
+        "grpo.async_grpo.max_trajectory_age_steps=1",
+        versions_behind=1,
+    ) as loop:
+        await loop.run()
+    staleness = [m["staleness/max"] for m in step_metrics(tmp_path)]
+    assert len(staleness) == 6 and max(staleness) <= 1
+    _, trained, dropped = settled(tmp_path)
+    assert dropped and all(reason == "stale: age 2 > 1" for reason in dropped.values())
+    assert loop.summary.dropped_stale == len(dropped)
+    assert not set(trained) & set(dropped)
+
+
+async def test_a_used_up_dataset_ends_the_run_and_drops_what_cannot_fill_a_step(tmp_path):
+    # 5 prompts, 2 per step, one epoch: 2 steps, then 1 group that can never fill a step.
+    async with trainer(
+        tmp_path,
+        "grpo.max_num_steps=100",
+        "grpo.max_num_epochs=1",
+        "data.train.params.num_samples=5",
+        "grpo.val_at_end=true",
+    ) as loop:
+        summary = await loop.run()  # returns: no starvation error
+    assert summary.steps == 2
+    dispatched, trained, dropped = settled(tmp_path)
+    assert len(dispatched) == 5 and len(trained) == 4
+    assert list(dropped.values()) == ["dataset exhausted: 1 groups left, fewer than a step's 2"]
+    assert loop.ledger.in_flight == 0 and loop.pending == []
+
+
+async def test_groups_settled_by_replay_before_being_dispatched_do_not_inflate_the_budget(
+    tmp_path,
+):
+    # A second incarnation without a checkpoint replays the first one's scored groups (and
+    # settles them) before its dispatcher re-issues their ids.
+    async with trainer(tmp_path, "grpo.max_num_steps=3") as first:
+        await first.run()
+        plane = first.plane
+        messages = first.messages
+        config = small_config("grpo.max_num_steps=6")
+        dataset = build_dataset(config.data.train, config.data.default_env)
+        dispatcher = Dispatcher(config, messages, dataset, TOKENIZER, run_id="acct")
+        second = TrainerLoop(config, messages, create_weight_store(plane), tmp_path, dispatcher)
+        budgets: list[int] = []
+        original = dispatcher.top_up
+
+        async def top_up(in_flight: int, weight_version: int) -> list[str]:
+            budgets.append(in_flight)
+            return await original(in_flight, weight_version)
+
+        dispatcher.top_up = top_up  # type: ignore[method-assign]
+        await second.run()
+    assert min(budgets) >= 0
+    _, trained, _ = settled(tmp_path)
+    assert len(trained) == len(set(trained))
