@@ -52,16 +52,16 @@ class JetStreamDelivery(Delivery):
         self.headers = dict(headers)
         self.data = data
 
-    async def ack(self) -> None:
+    async def _ack(self) -> None:
         await self._msg.ack()
 
-    async def nak(self, delay_s: float | None = None) -> None:
+    async def _nak(self, delay_s: float | None) -> None:
         await self._msg.nak(delay=delay_s)
 
-    async def term(self, reason: str = "") -> None:
+    async def _term(self, reason: str) -> None:
         await self._msg.term()
 
-    async def in_progress(self) -> None:
+    async def _in_progress(self) -> None:
         await self._msg.in_progress()
 
 

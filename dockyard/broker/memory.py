@@ -83,21 +83,21 @@ class _MemoryDelivery(Delivery):
         flight = self._consumer.in_flight.get(self.seq)
         return flight is not None and flight.delivery_token == self._token
 
-    async def ack(self) -> None:
+    async def _ack(self) -> None:
         # Like JetStream, a late ack of an earlier delivery still settles the message.
         self._plane._settle(self._consumer, self.seq, delete_from_work_queue=True)
 
-    async def nak(self, delay_s: float | None = None) -> None:
+    async def _nak(self, delay_s: float | None) -> None:
         if not self._current():
             return
         del self._consumer.in_flight[self.seq]
         self._consumer.ready_at[self.seq] = time.monotonic() + (delay_s or 0.0)
         await self._plane._notify()
 
-    async def term(self, reason: str = "") -> None:
+    async def _term(self, reason: str) -> None:
         self._plane._settle(self._consumer, self.seq, delete_from_work_queue=True)
 
-    async def in_progress(self) -> None:
+    async def _in_progress(self) -> None:
         flight = self._consumer.in_flight.get(self.seq)
         if flight is not None and flight.delivery_token == self._token:
             flight.deadline = time.monotonic() + self._plane.config.consumer.ack_wait_s

@@ -52,6 +52,10 @@ class ProvisioningDrift(DataPlaneError):
     """An existing stream or consumer differs from what the config asks for."""
 
 
+class AlreadySettled(DataPlaneError):
+    """A delivery was acked, nak'ed or terminated a second time."""
+
+
 class PayloadError(DataPlaneError):
     """A payload could not be reassembled or failed its integrity check."""
 
@@ -88,7 +92,9 @@ class StoredMessage:
 
 
 class Delivery(abc.ABC):
-    """One delivery of a message from a durable pull consumer; settle it exactly once."""
+    """One delivery of a message from a durable pull consumer; settle it exactly once (``ack``,
+    ``nak`` or ``term``). ``settled`` says whether it was; settling it again is refused with
+    :class:`AlreadySettled` by every implementation (JetStream itself refuses a second ack)."""
 
     stream: str
     subject: str
@@ -97,6 +103,7 @@ class Delivery(abc.ABC):
     timestamp: datetime
     headers: Mapping[str, str]
     data: bytes
+    settled: bool = False
 
     @property
     def msg_id(self) -> str | None:
@@ -107,20 +114,45 @@ class Delivery(abc.ABC):
             self.stream, self.subject, self.seq, self.timestamp, self.headers, self.data
         )
 
-    @abc.abstractmethod
-    async def ack(self) -> None: ...
+    async def ack(self) -> None:
+        self._refuse_if_settled("ack")
+        await self._ack()
+        self.settled = True
 
-    @abc.abstractmethod
     async def nak(self, delay_s: float | None = None) -> None:
         """Ask for redelivery, after ``delay_s`` if given."""
+        self._refuse_if_settled("nak")
+        await self._nak(delay_s)
+        self.settled = True
 
-    @abc.abstractmethod
     async def term(self, reason: str = "") -> None:
         """Never redeliver (the message went to dead letters, or is known bad)."""
+        self._refuse_if_settled("term")
+        await self._term(reason)
+        self.settled = True
+
+    async def in_progress(self) -> None:
+        """Reset the ack timer: still working on it (nothing to do once settled)."""
+        if not self.settled:
+            await self._in_progress()
+
+    def _refuse_if_settled(self, how: str) -> None:
+        if self.settled:
+            raise AlreadySettled(
+                f"cannot {how} {self.stream} seq {self.seq}: this delivery is already settled"
+            )
 
     @abc.abstractmethod
-    async def in_progress(self) -> None:
-        """Reset the ack timer: still working on it."""
+    async def _ack(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _nak(self, delay_s: float | None) -> None: ...
+
+    @abc.abstractmethod
+    async def _term(self, reason: str) -> None: ...
+
+    @abc.abstractmethod
+    async def _in_progress(self) -> None: ...
 
 
 @dataclass(frozen=True)

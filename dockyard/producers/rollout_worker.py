@@ -122,7 +122,8 @@ class RolloutWorker:
                 self.failures += 1
                 log.error("rollout.engine_failed", error=repr(error), groups=len(received))
                 for item in received:
-                    await item.nak(self.nak_delay_s)
+                    if not item.delivery.settled:  # some may be stored or dead-lettered already
+                        await item.nak(self.nak_delay_s)
                 self.status.update(detail=f"engine error: {error!r}", failures=self.failures)
                 if consecutive_failures >= self.max_consecutive_failures:
                     self.status.update("unhealthy")

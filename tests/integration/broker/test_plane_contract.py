@@ -15,6 +15,7 @@ from dockyard.broker.plane import (
     HEADER_ORIGINAL_SEQ,
     HEADER_ORIGINAL_SUBJECT,
     REASON_MAX_DELIVERIES,
+    AlreadySettled,
     DataPlane,
     OutgoingMessage,
 )
@@ -75,6 +76,20 @@ async def test_nak_redelivers_and_term_does_not(plane: DataPlane) -> None:
     assert redelivered.data == first.data and redelivered.num_delivered == 2
     await redelivered.ack()
     # the termed message never comes back, even after ack_wait
+    assert await fetch_until(plane, names.rollout_consumer, 1, timeout_s=1.5) == []
+
+
+async def test_a_delivery_is_settled_once(plane: DataPlane) -> None:
+    names = plane.names
+    await plane.publish(names.rollouts, b"once", msg_id="once")
+    [delivery] = await fetch_until(plane, names.rollout_consumer, 1)
+    assert not delivery.settled
+    await delivery.ack()
+    assert delivery.settled
+    await delivery.in_progress()  # nothing left to extend: not an error
+    for settle in (delivery.ack, delivery.nak, delivery.term):
+        with pytest.raises(AlreadySettled, match="already settled"):
+            await settle()
     assert await fetch_until(plane, names.rollout_consumer, 1, timeout_s=1.5) == []
 
 

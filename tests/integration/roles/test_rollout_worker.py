@@ -8,6 +8,7 @@ import contextlib
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from dockyard.broker.jetstream import JetStreamPlane
@@ -189,6 +190,39 @@ async def test_engine_failures_nak_the_work_and_make_the_worker_unhealthy(data_p
         async with running_worker(plane, store, healthy):
             await wait_for(lambda: _has_rollouts(plane, 1))
         assert (await rollouts(plane))[0].group_id == "g-retry"
+
+
+async def test_a_failed_batch_naks_only_what_is_not_settled_yet(data_plane_config):
+    from dockyard.producers.multimodal import MultimodalLimits
+    from dockyard.producers.rollout_worker import WorkerUnhealthy
+
+    model, tokenizer = build_arithmetic_policy(seed=0)
+    engine = FailingEngine(
+        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+    )
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        store = create_weight_store(plane)
+        await publish_weights(messages, store, 0, model.state_dict())
+        # One batch: a group refused at the boundary (dead-lettered, settled) and one the
+        # engine fails on. Only the second may be nak'ed: JetStream refuses a second settle.
+        with_image = prompt_group("g-image").model_copy(update={"images": [png_bytes()]})
+        await messages.publish_many([with_image, prompt_group("g-text")])
+        worker = make_worker(
+            plane,
+            store,
+            engine,
+            nak_delay_s=0.1,
+            max_consecutive_failures=1,
+            multimodal=MultimodalLimits(allow_multimodal_inputs=False),
+        )
+        with pytest.raises(WorkerUnhealthy, match="1 consecutive engine failures"):
+            await asyncio.wait_for(worker.run(), 60)
+        assert worker.refused_groups == 1
+        [again] = await plane.fetch(plane.names.prompt_consumer, timeout_s=10)
+        group = decode(again.headers, again.data)
+        assert group.group_id == "g-text" and again.num_delivered == 2
+        await again.ack()
 
 
 def png_bytes() -> bytes:
