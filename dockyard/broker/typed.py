@@ -7,6 +7,8 @@ codec's reason code, ``term``-ed, counted, and the fetch carries on with the nex
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -49,6 +51,32 @@ class Received(Generic[M]):
 
     async def in_progress(self) -> None:
         await self.delivery.in_progress()
+
+
+@contextlib.asynccontextmanager
+async def kept_in_progress(items: Sequence[Received[M]], every_s: float) -> AsyncIterator[None]:
+    """While the block runs, tell the broker every ``every_s`` seconds that the unsettled
+    ``items`` are still being worked on, so work longer than the ack wait (a slow environment,
+    a long generation) is not redelivered to another consumer and done twice."""
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            for item in items:
+                if item.delivery.settled:
+                    continue
+                try:
+                    await item.in_progress()
+                except Exception as error:  # a missed beat only risks a redelivery
+                    log.warning("in_progress.failed", seq=item.delivery.seq, error=repr(error))
+
+    beating = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
 
 
 class MessagePlane:

@@ -14,7 +14,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from dockyard.broker.typed import MessagePlane, Received
+from dockyard.broker.typed import MessagePlane, Received, kept_in_progress
 from dockyard.consumers.scoring import to_scored_rollout, to_scoring_group
 from dockyard.environments.base import (
     Environment,
@@ -74,6 +74,8 @@ class Scorer:
         self.only_env = only_env
         self.max_deliver = max_deliver
         self.nak_delay_s = nak_delay_s
+        # A third of the ack wait: two beats may be late before the broker gives the group away.
+        self.heartbeat_s = messages.plane.config.consumer.ack_wait_s / 3
         self.slots = asyncio.Semaphore(max_concurrency)
         self.max_concurrency = max_concurrency
         self.environments: dict[str, Environment] = {}
@@ -133,7 +135,8 @@ class Scorer:
                 )
             environment = self.environment(env_name)
             group = to_scoring_group(rollout, self.tokenizer)
-            score = await score_with_timeout(environment, group)
+            async with kept_in_progress([item], self.heartbeat_s):
+                score = await score_with_timeout(environment, group)
         except InvalidScoringInput as error:
             await self._dead_letter(item, error.reason_code, str(error))
             return

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from PIL import Image
 
-from dockyard.broker.typed import MessagePlane, Received
+from dockyard.broker.typed import MessagePlane, Received, kept_in_progress
 from dockyard.broker.weights.base import (
     BlobDigestMismatch,
     BlobNotFound,
@@ -69,6 +69,8 @@ class RolloutWorker:
         self.engine_info = engine_info
         self.fetch_batch = fetch_batch
         self.nak_delay_s = nak_delay_s
+        # A third of the ack wait: two beats may be late before the broker gives the work away.
+        self.heartbeat_s = messages.plane.config.consumer.ack_wait_s / 3
         self.max_consecutive_failures = max_consecutive_failures
         self.simulated_latency_per_token_s = simulated_latency_per_token_s
         self.status = status or StatusFile(None, "rollout", worker_id)
@@ -115,7 +117,8 @@ class RolloutWorker:
             if not received:
                 continue
             try:
-                await self.process(received)
+                async with kept_in_progress(received, self.heartbeat_s):
+                    await self.process(received)
                 consecutive_failures = 0
             except Exception as error:  # an engine failure must not lose the work
                 consecutive_failures += 1

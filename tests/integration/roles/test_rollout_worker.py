@@ -225,6 +225,28 @@ async def test_a_failed_batch_naks_only_what_is_not_settled_yet(data_plane_confi
         await again.ack()
 
 
+async def test_generation_longer_than_the_ack_wait_is_not_given_to_another_worker(
+    data_plane_config,
+):
+    model, tokenizer = build_arithmetic_policy(seed=0)
+    engine = TorchEngine(
+        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+    )
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        store = create_weight_store(plane)
+        await publish_weights(messages, store, 0, model.state_dict())
+        await messages.publish(prompt_group("g-long"))
+        # 4 tokens at a simulated 1 s each: a batch takes 4 ack waits of 1 s.
+        slow = {"simulated_latency_per_token_s": data_plane_config.consumer.ack_wait_s}
+        async with (
+            running_worker(plane, store, engine, **slow) as first,
+            running_worker(plane, store, engine, **slow) as second,
+        ):
+            await wait_for(lambda: _has_rollouts(plane, 1))
+        assert first.groups_done + second.groups_done == 1  # generated once, by one worker
+
+
 def png_bytes() -> bytes:
     import io
 

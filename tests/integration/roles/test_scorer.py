@@ -149,3 +149,36 @@ async def test_an_environment_failure_is_retried_then_dead_lettered(data_plane_c
         assert letter.reason == "environment_error"
         assert "verifier crashed" in letter.message
         assert await stored(plane, plane.names.scored) == []
+
+
+async def test_scoring_longer_than_the_ack_wait_is_not_given_to_another_scorer(
+    data_plane_config,
+):
+    from dockyard.environments.base import Environment
+    from dockyard.environments.registry import register_environment
+
+    @register_environment
+    class SlowEnvironment(Environment):
+        """A test environment whose verifier takes 3 ack waits (a slow sandbox)."""
+
+        name = "slow-for-test"
+        calls = 0
+
+        @classmethod
+        def from_context(cls, context):
+            return cls(context.env.math)
+
+        async def score(self, group):
+            type(self).calls += 1
+            await asyncio.sleep(3 * data_plane_config.consumer.ack_wait_s)  # the work itself
+            return await build_environment("arithmetic").score(group)
+
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="scorer")
+        group = prompt_group("g-slow").model_copy(update={"environment": "slow-for-test"})
+        await messages.publish(rollout(group, ["46", "46"]))
+        async with running_scorer(messages), running_scorer(MessagePlane(plane, stage="scorer")):
+            await wait_for(lambda: _count(plane, plane.names.scored, 1))
+        assert SlowEnvironment.calls == 1  # the pool's other scorer never got it
+        assert await stored(plane, plane.names.dead_letters) == []
+        assert len(await stored(plane, plane.names.scored)) == 1
