@@ -45,7 +45,12 @@ async def _serve(args: argparse.Namespace) -> int:
 def register(registrar: CommandRegistrar) -> None:
     parser = registrar.add("score", help="Run a scorer: rollouts in, scored rollouts out")
     add_config_arguments(parser)
-    parser.add_argument("--env", default=None, help="serve only this environment")
+    parser.add_argument(
+        "--env",
+        default=None,
+        help="serve only this environment; groups of any other are dead-lettered "
+        "(wrong_environment): use it only when the whole run has this one environment",
+    )
     parser.add_argument("--scorer-id", default=None, help="default: host-pid")
     add_status_argument(parser)
     parser.set_defaults(handler=lambda args: asyncio.run(_serve(args)))
