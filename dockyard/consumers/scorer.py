@@ -10,10 +10,12 @@ retry can fix (:class:`InvalidScoringInput`) is dead-lettered at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane, Received, kept_in_progress
 from dockyard.consumers.scoring import to_scored_rollout, to_scoring_group
 from dockyard.environments.base import (
@@ -152,8 +154,16 @@ class Scorer:
             return
         if any(ScoreFlag.TIMEOUT in sample.flags for sample in score.samples):
             stats.timeouts += 1
-        await self.messages.publish(to_scored_rollout(rollout, score, self.scorer_id))
-        await item.ack()
+        try:
+            await self.messages.publish(to_scored_rollout(rollout, score, self.scorer_id))
+            await item.ack()
+        except DataPlaneError as error:  # the broker, not the group: score it again later
+            stats.failures += 1
+            log.error("scorer.publish_failed", env=env_name, error=repr(error))
+            if not item.delivery.settled:
+                with contextlib.suppress(DataPlaneError):
+                    await item.nak(self.nak_delay_s)
+            return
         stats.groups += 1
         stats.latency_s_total += time.perf_counter() - started
         self.report_stats()

@@ -38,6 +38,9 @@ from dockyard.utils.status import StatusFile
 
 log = get_logger(__name__)
 
+#: After the weight-event watch broke (the broker, not the events): when to watch again.
+_WATCH_RETRY_S = 1.0
+
 
 class WorkerUnhealthy(RuntimeError):
     """Repeated engine failures: the worker stops taking work and exits non-zero."""
@@ -85,6 +88,7 @@ class RolloutWorker:
         self.failures = 0
         self.refits = 0
         self.refused_refits = 0
+        self.failed_refits = 0
         self.last_refit_latency_s = 0.0
 
     def stop(self) -> None:
@@ -207,10 +211,23 @@ class RolloutWorker:
             )
 
     async def follow_weights(self) -> None:
-        async for event in self.messages.weight_versions():
-            if event.version <= self.engine.current_version and self.refits:
-                continue
-            await self.refit(event)
+        """Refit on every new weight version, for as long as the worker runs: a refit that
+        fails keeps the old weights (the next version tries again), a broken watch restarts."""
+        while True:
+            try:
+                async for event in self.messages.weight_versions():
+                    if event.version <= self.engine.current_version and self.refits:
+                        continue
+                    try:
+                        await self.refit(event)
+                    except Exception as error:  # an engine or transport failure, not a bug
+                        self.failed_refits += 1
+                        log.error("refit.failed", version=event.version, error=repr(error))
+                        self.status.update(detail=f"refit v{event.version} failed: {error!r}")
+                return  # the plane closed the watch: the worker is stopping
+            except Exception as error:
+                log.error("weights.watch_failed", error=repr(error))
+                await asyncio.sleep(_WATCH_RETRY_S)
 
     async def refit(self, event: WeightVersion) -> None:
         started = time.perf_counter()

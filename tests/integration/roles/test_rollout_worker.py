@@ -14,6 +14,7 @@ import torch
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.factory import create_weight_store
+from dockyard.engines.base import EngineError
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.torch_engine import TorchEngine
 from dockyard.models import build_arithmetic_policy
@@ -142,6 +143,46 @@ async def test_a_corrupt_blob_is_refused_and_the_old_weights_stay(
         assert all((s.token_weight_versions == 0).all() for s in rollout.samples)
         for name, tensor in good.state_dict().items():
             assert torch.equal(engine.model.state_dict()[name], tensor)
+
+
+class RefitFailsOnceEngine(TorchEngine):
+    """A stand-in engine (named as such) whose first refit after the initial weights fails,
+    as a real engine's can (out of memory, a server restarting)."""
+
+    failures_left = 1
+
+    async def update_weights(self, version, source):
+        if version > 0 and self.failures_left:
+            self.failures_left -= 1
+            raise EngineError("refit failed for the test")
+        await super().update_weights(version, source)
+
+
+async def test_a_failed_refit_keeps_the_old_weights_and_the_next_version_is_applied(
+    data_plane_config,
+):
+    model, tokenizer = build_arithmetic_policy(seed=0)
+    engine = RefitFailsOnceEngine(
+        build_arithmetic_policy(seed=3)[0],
+        eos_token_ids=[tokenizer.eos_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        store = create_weight_store(plane)
+        await publish_weights(messages, store, 0, model.state_dict())
+        async with running_worker(plane, store, engine) as worker:
+            await wait_for(lambda: _refits(worker, 1))
+            await publish_weights(messages, store, 1, model.state_dict())
+            await wait_for(lambda: _failed_refits(worker, 1))
+            assert engine.current_version == 0
+            await publish_weights(messages, store, 2, model.state_dict())
+            await wait_for(lambda: _refits(worker, 2))  # the follower lived on
+        assert engine.current_version == 2
+
+
+async def _failed_refits(worker, count: int) -> bool:
+    return worker.failed_refits >= count
 
 
 async def _has_rollouts(plane, count: int) -> bool:

@@ -182,3 +182,26 @@ async def test_scoring_longer_than_the_ack_wait_is_not_given_to_another_scorer(
         assert SlowEnvironment.calls == 1  # the pool's other scorer never got it
         assert await stored(plane, plane.names.dead_letters) == []
         assert len(await stored(plane, plane.names.scored)) == 1
+
+
+async def test_a_failed_publish_of_the_score_naks_the_group_for_later(data_plane_config):
+    from dockyard.broker.plane import PublishError
+
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="scorer")
+        await messages.publish(rollout(prompt_group("g-publish"), ["46", "46"]))
+        publish = messages.publish
+        refusals = [PublishError("stand-in: the broker refused the publish")]
+
+        async def refuse_once(message):  # stands in for a broker that refuses once
+            if refusals:
+                raise refusals.pop()
+            return await publish(message)
+
+        messages.publish = refuse_once  # type: ignore[method-assign]
+        async with running_scorer(messages) as scorer:
+            await wait_for(lambda: _count(plane, plane.names.scored, 1))
+            assert scorer.stats.by_env["arithmetic"].failures == 1
+        scored = await stored(plane, plane.names.scored)
+        assert len(scored) == 1
+        assert await stored(plane, plane.names.dead_letters) == []
