@@ -33,6 +33,7 @@ from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.broker.jetstream_pull import JetStreamDelivery, PullChannel, user_headers
 from dockyard.broker.names import ConsumerSpec, Retention
 from dockyard.broker.plane import (
+    HEADER_CHUNKS_MISSING,
     HEADER_MSG_ID,
     REASON_CHUNKS_MISSING,
     REASON_MAX_DELIVERIES,
@@ -522,8 +523,15 @@ class JetStreamPlane(DataPlane):
         data = raw.data or b""
         reference = chunking.reference_of(headers)
         if reference is not None:
-            data = await self._reassemble(reference)
-            headers = chunking.strip_chunk_headers(headers)
+            try:
+                data = await self._reassemble(reference)
+            except PayloadError as error:
+                # History outlived its chunks (they age out of their own stream): the message
+                # is read as its empty reference, which no reader decodes, saying why.
+                log.warning("history.chunks_missing", stream=stream, seq=raw.seq, error=str(error))
+                headers = {**headers, HEADER_CHUNKS_MISSING: str(error)}
+            else:
+                headers = chunking.strip_chunk_headers(headers)
         timestamp = raw.time if isinstance(raw.time, datetime) else datetime.now(UTC)
         return StoredMessage(stream, raw.subject or "", int(raw.seq or 0), timestamp, headers, data)
 

@@ -24,6 +24,8 @@ HEADER_CHUNKS = "Dockyard-Chunks"
 HEADER_CHUNK_REF = "Dockyard-Chunk-Ref"
 HEADER_PAYLOAD_SIZE = "Dockyard-Payload-Size"
 HEADER_PAYLOAD_SHA256 = "Dockyard-Payload-Sha256"
+#: On a message read from history whose chunks are gone: why it holds no payload.
+HEADER_CHUNKS_MISSING = "Dockyard-Chunks-Missing"
 # Set on every dead letter so it can be triaged without decoding its body.
 HEADER_DEAD_REASON = "Dockyard-Dead-Reason"
 HEADER_DEAD_DETAIL = "Dockyard-Dead-Detail"

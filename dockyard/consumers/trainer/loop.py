@@ -333,15 +333,27 @@ class TrainerLoop:
         log.warning("trainer.dropped_lost_groups", count=len(lost))
 
     async def _replay(self, from_seq: int) -> None:
-        count = 0
+        count = skipped = 0
         async for stored in self.plane.replay(self.messages.names.scored, from_seq=from_seq):
             try:
-                scored = decode(stored.headers, stored.data, expected=ScoredRollout)
-            except CodecError:
-                continue  # refused when it first arrived; it is in the dead letters
+                scored = decode(
+                    stored.headers, stored.data, limits=self.messages.limits, expected=ScoredRollout
+                )
+            except CodecError as error:
+                # Refused when it first arrived (it is in the dead letters), or its chunks aged
+                # out since: the dispatcher's lost-group check accounts for its group.
+                skipped += 1
+                log.warning("trainer.replay_skipped", seq=stored.seq, reason=error.reason.value)
+                continue
             self._take(scored, stored.seq)
             count += 1
-        log.info("trainer.replayed", from_seq=from_seq, messages=count, pending=len(self.pending))
+        log.info(
+            "trainer.replayed",
+            from_seq=from_seq,
+            messages=count,
+            skipped=skipped,
+            pending=len(self.pending),
+        )
 
     async def _train_step(self, groups: list[Pending], wait_s: float) -> None:
         cfg = self.config

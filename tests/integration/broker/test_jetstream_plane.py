@@ -14,7 +14,12 @@ from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.embedded import EmbeddedNatsServer
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.names import ConsumerSpec
-from dockyard.broker.plane import REASON_CHUNKS_MISSING, OutgoingMessage, ProvisioningDrift
+from dockyard.broker.plane import (
+    HEADER_CHUNKS_MISSING,
+    REASON_CHUNKS_MISSING,
+    OutgoingMessage,
+    ProvisioningDrift,
+)
 from dockyard.broker.typed import MessagePlane
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.schemas import WeightVersion
@@ -96,6 +101,10 @@ async def test_lost_chunks_turn_the_reference_into_a_dead_letter(
     assert delivery.data == b"fine"
     [dead] = await collect(plane, names.dead_letters)
     assert read_dead_letter(dead).reason == REASON_CHUNKS_MISSING
+    # Reading history does not stop there either: the message is there, empty, saying why.
+    doomed, fine = await collect(plane, names.scored)
+    assert doomed.data == b"" and "is gone" in doomed.headers[HEADER_CHUNKS_MISSING]
+    assert fine.data == b"fine" and HEADER_CHUNKS_MISSING not in fine.headers
 
 
 async def test_provisioning_updates_limits_and_reports_immutable_drift(
