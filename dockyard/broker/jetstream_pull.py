@@ -23,6 +23,9 @@ from nats.aio.subscription import Subscription
 
 from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import Delivery
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
 
 _STATUS = "Status"
 # Headers the server adds to stored messages; the plane hides them from readers.
@@ -100,6 +103,17 @@ class PullChannel:
             with contextlib.suppress(Exception):  # the connection may already be gone
                 await self._subscription.unsubscribe()
             self._subscription = None
+        # Deliveries that arrived after the last fetch returned were never handed out: give
+        # them back now rather than after their ack wait.
+        returned = 0
+        while not self._queue.empty():
+            msg = self._queue.get_nowait()
+            if not is_status(msg):
+                with contextlib.suppress(Exception):
+                    await msg.nak()
+                    returned += 1
+        if returned:
+            log.info("pull.returned_on_close", durable=self._spec.durable, messages=returned)
 
     def _reply(self) -> str:
         self._counter += 1

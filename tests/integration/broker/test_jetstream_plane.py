@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable
 
@@ -172,3 +173,34 @@ async def test_typed_layer_dead_letters_poison_and_carries_on(
         assert letter.original_payload == b"\x28\xb5\x2f\xfd garbage"
         current = await typed.current_weight_version()
         assert current is not None and current.version == 2
+
+
+async def test_deliveries_not_handed_out_are_returned_when_the_plane_closes(
+    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
+) -> None:
+    # A long poll returns with its first message; the rest of its batch arrives afterwards and
+    # waits for the next fetch. A consumer that stops before then gives them back at once
+    # (the ack wait here is 60 s: without that they would be invisible for a minute).
+    config = data_plane_config_factory(nats_server.url, consumer={"ack_wait_s": 60})
+    async with JetStreamPlane(config) as producer:
+        names = producer.names
+        consumer = JetStreamPlane(config)
+        await consumer.start()
+        try:
+            polling = asyncio.ensure_future(consumer.fetch(names.rollout_consumer, 8, 10))
+            await eventually(lambda: _waiting_pulls(producer, names.rollout_consumer))
+            for index in range(6):  # one by one: they reach the long poll one after another
+                await producer.publish(names.rollouts, b"%d" % index, msg_id=f"left-{index}")
+            handed_out = await polling
+        finally:
+            await consumer.close()
+        assert 1 <= len(handed_out) < 6
+        async with JetStreamPlane(config) as other:
+            rest = await fetch_until(other, names.rollout_consumer, 6 - len(handed_out))
+        seen = sorted(d.data for d in [*handed_out, *rest])
+        assert seen == sorted(b"%d" % i for i in range(6))
+
+
+async def _waiting_pulls(plane: JetStreamPlane, spec) -> bool:
+    info = await plane.js.consumer_info(spec.stream, spec.durable)
+    return bool(info.num_waiting)
