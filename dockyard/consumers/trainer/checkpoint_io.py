@@ -32,6 +32,8 @@ class TrainerState:
     dispatcher: dict[str, int]
     replay_from_seq: int  # first scored-stream sequence not covered by the ledger
     ledger: dict[str, object]
+    #: ``VersionLineage.to_dict()``; None in checkpoints written before it existed.
+    lineage: dict[str, list[list[int]]] | None = None
 
 
 def write_checkpoint(

@@ -9,9 +9,12 @@ Exactly-once training:
   subject from there before going live — so the steps lost in a crash are retrained from
   exactly the groups they used, and nothing is skipped.
 
-Staleness: a group whose oldest token came from weight version ``g`` is accepted while the
-trainer's current version ``v`` satisfies ``v − g ≤ max_trajectory_age_steps`` (async) or
-``v == g`` (sync); older groups are dropped, counted and written to the ledger.
+Staleness: a group whose oldest token came from weight version ``g`` is trained only while
+the steps from ``g`` to the trainer's current version are at most
+``max_trajectory_age_steps`` (async) or zero (sync), checked when it comes in and again after
+every step; older groups are dropped, counted and written to the ledger. Steps are counted
+along the lineage of versions (``lineage.py``), so a resume, which publishes the checkpoint's
+weights under a new number, does not age the groups it left behind.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoi
 from dockyard.consumers.trainer.evaluation import Evaluator, log_val_samples
 from dockyard.consumers.trainer.health import diagnose
 from dockyard.consumers.trainer.ledger import Ledger
+from dockyard.consumers.trainer.lineage import VersionLineage
 from dockyard.consumers.trainer.plot import plot_run
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.prompt_source import PromptSource
@@ -99,6 +103,7 @@ class TrainerLoop:
         self.pending: list[Pending] = []
         self.step = 0
         self.weight_version = -1
+        self.lineage = VersionLineage()
         self.last_seq = 0  # highest scored-stream sequence taken in
         self.zero_variance_this_step = 0
         self.stopping = asyncio.Event()
@@ -150,6 +155,7 @@ class TrainerLoop:
             if self.config.grpo.val_at_start:
                 await self._validate(0)
             self.weight_version = published + 1
+            self.lineage = VersionLineage.starting_at(self.weight_version)
             await self._publish_weights()
             # Scored groups of a previous incarnation (if any) are accounted for, not lost.
             return 1 if published >= 0 else 0
@@ -157,8 +163,11 @@ class TrainerLoop:
         self.step = state.step
         self.ledger = Ledger.restore(state.ledger, self.run_dir / LEDGER_FILE)
         self.dispatcher.load_state_dict(state.dispatcher)
-        # Versions only go up: the checkpoint's weights become a new version for the fleet.
+        # Versions only go up: the checkpoint's weights become a new version for the fleet,
+        # at the checkpoint's place in the lineage (ages stay what they were).
+        self.lineage = VersionLineage.from_dict(state.lineage)
         self.weight_version = max(published, state.weight_version) + 1
+        self.lineage.resumed(state.weight_version, published, self.weight_version)
         log.info("trainer.resumed", step=self.step, checkpoint=str(latest.path))
         await self._publish_weights()
         return state.replay_from_seq
@@ -291,7 +300,8 @@ class TrainerLoop:
         the current version. Checked when a group comes in and again after every step, so no
         group is trained past the limit however long it waited."""
         oldest = scored.rollout.samples.min_weight_version()
-        age = self.weight_version - oldest if oldest is not None else 0  # oldest token decides
+        # The oldest token decides; steps are counted along the lineage (resumes included).
+        age = self.lineage.age(oldest, self.weight_version) if oldest is not None else 0
         max_age = (
             self.config.grpo.async_grpo.max_trajectory_age_steps
             if self.config.grpo.async_grpo.enabled
@@ -359,7 +369,10 @@ class TrainerLoop:
         cfg = self.config
         scored = [p.scored for p in groups]
         batch = build_batch(scored, self.tokenizer.pad_token_id)  # type: ignore[attr-defined]
-        ages = (self.weight_version - batch.min_weight_versions).float()
+        ages = torch.tensor(
+            [self.lineage.age(int(v), self.weight_version) for v in batch.min_weight_versions],
+            dtype=torch.float32,
+        )
         outcome = await asyncio.to_thread(self.trainer.step, batch)
         self.step += 1
         self.zero_variance_this_step = 0
@@ -459,6 +472,7 @@ class TrainerLoop:
             dispatcher=self.dispatcher.state_dict(),
             replay_from_seq=replay_from,
             ledger=self.ledger.snapshot(),
+            lineage=self.lineage.to_dict(),
         )
         values = {k.replace("/", ":"): v for k, v in (metrics or {}).items()}
         self.checkpoints.save(

@@ -188,3 +188,23 @@ async def test_groups_settled_by_replay_before_being_dispatched_do_not_inflate_t
     assert min(budgets) >= 0
     _, trained, _ = settled(tmp_path)
     assert len(trained) == len(set(trained))
+
+
+async def test_a_clean_resume_trains_the_groups_left_over_instead_of_dropping_them(tmp_path):
+    checkpointed = ("checkpointing.enabled=true", "checkpointing.save_period=1")
+    age_limit = "grpo.async_grpo.max_trajectory_age_steps=1"
+    async with trainer(tmp_path, "grpo.max_num_steps=3", age_limit, *checkpointed) as first:
+        await first.run()
+        assert first.pending or first.ledger.in_flight  # work left over for the next one
+        config = small_config("grpo.max_num_steps=6", age_limit, *checkpointed)
+        dataset = build_dataset(config.data.train, config.data.default_env)
+        dispatcher = Dispatcher(config, first.messages, dataset, TOKENIZER, run_id="acct")
+        second = TrainerLoop(
+            config, first.messages, create_weight_store(first.plane), tmp_path, dispatcher
+        )
+        await second.run()
+    assert second.step == 6
+    _, trained, dropped = settled(tmp_path)
+    assert len(trained) == 6 * 2
+    assert dropped == {}  # the checkpoint's weights came back as a new version, not older ones
+    assert max(m["staleness/max"] for m in step_metrics(tmp_path)) <= 1
