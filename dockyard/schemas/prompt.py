@@ -72,3 +72,13 @@ class PromptGroup(Message):
         """The message id of this group's ``schema_name`` message (its rollout, its scored
         rollout): one per group and attempt, whoever produced it."""
         return f"{schema_name}:{self.group_id}:{self.attempt}"
+
+
+def group_id_of(message_id: str, schema_names: tuple[str, ...]) -> str | None:
+    """The group id inside a message id that :meth:`PromptGroup.message_id_as` wrote for one of
+    ``schema_names`` (group ids may contain colons); None for any other message id."""
+    schema, _, rest = message_id.partition(":")
+    group_id, _, attempt = rest.rpartition(":")
+    if schema not in schema_names or not group_id or not attempt.isdigit():
+        return None
+    return group_id

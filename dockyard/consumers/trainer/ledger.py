@@ -42,12 +42,16 @@ class Ledger:
         self.dropped[group_id] = reason
         self._append([{"event": "dropped", "group_id": group_id, "reason": reason}])
 
+    def open_groups(self) -> list[str]:
+        """Dispatched groups not trained or dropped yet."""
+        return [g for g in self.dispatched if g not in self.trained and g not in self.dropped]
+
     @property
     def in_flight(self) -> int:
         """Dispatched groups not trained or dropped yet. Groups settled without having been
         dispatched by this ledger (replayed from an incarnation that left no checkpoint) do not
         count against it."""
-        return sum(1 for g in self.dispatched if g not in self.trained and g not in self.dropped)
+        return len(self.open_groups())
 
     def _append(self, events: list[dict[str, object]]) -> None:
         if self.trail is None or not events:

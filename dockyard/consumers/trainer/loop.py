@@ -30,6 +30,7 @@ import torch
 
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.rewards import dynamic_sampling_filter
+from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.base import WeightBlobStore
 from dockyard.consumers.trainer.batch import build_batch
@@ -45,7 +46,15 @@ from dockyard.consumers.trainer.sft import run_sft
 from dockyard.data.base import build_dataset
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
-from dockyard.schemas import CodecError, ScoredRollout, WeightVersion, decode
+from dockyard.schemas import (
+    CodecError,
+    PromptGroup,
+    Rollout,
+    ScoredRollout,
+    WeightVersion,
+    decode,
+)
+from dockyard.schemas.prompt import group_id_of
 from dockyard.utils.checkpoint_manager import CheckpointManager
 from dockyard.utils.logging import get_logger
 from dockyard.utils.metrics import MetricsLogger
@@ -55,6 +64,10 @@ from dockyard.utils.status import StatusFile
 log = get_logger(__name__)
 
 LEDGER_FILE = "ledger.jsonl"
+#: How often the trainer looks for dead letters of the groups it waits for.
+_DEAD_LETTER_CHECK_S = 2.0
+#: The messages of a group, by schema name (their ids carry the group id).
+_GROUP_MESSAGES = (PromptGroup.SCHEMA_NAME, Rollout.SCHEMA_NAME, ScoredRollout.SCHEMA_NAME)
 
 
 class TrainerStarved(RuntimeError):
@@ -105,6 +118,8 @@ class TrainerLoop:
         self.weight_version = -1
         self.lineage = VersionLineage()
         self.last_seq = 0  # highest scored-stream sequence taken in
+        self._dead_letters_seen = 0
+        self._next_dead_letter_check = 0.0
         self.zero_variance_this_step = 0
         self.stopping = asyncio.Event()
 
@@ -240,6 +255,8 @@ class TrainerLoop:
             for item in received:
                 self._take(item.message, item.delivery.seq)
                 await item.ack()
+            if time.monotonic() >= self._next_dead_letter_check:
+                await self._drop_dead_lettered_groups()
             if received:
                 last_data, warned = time.monotonic(), False
             elif self.dispatcher.exhausted and self.ledger.in_flight <= len(self.pending):
@@ -332,6 +349,30 @@ class TrainerLoop:
         self.zero_variance_this_step += 1
         self.ledger.record_dropped(scored.group_id, "dynamic sampling: zero reward variance")
         return True
+
+    async def _drop_dead_lettered_groups(self) -> None:
+        """A group one of whose messages was dead-lettered (its prompt, rollout or scored
+        rollout) will never arrive: drop it with the dead letter's reason at once, so it does
+        not hold the dispatcher's budget until the pipeline next runs dry."""
+        self._next_dead_letter_check = time.monotonic() + _DEAD_LETTER_CHECK_S
+        open_groups = set(self.ledger.open_groups()) - {p.scored.group_id for p in self.pending}
+        async for stored in self.plane.replay(
+            self.messages.names.dead_letters, from_seq=self._dead_letters_seen + 1
+        ):
+            self._dead_letters_seen = stored.seq
+            try:
+                letter = read_dead_letter(stored)
+            except CodecError:
+                continue
+            group_id = group_id_of(letter.original_message_id or "", _GROUP_MESSAGES)
+            if group_id in open_groups:
+                open_groups.discard(group_id)
+                self.ledger.record_dropped(
+                    group_id, f"dead letter from {letter.stage}: {letter.reason}"
+                )
+                log.warning(
+                    "trainer.dropped_dead_lettered", group_id=group_id, reason=letter.reason
+                )
 
     def _drop_lost_groups(self) -> None:
         """Groups dispatched but found nowhere in the pipeline (dead-lettered, or deduplicated

@@ -208,3 +208,26 @@ async def test_a_clean_resume_trains_the_groups_left_over_instead_of_dropping_th
     assert len(trained) == 6 * 2
     assert dropped == {}  # the checkpoint's weights came back as a new version, not older ones
     assert max(m["staleness/max"] for m in step_metrics(tmp_path)) <= 1
+
+
+async def test_a_dead_lettered_group_is_dropped_with_the_reason_not_left_open(tmp_path):
+    async with trainer(tmp_path, "grpo.max_num_steps=3") as loop:
+        # The stand-in also answers one group with bytes no decoder accepts (a corrupt frame):
+        # the trainer's fetch dead-letters it, and the trainer must let go of that group.
+        poisoned: list[str] = []
+        plane = loop.plane
+        publish = loop.messages.publish
+
+        async def publish_poison_once(message):
+            if isinstance(message, ScoredRollout) and not poisoned:
+                poisoned.append(message.group_id)
+                await plane.publish(plane.names.scored, b"not a frame", msg_id=message.message_id())
+                return None
+            return await publish(message)
+
+        loop.messages.publish = publish_poison_once  # type: ignore[method-assign]
+        await loop.run()
+    [group_id] = poisoned
+    _, trained, dropped = settled(tmp_path)
+    assert group_id not in trained
+    assert dropped[group_id] == "dead letter from trainer: corrupt_frame"
