@@ -38,6 +38,8 @@ from dockyard.utils.status import StatusFile
 
 log = get_logger(__name__)
 
+#: Dead-letter reason of a group the engine failed on, alone, at its last delivery.
+REASON_ENGINE_ERROR = "engine_error"
 #: After the weight-event watch broke (the broker, not the events): when to watch again.
 _WATCH_RETRY_S = 1.0
 
@@ -74,6 +76,7 @@ class RolloutWorker:
         self.nak_delay_s = nak_delay_s
         # A third of the ack wait: two beats may be late before the broker gives the work away.
         self.heartbeat_s = messages.plane.config.consumer.ack_wait_s / 3
+        self.max_deliver = messages.plane.config.consumer.max_deliver
         self.max_consecutive_failures = max_consecutive_failures
         self.simulated_latency_per_token_s = simulated_latency_per_token_s
         self.status = status or StatusFile(None, "rollout", worker_id)
@@ -125,18 +128,51 @@ class RolloutWorker:
                     await self.process(received)
                 consecutive_failures = 0
             except Exception as error:  # an engine failure must not lose the work
-                consecutive_failures += 1
                 self.failures += 1
                 log.error("rollout.engine_failed", error=repr(error), groups=len(received))
-                for item in received:
-                    if not item.delivery.settled:  # some may be stored or dead-lettered already
-                        await item.nak(self.nak_delay_s)
                 self.status.update(detail=f"engine error: {error!r}", failures=self.failures)
+                if await self.retry_one_by_one(received, error):
+                    consecutive_failures = 0  # the engine works: some group was the problem
+                    continue
+                consecutive_failures += 1
                 if consecutive_failures >= self.max_consecutive_failures:
                     self.status.update("unhealthy")
                     raise WorkerUnhealthy(
                         f"{consecutive_failures} consecutive engine failures; last: {error!r}"
                     ) from error
+
+    async def retry_one_by_one(
+        self, received: Sequence[Received[PromptGroup]], error: Exception
+    ) -> bool:
+        """After a failed batch, each group not settled yet on its own: one group that breaks
+        the engine must not take the others' deliveries with it. A group that fails alone is
+        nak'ed with backoff, and dead-lettered with the engine's error at its last delivery.
+        True when any group went through (the engine itself works)."""
+        unsettled = [item for item in received if not item.delivery.settled]
+        worked = False
+        for item in unsettled:
+            failure = error  # a group that was alone in the batch has failed alone already
+            if len(unsettled) > 1:
+                try:
+                    async with kept_in_progress([item], self.heartbeat_s):
+                        await self.process([item])
+                    worked = True
+                    continue
+                except Exception as alone:
+                    failure = alone
+            await self._give_back(item, failure)
+        return worked
+
+    async def _give_back(self, item: Received[PromptGroup], error: Exception) -> None:
+        delivery = item.delivery
+        if delivery.settled:
+            return
+        if delivery.num_delivered >= self.max_deliver:
+            await self.messages.plane.dead_letter(
+                delivery, REASON_ENGINE_ERROR, repr(error), stage="rollout"
+            )
+            return
+        await item.nak(self.nak_delay_s * 2 ** (delivery.num_delivered - 1))
 
     async def process(self, received: Sequence[Received[PromptGroup]]) -> None:
         started = time.time()

@@ -288,6 +288,47 @@ async def test_generation_longer_than_the_ack_wait_is_not_given_to_another_worke
         assert first.groups_done + second.groups_done == 1  # generated once, by one worker
 
 
+class PoisonSensitiveEngine(TorchEngine):
+    """A stand-in engine (named as such) that fails any batch holding group ``g-poison``, as an
+    engine can on one malformed prompt."""
+
+    async def generate(self, requests, params, num_samples):
+        if any(request.request_id == "g-poison" for request in requests):
+            raise RuntimeError("engine choked on one prompt")
+        return await super().generate(requests, params, num_samples)
+
+
+async def test_one_poison_prompt_does_not_take_its_batch_down_with_it(data_plane_config):
+    from dockyard.schemas import DeadLetter
+
+    model, tokenizer = build_arithmetic_policy(seed=0)
+    engine = PoisonSensitiveEngine(
+        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+    )
+    async with JetStreamPlane(data_plane_config) as plane:  # max_deliver 3
+        messages = MessagePlane(plane, stage="test")
+        store = create_weight_store(plane)
+        await publish_weights(messages, store, 0, model.state_dict())
+        await messages.publish_many([prompt_group(g) for g in ("g-ok-1", "g-poison", "g-ok-2")])
+        # Three failures in a row make a worker unhealthy: the poison alone, redelivered twice
+        # after its batch went through, fails twice and is then a dead letter.
+        async with running_worker(
+            plane, store, engine, nak_delay_s=0.05, max_consecutive_failures=3
+        ) as worker:
+            await wait_for(lambda: _has_rollouts(plane, 2))
+            await wait_for(lambda: _dead_letters(plane, 1))
+            assert worker.groups_done == 2  # the healthy worker was never declared unhealthy
+        assert sorted(r.group_id for r in await rollouts(plane)) == ["g-ok-1", "g-ok-2"]
+        [dead] = [m async for m in plane.replay(plane.names.dead_letters)]
+        letter = decode(dead.headers, dead.data, expected=DeadLetter)
+        assert letter.reason == "engine_error" and letter.stage == "rollout"
+        assert "choked" in letter.message and letter.delivery_count == 3
+
+
+async def _dead_letters(plane, count: int) -> bool:
+    return len([m async for m in plane.replay(plane.names.dead_letters)]) >= count
+
+
 def png_bytes() -> bytes:
     import io
 
