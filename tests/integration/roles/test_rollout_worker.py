@@ -48,6 +48,22 @@ async def publish_weights(messages, store, version: int, state, before_event=Non
     return event
 
 
+def engine_over(model, tokenizer, engine_class=TorchEngine):
+    return engine_class(
+        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+    )
+
+
+@contextlib.asynccontextmanager
+async def with_weights(config, state_dict):
+    """A started plane, its typed layer and weight store, with ``state_dict`` as version 0."""
+    async with JetStreamPlane(config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        store = create_weight_store(plane)
+        await publish_weights(messages, store, 0, state_dict)
+        yield plane, messages, store
+
+
 def make_worker(plane, store, engine, **options) -> RolloutWorker:
     return RolloutWorker(
         MessagePlane(plane, stage="rollout"),
@@ -81,13 +97,8 @@ async def rollouts(plane) -> list[Rollout]:
 async def test_prompt_group_in_rollout_out_with_the_published_weights(data_plane_config):
     trained, tokenizer = build_arithmetic_policy(seed=1)
     engine_model, _ = build_arithmetic_policy(seed=0)  # different initial weights
-    engine = TorchEngine(
-        engine_model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
-    )
-    async with JetStreamPlane(data_plane_config) as plane:
-        messages = MessagePlane(plane, stage="test")
-        store = create_weight_store(plane)
-        await publish_weights(messages, store, 0, trained.state_dict())
+    engine = engine_over(engine_model, tokenizer)
+    async with with_weights(data_plane_config, trained.state_dict()) as (plane, messages, store):
         await messages.publish(prompt_group("g-1", generations=3))
         async with running_worker(plane, store, engine) as worker:
             await wait_for(lambda: _has_rollouts(plane, 1))
@@ -111,15 +122,8 @@ async def test_a_corrupt_blob_is_refused_and_the_old_weights_stay(
     )
     good, tokenizer = build_arithmetic_policy(seed=1)
     other, _ = build_arithmetic_policy(seed=2)
-    engine = TorchEngine(
-        build_arithmetic_policy(seed=0)[0],
-        eos_token_ids=[tokenizer.eos_token_id],
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    async with JetStreamPlane(config) as plane:
-        messages = MessagePlane(plane, stage="test")
-        store = create_weight_store(plane)
-        await publish_weights(messages, store, 0, good.state_dict())
+    engine = engine_over(build_arithmetic_policy(seed=0)[0], tokenizer)
+    async with with_weights(config, good.state_dict()) as (plane, messages, store):
         async with running_worker(plane, store, engine) as worker:
             await wait_for(lambda: _refits(worker, 1))
 
@@ -162,15 +166,8 @@ async def test_a_failed_refit_keeps_the_old_weights_and_the_next_version_is_appl
     data_plane_config,
 ):
     model, tokenizer = build_arithmetic_policy(seed=0)
-    engine = RefitFailsOnceEngine(
-        build_arithmetic_policy(seed=3)[0],
-        eos_token_ids=[tokenizer.eos_token_id],
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    async with JetStreamPlane(data_plane_config) as plane:
-        messages = MessagePlane(plane, stage="test")
-        store = create_weight_store(plane)
-        await publish_weights(messages, store, 0, model.state_dict())
+    engine = engine_over(build_arithmetic_policy(seed=3)[0], tokenizer, RefitFailsOnceEngine)
+    async with with_weights(data_plane_config, model.state_dict()) as (plane, messages, store):
         async with running_worker(plane, store, engine) as worker:
             await wait_for(lambda: _refits(worker, 1))
             await publish_weights(messages, store, 1, model.state_dict())
@@ -209,13 +206,8 @@ async def test_engine_failures_nak_the_work_and_make_the_worker_unhealthy(data_p
     from dockyard.producers.rollout_worker import WorkerUnhealthy
 
     model, tokenizer = build_arithmetic_policy(seed=0)
-    engine = FailingEngine(
-        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
-    )
-    async with JetStreamPlane(data_plane_config) as plane:
-        messages = MessagePlane(plane, stage="test")
-        store = create_weight_store(plane)
-        await publish_weights(messages, store, 0, model.state_dict())
+    engine = engine_over(model, tokenizer, FailingEngine)
+    async with with_weights(data_plane_config, model.state_dict()) as (plane, messages, store):
         await messages.publish(prompt_group("g-retry"))
         worker = make_worker(plane, store, engine, nak_delay_s=0.1, max_consecutive_failures=2)
         try:
@@ -225,9 +217,7 @@ async def test_engine_failures_nak_the_work_and_make_the_worker_unhealthy(data_p
             assert "2 consecutive engine failures" in str(error)
         assert worker.failures == 2
         # Nothing was lost: the group is still there for a healthy worker.
-        healthy = TorchEngine(
-            model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
-        )
+        healthy = engine_over(model, tokenizer)
         async with running_worker(plane, store, healthy):
             await wait_for(lambda: _has_rollouts(plane, 1))
         assert (await rollouts(plane))[0].group_id == "g-retry"
@@ -238,13 +228,8 @@ async def test_a_failed_batch_naks_only_what_is_not_settled_yet(data_plane_confi
     from dockyard.producers.rollout_worker import WorkerUnhealthy
 
     model, tokenizer = build_arithmetic_policy(seed=0)
-    engine = FailingEngine(
-        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
-    )
-    async with JetStreamPlane(data_plane_config) as plane:
-        messages = MessagePlane(plane, stage="test")
-        store = create_weight_store(plane)
-        await publish_weights(messages, store, 0, model.state_dict())
+    engine = engine_over(model, tokenizer, FailingEngine)
+    async with with_weights(data_plane_config, model.state_dict()) as (plane, messages, store):
         # One batch: a group refused at the boundary (dead-lettered, settled) and one the
         # engine fails on. Only the second may be nak'ed: JetStream refuses a second settle.
         with_image = prompt_group("g-image").model_copy(update={"images": [png_bytes()]})
@@ -270,13 +255,8 @@ async def test_generation_longer_than_the_ack_wait_is_not_given_to_another_worke
     data_plane_config,
 ):
     model, tokenizer = build_arithmetic_policy(seed=0)
-    engine = TorchEngine(
-        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
-    )
-    async with JetStreamPlane(data_plane_config) as plane:
-        messages = MessagePlane(plane, stage="test")
-        store = create_weight_store(plane)
-        await publish_weights(messages, store, 0, model.state_dict())
+    engine = engine_over(model, tokenizer)
+    async with with_weights(data_plane_config, model.state_dict()) as (plane, messages, store):
         await messages.publish(prompt_group("g-long"))
         # 4 tokens at a simulated 1 s each: a batch takes 4 ack waits of 1 s.
         slow = {"simulated_latency_per_token_s": data_plane_config.consumer.ack_wait_s}
@@ -302,13 +282,9 @@ async def test_one_poison_prompt_does_not_take_its_batch_down_with_it(data_plane
     from dockyard.schemas import DeadLetter
 
     model, tokenizer = build_arithmetic_policy(seed=0)
-    engine = PoisonSensitiveEngine(
-        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
-    )
-    async with JetStreamPlane(data_plane_config) as plane:  # max_deliver 3
-        messages = MessagePlane(plane, stage="test")
-        store = create_weight_store(plane)
-        await publish_weights(messages, store, 0, model.state_dict())
+    engine = engine_over(model, tokenizer, PoisonSensitiveEngine)
+    # The test config's max_deliver is 3.
+    async with with_weights(data_plane_config, model.state_dict()) as (plane, messages, store):
         await messages.publish_many([prompt_group(g) for g in ("g-ok-1", "g-poison", "g-ok-2")])
         # Three failures in a row make a worker unhealthy: the poison alone, redelivered twice
         # after its batch went through, fails twice and is then a dead letter.
@@ -344,13 +320,8 @@ async def test_images_are_gated_at_the_worker_boundary(data_plane_config):
     from dockyard.schemas import DeadLetter
 
     model, tokenizer = build_arithmetic_policy(seed=0)
-    engine = TorchEngine(
-        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
-    )
-    async with JetStreamPlane(data_plane_config) as plane:
-        messages = MessagePlane(plane, stage="test")
-        store = create_weight_store(plane)
-        await publish_weights(messages, store, 0, model.state_dict())
+    engine = engine_over(model, tokenizer)
+    async with with_weights(data_plane_config, model.state_dict()) as (plane, messages, store):
         with_image = prompt_group("g-image").model_copy(update={"images": [png_bytes()]})
         await messages.publish(with_image)
         await messages.publish(prompt_group("g-text"))
