@@ -35,7 +35,8 @@ def prompt_group(group_id: str, a: int = 12, b: int = 34, generations: int = 2) 
     )
 
 
-def rollout(group: PromptGroup, answers: list[str]) -> Rollout:
+def rollout(group: PromptGroup, answers: list[str], *, version: int = 0) -> Rollout:
+    """One sample per answer, every token generated with weight ``version``."""
     eos = TOKENIZER.eos_token_id
     samples = []
     for index, answer in enumerate(answers):
@@ -46,7 +47,7 @@ def rollout(group: PromptGroup, answers: list[str]) -> Rollout:
                 prompt_token_ids=group.prompt_token_ids,
                 response_token_ids=tokens.astype(np.int32),
                 behaviour_logprobs=np.full(len(tokens), -0.1, dtype=np.float32),
-                token_weight_versions=np.zeros(len(tokens), dtype=np.int64),
+                token_weight_versions=np.full(len(tokens), version, dtype=np.int64),
                 loss_mask=np.ones(len(tokens), dtype=np.uint8),
                 finish_reason="stop",
                 sampling=SamplingParams(temperature=1.0, max_new_tokens=4),

@@ -7,11 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-
-import numpy as np
 
 from dockyard.broker.memory import MemoryPlane
 from dockyard.broker.typed import MessagePlane
@@ -20,20 +17,9 @@ from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.ledger import read_trail
 from dockyard.consumers.trainer.loop import TrainerLoop
 from dockyard.data.base import build_dataset
-from dockyard.models import build_character_tokenizer
 from dockyard.producers.dispatcher import Dispatcher
-from dockyard.schemas import (
-    EngineInfo,
-    PromptGroup,
-    Rollout,
-    RolloutSample,
-    SampleScore,
-    SampleTimings,
-    SamplingParams,
-    ScoredRollout,
-)
-
-TOKENIZER = build_character_tokenizer()
+from dockyard.schemas import PromptGroup, SampleScore, ScoredRollout
+from tests.integration.roles.factories import TOKENIZER, rollout
 
 
 def small_config(*overrides: str):
@@ -58,30 +44,11 @@ def small_config(*overrides: str):
 
 
 def answer(group: PromptGroup, version: int) -> ScoredRollout:
-    """Two samples of the right answer, every token stamped with ``version``."""
-    tokens = np.array(
-        [*TOKENIZER(group.ground_truth, add_special_tokens=False)["input_ids"], 0], np.int64
-    )
-    now = time.time()
-    samples = [
-        RolloutSample(
-            sample_index=index,
-            prompt_token_ids=group.prompt_token_ids,
-            response_token_ids=tokens,
-            behaviour_logprobs=np.full(len(tokens), -0.1, np.float32),
-            token_weight_versions=np.full(len(tokens), version, np.int64),
-            loss_mask=np.ones(len(tokens), np.uint8),
-            finish_reason="stop",
-            sampling=SamplingParams(temperature=1.0, max_new_tokens=4),
-            engine=EngineInfo(name="stand-in", version="0"),
-            worker_id="stand-in",
-            timings=SampleTimings(started_at_unix_s=now, finished_at_unix_s=now),
-        )
-        for index in range(group.num_generations)
-    ]
+    """The right answer for every sample, every token stamped with ``version``."""
+    answers = [group.ground_truth] * group.num_generations
     return ScoredRollout(
-        rollout=Rollout(group=group, samples=samples),
-        scores=[SampleScore(sample_index=i, reward=float(i % 2)) for i in range(len(samples))],
+        rollout=rollout(group, answers, version=version),
+        scores=[SampleScore(sample_index=i, reward=float(i % 2)) for i in range(len(answers))],
         scorer_id="stand-in",
     )
 
