@@ -49,6 +49,27 @@ async def running_scorer(messages: MessagePlane):
         await asyncio.wait_for(task, 10)
 
 
+def registered_environment(name: str, score):
+    """Registers, as ``name``, a test environment whose scoring is ``score`` (it counts its
+    calls in ``calls``)."""
+    from dockyard.environments.base import Environment
+    from dockyard.environments.registry import register_environment
+
+    class TestEnvironment(Environment):
+        calls = 0
+
+        @classmethod
+        def from_context(cls, context):
+            return cls(context.env.math)
+
+        async def score(self, group):
+            type(self).calls += 1
+            return await score(group)
+
+    TestEnvironment.name = name
+    return register_environment(TestEnvironment)
+
+
 async def test_rollouts_in_scored_rollouts_out(data_plane_config):
     async with JetStreamPlane(data_plane_config) as plane:
         messages = MessagePlane(plane, stage="test")
@@ -118,23 +139,10 @@ async def _backlog_zero(plane: JetStreamPlane) -> bool:
 
 
 async def test_an_environment_failure_is_retried_then_dead_lettered(data_plane_config):
-    from dockyard.environments.base import Environment
-    from dockyard.environments.registry import register_environment
+    async def crash(group):  # a bug, an unreachable service
+        raise RuntimeError("verifier crashed")
 
-    @register_environment
-    class ExplodingEnvironment(Environment):
-        """A test environment whose verifier always crashes (a bug, an unreachable service)."""
-
-        name = "exploding-for-test"
-        calls = 0
-
-        @classmethod
-        def from_context(cls, context):
-            return cls(context.env.math)
-
-        async def score(self, group):
-            type(self).calls += 1
-            raise RuntimeError("verifier crashed")
+    exploding = registered_environment("exploding-for-test", crash)
 
     async with JetStreamPlane(data_plane_config) as plane:
         messages = MessagePlane(plane, stage="scorer")
@@ -143,7 +151,7 @@ async def test_an_environment_failure_is_retried_then_dead_lettered(data_plane_c
         async with running_scorer(messages) as scorer:  # max_deliver=3, backoff from 0.1 s
             await wait_for(lambda: _count(plane, plane.names.dead_letters, 1))
             assert scorer.stats.by_env["exploding-for-test"].failures == 3
-        assert ExplodingEnvironment.calls == 3  # tried once per delivery, then given up
+        assert exploding.calls == 3  # tried once per delivery, then given up
         (dead,) = await stored(plane, plane.names.dead_letters)
         letter = decode(dead.headers, dead.data, expected=DeadLetter)
         assert letter.reason == "environment_error"
@@ -154,24 +162,11 @@ async def test_an_environment_failure_is_retried_then_dead_lettered(data_plane_c
 async def test_scoring_longer_than_the_ack_wait_is_not_given_to_another_scorer(
     data_plane_config,
 ):
-    from dockyard.environments.base import Environment
-    from dockyard.environments.registry import register_environment
+    async def slowly(group):  # a slow sandbox: 3 ack waits
+        await asyncio.sleep(3 * data_plane_config.consumer.ack_wait_s)  # the work itself
+        return await build_environment("arithmetic").score(group)
 
-    @register_environment
-    class SlowEnvironment(Environment):
-        """A test environment whose verifier takes 3 ack waits (a slow sandbox)."""
-
-        name = "slow-for-test"
-        calls = 0
-
-        @classmethod
-        def from_context(cls, context):
-            return cls(context.env.math)
-
-        async def score(self, group):
-            type(self).calls += 1
-            await asyncio.sleep(3 * data_plane_config.consumer.ack_wait_s)  # the work itself
-            return await build_environment("arithmetic").score(group)
+    slow = registered_environment("slow-for-test", slowly)
 
     async with JetStreamPlane(data_plane_config) as plane:
         messages = MessagePlane(plane, stage="scorer")
@@ -179,7 +174,7 @@ async def test_scoring_longer_than_the_ack_wait_is_not_given_to_another_scorer(
         await messages.publish(rollout(group, ["46", "46"]))
         async with running_scorer(messages), running_scorer(MessagePlane(plane, stage="scorer")):
             await wait_for(lambda: _count(plane, plane.names.scored, 1))
-        assert SlowEnvironment.calls == 1  # the pool's other scorer never got it
+        assert slow.calls == 1  # the pool's other scorer never got it
         assert await stored(plane, plane.names.dead_letters) == []
         assert len(await stored(plane, plane.names.scored)) == 1
 
