@@ -61,32 +61,6 @@ class Received(Generic[M]):
         await self.delivery.in_progress()
 
 
-@contextlib.asynccontextmanager
-async def kept_in_progress(items: Sequence[Received[M]], every_s: float) -> AsyncIterator[None]:
-    """While the block runs, tell the broker every ``every_s`` seconds that the unsettled
-    ``items`` are still being worked on, so work longer than the ack wait (a slow environment,
-    a long generation) is not redelivered to another consumer and done twice."""
-
-    async def beat() -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            for item in items:
-                if item.delivery.settled:
-                    continue
-                try:
-                    await item.in_progress()
-                except Exception as error:  # a missed beat only risks a redelivery
-                    log.warning("in_progress.failed", seq=item.delivery.seq, error=repr(error))
-
-    beating = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        beating.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beating
-
-
 class MessagePlane:
     """Typed access to a :class:`DataPlane` for one stage (the name recorded in dead letters)."""
 
@@ -126,6 +100,53 @@ class MessagePlane:
 
     async def publish_many(self, messages: Sequence[Message]) -> list[PublishAck]:
         return await self.plane.publish_many([self._outgoing(m) for m in messages])
+
+    @contextlib.asynccontextmanager
+    async def kept_in_progress(self, items: Sequence[Received[M]]) -> AsyncIterator[None]:
+        """While the block runs, tell the broker every third of the ack wait that the unsettled
+        ``items`` are still being worked on (two beats may be late before it gives them away),
+        so work longer than the ack wait (a slow environment, a long generation) is not
+        redelivered to another consumer and done twice."""
+        every_s = self.plane.config.consumer.ack_wait_s / 3
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(every_s)
+                for item in items:
+                    if item.delivery.settled:
+                        continue
+                    try:
+                        await item.in_progress()
+                    except Exception as error:  # a missed beat only risks a redelivery
+                        log.warning("in_progress.failed", seq=item.delivery.seq, error=repr(error))
+
+        beating = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+
+    async def retry_later(
+        self,
+        item: Received[M],
+        reason: str,
+        error: BaseException,
+        *,
+        base_delay_s: float,
+        max_deliver: int,
+        stage: str,
+    ) -> bool:
+        """Give back an item whose processing failed: nak'ed with a delay that doubles with each
+        delivery, or, at its last delivery, dead-lettered with ``reason`` and the error. True
+        when it was dead-lettered."""
+        delivery = item.delivery
+        if delivery.num_delivered >= max_deliver:
+            await self.plane.dead_letter(delivery, reason, repr(error), stage=stage)
+            return True
+        await item.nak(base_delay_s * 2 ** (delivery.num_delivered - 1))
+        return False
 
     async def fetch(
         self,

@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from dockyard.broker.plane import DataPlaneError
-from dockyard.broker.typed import MessagePlane, Received, kept_in_progress
+from dockyard.broker.typed import MessagePlane, Received
 from dockyard.consumers.scoring import to_scored_rollout, to_scoring_group
 from dockyard.environments.base import (
     Environment,
@@ -76,8 +76,6 @@ class Scorer:
         self.only_env = only_env
         self.max_deliver = max_deliver
         self.nak_delay_s = nak_delay_s
-        # A third of the ack wait: two beats may be late before the broker gives the group away.
-        self.heartbeat_s = messages.plane.config.consumer.ack_wait_s / 3
         self.slots = asyncio.Semaphore(max_concurrency)
         self.max_concurrency = max_concurrency
         self.environments: dict[str, Environment] = {}
@@ -137,20 +135,28 @@ class Scorer:
                 )
             environment = self.environment(env_name)
             group = to_scoring_group(rollout, self.tokenizer)
-            async with kept_in_progress([item], self.heartbeat_s):
+            async with self.messages.kept_in_progress([item]):
                 score = await score_with_timeout(environment, group)
         except InvalidScoringInput as error:
             await self._dead_letter(item, error.reason_code, str(error))
             return
         except Exception as error:  # an environment bug or an unavailable dependency
             stats.failures += 1
-            if item.delivery.num_delivered >= self.max_deliver:
-                await self._dead_letter(item, REASON_ENVIRONMENT_ERROR, repr(error))
+            if await self.messages.retry_later(
+                item,
+                REASON_ENVIRONMENT_ERROR,
+                error,
+                base_delay_s=self.nak_delay_s,
+                max_deliver=self.max_deliver,
+                stage="scorer",
+            ):
+                self.stats.dead_lettered[REASON_ENVIRONMENT_ERROR] += 1
+                log.warning(
+                    "scorer.dead_lettered", reason=REASON_ENVIRONMENT_ERROR, detail=repr(error)
+                )
                 self.report_stats()
             else:
-                delay = self.nak_delay_s * 2 ** (item.delivery.num_delivered - 1)
                 log.warning("scorer.environment_failed", env=env_name, error=repr(error))
-                await item.nak(delay)
             return
         if any(ScoreFlag.TIMEOUT in sample.flags for sample in score.samples):
             stats.timeouts += 1

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from PIL import Image
 
-from dockyard.broker.typed import MessagePlane, Received, kept_in_progress
+from dockyard.broker.typed import MessagePlane, Received
 from dockyard.broker.weights.base import (
     BlobDigestMismatch,
     BlobNotFound,
@@ -74,8 +74,6 @@ class RolloutWorker:
         self.engine_info = engine_info
         self.fetch_batch = fetch_batch
         self.nak_delay_s = nak_delay_s
-        # A third of the ack wait: two beats may be late before the broker gives the work away.
-        self.heartbeat_s = messages.plane.config.consumer.ack_wait_s / 3
         self.max_deliver = messages.plane.config.consumer.max_deliver
         self.max_consecutive_failures = max_consecutive_failures
         self.simulated_latency_per_token_s = simulated_latency_per_token_s
@@ -124,7 +122,7 @@ class RolloutWorker:
             if not received:
                 continue
             try:
-                async with kept_in_progress(received, self.heartbeat_s):
+                async with self.messages.kept_in_progress(received):
                     await self.process(received)
                 consecutive_failures = 0
             except Exception as error:  # an engine failure must not lose the work
@@ -154,25 +152,22 @@ class RolloutWorker:
             failure = error  # a group that was alone in the batch has failed alone already
             if len(unsettled) > 1:
                 try:
-                    async with kept_in_progress([item], self.heartbeat_s):
+                    async with self.messages.kept_in_progress([item]):
                         await self.process([item])
                     worked = True
                     continue
                 except Exception as alone:
                     failure = alone
-            await self._give_back(item, failure)
+            if not item.delivery.settled:
+                await self.messages.retry_later(
+                    item,
+                    REASON_ENGINE_ERROR,
+                    failure,
+                    base_delay_s=self.nak_delay_s,
+                    max_deliver=self.max_deliver,
+                    stage="rollout",
+                )
         return worked
-
-    async def _give_back(self, item: Received[PromptGroup], error: Exception) -> None:
-        delivery = item.delivery
-        if delivery.settled:
-            return
-        if delivery.num_delivered >= self.max_deliver:
-            await self.messages.plane.dead_letter(
-                delivery, REASON_ENGINE_ERROR, repr(error), stage="rollout"
-            )
-            return
-        await item.nak(self.nak_delay_s * 2 ** (delivery.num_delivered - 1))
 
     async def process(self, received: Sequence[Received[PromptGroup]]) -> None:
         started = time.time()
