@@ -22,36 +22,47 @@ class Ledger:
     dropped: dict[str, str] = field(default_factory=dict)  # group id -> reason
     dispatched: list[str] = field(default_factory=list)
     trail: Path | None = None
+    # Kept as groups come and go (the trainer asks on every pass of its loop): every id
+    # dispatched, and those of them not trained or dropped yet.
+    _known: set[str] = field(init=False, repr=False, compare=False)
+    _open: set[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._known = set(self.dispatched)
+        self._open = self._known - self.trained.keys() - self.dropped.keys()
 
     def seen(self, group_id: str) -> bool:
         return group_id in self.trained or group_id in self.dropped
 
     def record_dispatched(self, group_ids: list[str]) -> None:
         # A restarted dispatcher re-issues the same ids; they are one group, not two.
-        known = set(self.dispatched)
-        new = list(dict.fromkeys(g for g in group_ids if g not in known))
+        new = list(dict.fromkeys(g for g in group_ids if g not in self._known))
         self.dispatched.extend(new)
+        self._known.update(new)
+        self._open.update(g for g in new if not self.seen(g))
         self._append([{"event": "dispatched", "group_id": g} for g in new])
 
     def record_trained(self, group_ids: list[str], step: int) -> None:
         for group_id in group_ids:
             self.trained[group_id] = step
+            self._open.discard(group_id)
         self._append([{"event": "trained", "group_id": g, "step": step} for g in group_ids])
 
     def record_dropped(self, group_id: str, reason: str) -> None:
         self.dropped[group_id] = reason
+        self._open.discard(group_id)
         self._append([{"event": "dropped", "group_id": group_id, "reason": reason}])
 
-    def open_groups(self) -> list[str]:
+    def open_groups(self) -> set[str]:
         """Dispatched groups not trained or dropped yet."""
-        return [g for g in self.dispatched if g not in self.trained and g not in self.dropped]
+        return set(self._open)
 
     @property
     def in_flight(self) -> int:
         """Dispatched groups not trained or dropped yet. Groups settled without having been
         dispatched by this ledger (replayed from an incarnation that left no checkpoint) do not
         count against it."""
-        return len(self.open_groups())
+        return len(self._open)
 
     def _append(self, events: list[dict[str, object]]) -> None:
         if self.trail is None or not events:

@@ -355,7 +355,7 @@ class TrainerLoop:
         rollout) will never arrive: drop it with the dead letter's reason at once, so it does
         not hold the dispatcher's budget until the pipeline next runs dry."""
         self._next_dead_letter_check = time.monotonic() + _DEAD_LETTER_CHECK_S
-        open_groups = set(self.ledger.open_groups()) - {p.scored.group_id for p in self.pending}
+        awaited = self._awaited_groups()
         async for stored in self.plane.replay(
             self.messages.names.dead_letters, from_seq=self._dead_letters_seen + 1
         ):
@@ -365,8 +365,8 @@ class TrainerLoop:
             except CodecError:
                 continue
             group_id = group_id_of(letter.original_message_id or "", _GROUP_MESSAGES)
-            if group_id in open_groups:
-                open_groups.discard(group_id)
+            if group_id in awaited:
+                awaited.discard(group_id)
                 self.ledger.record_dropped(
                     group_id, f"dead letter from {letter.stage}: {letter.reason}"
                 )
@@ -374,11 +374,15 @@ class TrainerLoop:
                     "trainer.dropped_dead_lettered", group_id=group_id, reason=letter.reason
                 )
 
+    def _awaited_groups(self) -> set[str]:
+        """Groups dispatched and not settled that have not reached the trainer yet."""
+        return self.ledger.open_groups() - {p.scored.group_id for p in self.pending}
+
     def _drop_lost_groups(self) -> None:
         """Groups dispatched but found nowhere in the pipeline (dead-lettered, or deduplicated
         away after a restart) would hold the dispatcher's budget forever: drop them, say so."""
-        pending = {p.scored.group_id for p in self.pending}
-        lost = [g for g in self.ledger.dispatched if not self.ledger.seen(g) and g not in pending]
+        awaited = self._awaited_groups()
+        lost = [g for g in self.ledger.dispatched if g in awaited]  # in dispatch order
         for group_id in lost:
             self.ledger.record_dropped(group_id, "lost: not found in any stage")
         log.warning("trainer.dropped_lost_groups", count=len(lost))
