@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -13,7 +13,21 @@ IDENTIFIER_PATTERN = r"^[A-Za-z0-9_.:/@+=-]{1,256}$"
 #: msgpack integers are 64-bit: every integer field is bounded so that encoding cannot fail.
 INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1
+#: Marks a field validator that leaves every value a frame can carry unchanged: it converts
+#: what Python code passes (a list of row models), which a decoded frame never holds. The
+#: compiled reader (``compiled``) may then skip it; any other field validator rules it out.
+FRAME_INERT = "__dockyard_frame_inert__"
 _SCHEMA_VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
+
+
+_F = TypeVar("_F")
+
+
+def frame_inert(func: _F) -> _F:
+    """Decorator, under ``field_validator`` and ``classmethod``, of a :data:`FRAME_INERT`
+    validator."""
+    setattr(func, FRAME_INERT, True)
+    return func
 
 
 def values_equal(left: Any, right: Any) -> bool:

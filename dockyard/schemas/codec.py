@@ -16,7 +16,8 @@ from pydantic import ValidationError
 
 from dockyard.schemas.arrays import CTX_BLOB, CTX_LIMITS, CTX_PRECHECKED
 from dockyard.schemas.base import Message, parse_schema_version
-from dockyard.schemas.envelope import build_envelope_prefix, parse_envelope
+from dockyard.schemas.compiled import read_compiled
+from dockyard.schemas.envelope import build_envelope_prefix, parse_envelope, scan_envelope
 from dockyard.schemas.errors import CodecError, ReasonCode
 from dockyard.schemas.frames import ZSTD_LEVEL, compress_with_stored_tail, decompress_bounded
 from dockyard.schemas.layout import lay_out
@@ -131,6 +132,9 @@ def decode(
         _resolve_type(header_schema, expected)
 
     content = decompress_bounded(bytes(payload), limits.max_decompressed_bytes)
+    compiled = _decode_compiled(content, headers, limits, expected)
+    if compiled is not None:
+        return compiled
     envelope = parse_envelope(content, limits)
     if header_schema is not None and header_schema != envelope.schema:
         raise CodecError(
@@ -152,6 +156,35 @@ def decode(
         return message.upgrade()  # type: ignore[attr-defined,no-any-return]
     except ValidationError as exc:
         raise _refusal(cls, exc) from None
+
+
+def _decode_compiled(
+    content: bytes,
+    headers: Mapping[str, str],
+    limits: DecodeLimits,
+    expected: type[Message] | None,
+) -> Message | None:
+    """The message read by the compiled reader (``compiled``), or None for the reference path:
+    a message of the current major whose envelope and headers are in order, nothing else."""
+    envelope = scan_envelope(content, limits)
+    if envelope is None:
+        return None
+    schema, version = envelope.schema, envelope.version
+    cls = MESSAGE_TYPES.get(schema)
+    if (
+        cls is None
+        or (expected is not None and cls is not expected)
+        or headers.get(HEADER_SCHEMA, schema) != schema
+        or headers.get(HEADER_SCHEMA_VERSION, version) != version
+    ):
+        return None
+    try:
+        major, _minor = parse_schema_version(version)
+    except ValueError:
+        return None
+    if major not in cls.readable_majors():
+        return None
+    return read_compiled(cls, envelope.meta, envelope.data, limits)  # type: ignore[no-any-return]
 
 
 def _validate(

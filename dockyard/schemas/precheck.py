@@ -74,7 +74,7 @@ class ArrayPrecheck:
         self._walk(cls, meta)
         if self._unsure:
             raise NotChecked
-        self._check_values()
+        self.check_values()
 
     def restore(self) -> None:
         """Put the original descriptors back (after NotChecked)."""
@@ -93,7 +93,7 @@ class ArrayPrecheck:
         for name, kind in plan.arrays:
             descriptor = meta.get(name)
             if type(descriptor) is dict:
-                arr = self._resolve(descriptor, kind)
+                arr = self.resolve(descriptor, kind)
                 if arr is None:
                     self._unsure = True
                     continue
@@ -113,7 +113,7 @@ class ArrayPrecheck:
                     if type(item) is dict:
                         self._walk(item_cls, item)
 
-    def _resolve(self, descriptor: dict[str, Any], kind: ArrayKind) -> np.ndarray | None:
+    def resolve(self, descriptor: dict[str, Any], kind: ArrayKind) -> np.ndarray | None:
         """A view of the described array, or None when unsure about the descriptor."""
         # The checks of ``arrays.array_from_wire`` plus the kind's dtype and 1-D rule.
         name = descriptor.get("dtype")
@@ -248,7 +248,8 @@ class ArrayPrecheck:
 
     # ------------------------------------------------------------------ the value checks
 
-    def _check_values(self) -> None:
+    def check_values(self) -> None:
+        """Run the value checks of every array resolved so far; NotChecked if one fails."""
         limits = self._limits
         groups: dict[tuple[ArrayKind, np.dtype], list[tuple[int, int]]] = {}
         for kind, dtype, start, count in self._spans:

@@ -17,7 +17,7 @@ from dockyard.schemas.arrays import (
     TokenIdArray,
     VersionArray,
 )
-from dockyard.schemas.base import INT64_MAX, UINT64_MAX, Message, WireModel
+from dockyard.schemas.base import INT64_MAX, UINT64_MAX, Message, WireModel, frame_inert
 from dockyard.schemas.columns import (
     RowColumns,
     check_counts,
@@ -327,6 +327,7 @@ class Rollout(Message):
 
     @field_validator("samples", mode="before")
     @classmethod
+    @frame_inert
     def _samples_from_rows(cls, value: Any, info: ValidationInfo) -> Any:
         return rows_to_columns(value, info, RolloutSample, SampleColumns.from_rows, "samples")
 

@@ -12,7 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from dockyard.schemas.arrays import LogProbArray
-from dockyard.schemas.base import INT64_MAX, Message, WireModel
+from dockyard.schemas.base import INT64_MAX, Message, WireModel, frame_inert
 from dockyard.schemas.columns import (
     RowColumns,
     check_counts,
@@ -166,6 +166,7 @@ class ScoredRollout(Message):
 
     @field_validator("scores", mode="before")
     @classmethod
+    @frame_inert
     def _scores_from_rows(cls, value: Any, info: ValidationInfo) -> Any:
         return rows_to_columns(value, info, SampleScore, ScoreColumns.from_rows, "scores")
 
