@@ -14,9 +14,10 @@ it with its usual reason. So the reader only has to accept *nothing the referenc
 give the same message when both accept. Its structs are at least as strict as the pydantic
 models (msgspec is strict about types where pydantic's lax mode converts: the reference
 path then decides); what msgspec cannot express exactly (a ``pattern``, a JSON value, a custom
-validator) is checked by pydantic's own validator of that type, on the decoded value. Arrays
+validator) is left packed, unpacked by msgpack as the reference path unpacks it, and checked by
+pydantic's own validator of that type. Arrays
 are resolved and value-checked by the reference pre-pass's own code (``precheck``). Anything
-unexpected (an error of any kind, an ``@columns`` key) is ``None``. Classes the derivation
+unexpected (an error of any kind, a key the model does not have) is ``None``. Classes the derivation
 cannot express completely (legacy readers, custom before-validators) have no compiled reader.
 ``tests/unit/schemas/test_compiled_reader.py`` checks the two paths against each other on
 mutated frames.
@@ -33,13 +34,14 @@ from functools import cache
 from typing import Any, Literal, Union
 
 import annotated_types
+import msgpack
 import msgspec
-from pydantic import ConfigDict, TypeAdapter
+from pydantic import ConfigDict, PlainSerializer, PlainValidator, TypeAdapter
 from pydantic.fields import FieldInfo
+from pydantic.json_schema import WithJsonSchema
 
 from dockyard.schemas.arrays import ArrayKind
 from dockyard.schemas.base import FRAME_INERT, WireModel
-from dockyard.schemas.layout import COLUMNS_KEY
 from dockyard.schemas.limits import DecodeLimits
 from dockyard.schemas.precheck import ArrayPrecheck, NotChecked
 from dockyard.schemas.wire_plan import plan_of
@@ -57,6 +59,8 @@ _FLOAT_MAX = 1.7976931348623157e308
 _INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 _STRICT_NUMBERS = (int, float)
 _LAX_ADAPTER_CONFIG = ConfigDict(arbitrary_types_allowed=True)
+#: What an array field's ``Annotated`` carries (``arrays._array_type``): the kind says it all.
+_ARRAY_MACHINERY = (ArrayKind, PlainValidator, PlainSerializer, WithJsonSchema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,16 +86,15 @@ class _ModelReader:
             fields.append(_Field(name, convert, info))
             if info.is_required():
                 struct_fields.append((name, annotation))
-            elif annotation is Any:
-                struct_fields.append((name, Any, msgspec.UNSET))
             else:
                 struct_fields.append((name, annotation | msgspec.UnsetType, msgspec.UNSET))
-        # The reference pre-pass refuses most ``@columns`` keys (legacy list columns): a struct
-        # that meets one says "not sure".
-        struct_fields.append(
-            ("dockyard_columns_", Any, msgspec.field(default=msgspec.UNSET, name=COLUMNS_KEY))
+        # Unknown keys are refused ("not sure"): msgspec would skip them unchecked, where the
+        # reference unpacker refuses an ext type or an int map key anywhere in the map. So a
+        # frame of a newer minor version (a field added) is read the reference way, as is any
+        # ``@columns`` key (legacy list columns, which the reference pre-pass mostly refuses).
+        self.struct = msgspec.defstruct(
+            f"{cls.__name__}Struct", struct_fields, kw_only=True, forbid_unknown_fields=True
         )
-        self.struct = msgspec.defstruct(f"{cls.__name__}Struct", struct_fields, kw_only=True)
         #: ``build(struct, precheck)``: the model from a decoded struct (NotChecked if unsure).
         self.build: Converter = _builder(cls, fields, _after_validators(cls))
 
@@ -109,7 +112,6 @@ def _builder(
     """
     names: dict[str, Any] = {
         "UNSET": msgspec.UNSET,
-        "NotChecked": NotChecked,
         "new": cls.__new__,
         "cls": cls,
         "setattr": object.__setattr__,
@@ -117,8 +119,6 @@ def _builder(
     required = [field.name for field in fields if field.info.is_required()]
     lines = [
         "def build(struct, precheck):",
-        "    if struct.dockyard_columns_ is not UNSET:",
-        "        raise NotChecked",
         f"    fields_set = {{{', '.join(repr(name) for name in required)}}}"
         if required
         else "    fields_set = set()",
@@ -190,6 +190,8 @@ def _translate(annotation: Any, metadata: list[Any]) -> tuple[Any, Converter | N
     metadata = _flatten(metadata)
     kind = next((item for item in metadata if isinstance(item, ArrayKind)), None)
     if kind is not None:
+        if any(type(item) not in _ARRAY_MACHINERY for item in metadata):
+            raise _Unsupported(f"{annotation}: an array field with constraints of its own")
         return _array(annotation, kind)
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
@@ -266,8 +268,9 @@ def _array(annotation: Any, kind: ArrayKind) -> tuple[Any, Converter]:
 
 
 def _python_checked(annotation: Any, metadata: list[Any]) -> tuple[Any, Converter]:
-    """A type msgspec cannot express exactly: decoded as any value, then validated by
-    pydantic's own validator for the type (the model's field would run the same)."""
+    """A type msgspec cannot express exactly: its packed bytes are unpacked as the reference
+    path unpacks them (msgpack, no ext types, str or bin map keys), then validated by pydantic's
+    own validator for the type (what the model's field runs)."""
     if _mentions_wire_types(annotation):
         raise _Unsupported(f"{annotation}: a model or array inside a type msgspec cannot express")
     adapter = TypeAdapter(
@@ -276,11 +279,16 @@ def _python_checked(annotation: Any, metadata: list[Any]) -> tuple[Any, Converte
     )
     validate = adapter.validate_python
 
-    def check(value: Any, precheck: ArrayPrecheck) -> Any:
-        return validate(value)
+    def check(packed: msgspec.Raw, precheck: ArrayPrecheck) -> Any:
+        # No size limits needed here: the whole meta map is at most as long as the smallest
+        # of the reference's msgpack limits (``envelope.scan_envelope``).
+        return validate(msgpack.unpackb(packed, **_REFERENCE_UNPACKING))
 
     setattr(check, _PYTHON_CHECK, True)
-    return Any, check
+    return msgspec.Raw, check
+
+
+_REFERENCE_UNPACKING: dict[str, Any] = {"raw": False, "strict_map_key": True, "max_ext_len": 0}
 
 
 #: Marks a converter made by ``_python_checked``: a container of such values is checked whole,

@@ -29,7 +29,7 @@ from schema_factories import (
     scored_rollouts,
 )
 
-from dockyard.schemas import CodecError, DecodeLimits, ScoredRollout, decode, encode
+from dockyard.schemas import CodecError, DecodeLimits, ReasonCode, ScoredRollout, decode, encode
 from dockyard.schemas.codec import _validate
 from dockyard.schemas.compiled import has_compiled_reader, read_compiled
 from dockyard.schemas.envelope import parse_envelope, scan_envelope
@@ -67,9 +67,9 @@ def reference(cls: type, meta: bytes, blob: Any, limits: DecodeLimits = DEFAULT_
     try:
         unpacked = msgpack.unpackb(meta, **_UNPACK_LIMITS)
     except Exception as exc:  # any unpack failure is a refusal in the codec
-        return CodecError(None, str(exc))  # type: ignore[arg-type]
+        return CodecError(ReasonCode.BAD_MSGPACK, str(exc))
     if not isinstance(unpacked, dict):
-        return CodecError(None, "meta is not a map")  # type: ignore[arg-type]
+        return CodecError(ReasonCode.BAD_ENVELOPE, "meta is not a map")
     try:
         return _validate(cls, unpacked, blob, limits)
     except CodecError as exc:
@@ -208,6 +208,13 @@ TRICKY = [
     {"dtype": "uint8", "shape": [1], "data": [10**9, 1]},
     {"role": "tool", "start": 0, "end": 0},
     {"role": "tool", "start": 2, "end": 1},
+    # msgpack values the reference unpacker refuses or converts: ext types, timestamps, map
+    # keys that are not strings
+    msgpack.ExtType(1, b"x"),
+    msgpack.Timestamp(0),
+    {1: 2},
+    {b"key": 1},
+    {"nested": [msgpack.ExtType(2, b"")]},
 ]
 
 
@@ -277,6 +284,20 @@ def test_a_group_id_with_a_trailing_newline_is_refused():
     envelope = parse_envelope(content_of(message), DEFAULT_LIMITS)
     meta = dict(envelope.meta, group_id="group-1\n")
     packed = msgpack.packb(meta, use_bin_type=True)
+    assert read_compiled(type(message), memoryview(packed), envelope.data, DEFAULT_LIMITS) is None
+    assert isinstance(reference(type(message), packed, envelope.data), CodecError)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"k": msgpack.ExtType(1, b"x")}, {"k": msgpack.Timestamp(0)}, {1: "x"}, {"k": b"bytes"}],
+)
+def test_json_values_are_unpacked_the_reference_way(extra):
+    # ``extra`` holds JSON values, which msgspec cannot express: the compiled reader unpacks
+    # them with msgpack's reference settings (no ext types, str keys), so none of these slip in.
+    message = make_prompt_group()
+    envelope = parse_envelope(content_of(message), DEFAULT_LIMITS)
+    packed = msgpack.packb(dict(envelope.meta, extra=extra), use_bin_type=True)
     assert read_compiled(type(message), memoryview(packed), envelope.data, DEFAULT_LIMITS) is None
     assert isinstance(reference(type(message), packed, envelope.data), CodecError)
 
