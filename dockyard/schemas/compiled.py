@@ -255,16 +255,30 @@ def _flatten(metadata: list[Any]) -> list[Any]:
     return flat
 
 
-def _array(annotation: Any, kind: ArrayKind) -> tuple[Any, Converter]:
-    """An array field: its descriptor map as decoded, resolved by the pre-pass's own code."""
+class _ArrayDescriptor(msgspec.Struct, forbid_unknown_fields=True):
+    """An array descriptor as the pre-pass accepts one (``precheck.resolve``): exactly these
+    keys, a 1-D shape, non-negative integers. Anything else is the reference path's to judge."""
 
-    def resolve(descriptor: dict[str, Any], precheck: ArrayPrecheck) -> Any:
-        arr = precheck.resolve(descriptor, kind)
+    dtype: str
+    shape: typing.Annotated[
+        list[typing.Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(min_length=1, max_length=1)
+    ]
+    data: typing.Annotated[
+        list[typing.Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(min_length=2, max_length=2)
+    ]
+
+
+def _array(annotation: Any, kind: ArrayKind) -> tuple[Any, Converter]:
+    """An array field: its descriptor, checked and resolved by the pre-pass's own code."""
+
+    def resolve(descriptor: _ArrayDescriptor, precheck: ArrayPrecheck) -> Any:
+        offset, nbytes = descriptor.data
+        arr = precheck.view(descriptor.dtype, descriptor.shape[0], offset, nbytes, kind)
         if arr is None:
             raise NotChecked
         return arr
 
-    return dict, resolve
+    return _ArrayDescriptor, resolve
 
 
 def _python_checked(annotation: Any, metadata: list[Any]) -> tuple[Any, Converter]:

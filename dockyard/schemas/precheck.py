@@ -117,11 +117,10 @@ class ArrayPrecheck:
         """A view of the described array, or None when unsure about the descriptor."""
         # The checks of ``arrays.array_from_wire`` plus the kind's dtype and 1-D rule.
         name = descriptor.get("dtype")
-        dtype = _DTYPES_OF_KIND[kind].get(name) if type(name) is str else None
         shape = descriptor.get("shape")
         data = descriptor.get("data")
         if (
-            dtype is None
+            type(name) is not str
             or len(descriptor) != 3
             or type(shape) is not list
             or len(shape) != 1
@@ -132,6 +131,16 @@ class ArrayPrecheck:
         count = shape[0]
         offset, nbytes = data
         if type(count) is not int or type(offset) is not int or type(nbytes) is not int:
+            return None
+        return self.view(name, count, offset, nbytes, kind)
+
+    def view(
+        self, dtype_name: str, count: int, offset: int, nbytes: int, kind: ArrayKind
+    ) -> np.ndarray | None:
+        """The 1-D array of ``count`` ``dtype_name`` values at ``offset`` (``nbytes`` long), or
+        None when that is not an array of ``kind`` inside the section."""
+        dtype = _DTYPES_OF_KIND[kind].get(dtype_name)
+        if dtype is None:
             return None
         itemsize = dtype.itemsize
         if (
