@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
@@ -79,12 +80,32 @@ PENDING_PUBLISH_SLOTS = 4000
 
 
 class _JetStream(JetStreamContext):
-    """nats-py's context, with a refused pipelined publish failing its future.
+    """nats-py's context, with a refused pipelined publish failing its future, and one that
+    never went out giving its pending slot back.
 
     nats-py's reply handler raises the server's error instead of setting it on the future
     (``APIError.from_error`` raises; nats.py #985), so a publish refused with 429 would only be
-    noticed when the window's timeout ran out.
+    noticed when the window's timeout ran out. And ``publish_async`` takes a pending slot and
+    registers the ack's future before it hands the message to the connection: when that raises
+    (the outbound buffer full while reconnecting, a closed connection, a cancellation), the
+    future is never returned, nothing completes it, and the slot stays taken for good — after
+    enough failures every pipelined publish would stall for a timeout. The context therefore
+    sees the connection through :class:`_UnsentAcks`, which cancels such a future at once (its
+    done-callback gives the slot back).
     """
+
+    def __init__(self, conn: NatsClient, **kwargs: Any) -> None:
+        super().__init__(_UnsentAcks(conn, self), **kwargs)  # type: ignore[arg-type]
+
+    def forget_unsent(self, reply: str) -> None:
+        """Cancel the ack future waiting on ``reply`` (a pipelined publish that never went out)."""
+        # nats-py internals (2.x), like ``_handle_async_reply`` below.
+        prefix = getattr(self, "_async_reply_prefix", None)
+        if not prefix or not reply.startswith(prefix.decode()):
+            return
+        future = getattr(self, "_publish_async_futures", {}).get(reply[len(prefix) :])
+        if future is not None and not future.done():
+            future.cancel()
 
     async def _handle_async_reply(self, msg: Msg) -> None:
         try:
@@ -96,6 +117,32 @@ class _JetStream(JetStreamContext):
             future = futures.get(msg.subject[len(prefix) :]) if prefix else None
             if future is not None and not future.done():
                 future.set_exception(error)
+
+
+class _UnsentAcks:
+    """The connection as :class:`_JetStream` uses it: the same client, except that a publish
+    that raises before it went out tells the context, which drops the ack it waits for."""
+
+    def __init__(self, nc: NatsClient, context: _JetStream) -> None:
+        self._nc = nc
+        self._context = context
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._nc, name)
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        reply: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        try:
+            await self._nc.publish(subject, payload, reply=reply, headers=headers)
+        except BaseException:
+            if reply:
+                self._context.forget_unsent(reply)
+            raise
 
 
 class JetStreamPlane(DataPlane):

@@ -6,6 +6,7 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Callable
 
+import nats
 import pytest
 from broker_test_utils import collect, eventually, fetch_until
 from structlog.testing import capture_logs
@@ -204,3 +205,45 @@ async def test_deliveries_not_handed_out_are_returned_when_the_plane_closes(
 async def _waiting_pulls(plane: JetStreamPlane, spec) -> bool:
     info = await plane.js.consumer_info(spec.stream, spec.durable)
     return bool(info.num_waiting)
+
+
+async def test_a_pipelined_publish_that_never_goes_out_gives_its_slot_back(
+    nats_server: EmbeddedNatsServer,
+    data_plane_config_factory: ConfigFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # nats-py takes a pending slot and registers the ack's future before it hands the message
+    # to the connection; when that raises (here: the outbound buffer full while reconnecting),
+    # nothing would ever complete the future and the slot would stay taken for good. With two
+    # slots, two such failures would make every later pipelined publish stall for a timeout.
+    monkeypatch.setattr(jetstream, "PENDING_PUBLISH_SLOTS", 2)
+    config = data_plane_config_factory(nats_server.url, publish={"window": 4, "timeout_s": 5})
+    async with JetStreamPlane(config) as plane:
+        subject = plane.names.scored
+        real_publish = plane.nc.publish
+        failures = 2
+
+        async def failing_publish(*args: object, **kwargs: object) -> None:
+            nonlocal failures
+            if failures:
+                failures -= 1
+                raise nats.errors.OutboundBufferLimitError
+            await real_publish(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(plane.nc, "publish", failing_publish)
+        first = [OutgoingMessage(subject, b"%d" % i, f"unsent-{i}", {}) for i in range(2)]
+        with capture_logs() as events:
+            acks = await plane.publish_many(first)  # both fall back to the retrying path
+        assert [e["messages"] for e in events if e["event"] == "publish_async.fallback"] == [2]
+        assert [ack.seq for ack in acks] == [1, 2]
+        assert plane.js.publish_async_pending() == 0
+
+        second = [OutgoingMessage(subject, b"%d" % i, f"sent-{i}", {}) for i in range(2, 6)]
+        started = asyncio.get_running_loop().time()
+        with capture_logs() as events:
+            acks = await plane.publish_many(second)
+        assert not [e for e in events if e["event"] == "publish_async.fallback"]
+        assert asyncio.get_running_loop().time() - started < 5  # no stall on a lost slot
+        assert [ack.seq for ack in acks] == [3, 4, 5, 6]
+        stored = await collect(plane, subject)
+        assert [message.data for message in stored] == [b"%d" % i for i in range(6)]
