@@ -109,12 +109,7 @@ class RolloutWorker:
     async def generation_loop(self) -> None:
         consecutive_failures = 0
         consumer = self.messages.names.prompt_consumer
-        while not self.weights_ready.is_set() and not self.stopping.is_set():
-            await asyncio.wait(
-                [asyncio.ensure_future(e.wait()) for e in (self.weights_ready, self.stopping)],
-                timeout=1.0,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+        await self._first_weights_or_stop()
         while not self.stopping.is_set():
             received = await self.messages.fetch(
                 consumer, PromptGroup, batch=self.fetch_batch, timeout_s=0.5
@@ -138,6 +133,17 @@ class RolloutWorker:
                     raise WorkerUnhealthy(
                         f"{consecutive_failures} consecutive engine failures; last: {error!r}"
                     ) from error
+
+    async def _first_weights_or_stop(self) -> None:
+        """Wait until the follower has loaded a version or the worker is asked to stop."""
+        # Both waiters go away with the wait: a timed loop that made new ones each second left
+        # them pending (two tasks a second) for as long as the first weights took.
+        waiters = [asyncio.ensure_future(e.wait()) for e in (self.weights_ready, self.stopping)]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
     async def retry_one_by_one(
         self, received: Sequence[Received[PromptGroup]], error: Exception

@@ -343,3 +343,31 @@ async def test_images_are_gated_at_the_worker_boundary(data_plane_config):
 
 async def _refused_groups(worker, count: int) -> bool:
     return worker.refused_groups >= count
+
+
+async def test_a_worker_stopped_before_any_weights_leaves_no_waiter_behind(data_plane_config):
+    # Waiting for its first weights, the worker waits on two events; stopped then, it must not
+    # leave the other waiter pending (a loop that made new waiters each second leaked them).
+    def event_waiters() -> set[asyncio.Task]:
+        return {
+            task
+            for task in asyncio.all_tasks()
+            if not task.done() and task.get_coro().__qualname__ == "Event.wait"
+        }
+
+    model, tokenizer = build_arithmetic_policy(seed=0)
+    async with JetStreamPlane(data_plane_config) as plane:
+        store = create_weight_store(plane)
+        before = event_waiters()
+        worker = make_worker(plane, store, engine_over(model, tokenizer))
+        running = asyncio.create_task(worker.run())
+
+        async def waiting_for_weights() -> bool:
+            return len(event_waiters() - before) >= 2
+
+        await wait_for(waiting_for_weights)
+        assert not worker.weights_ready.is_set()
+        worker.stop()
+        await asyncio.wait_for(running, 20)
+        await asyncio.sleep(0)  # one turn of the loop: cancelled waiters finish
+        assert event_waiters() - before == set()
