@@ -74,6 +74,8 @@ _MAX_BACKOFF_S = 2.0
 #: and 503 (JetStream briefly unavailable, e.g. during a leader election).
 _TRANSIENT_API_CODES = frozenset({429, 503})
 _ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+#: JetStream's error code for a message sequence that is not (or no longer) in the stream.
+_NO_MESSAGE_FOUND = 10057
 #: nats-py's bound on pipelined publishes awaiting an ack on one connection, all windows
 #: together (its default); past it a publish waits for a free slot, at most ``publish.timeout_s``.
 PENDING_PUBLISH_SLOTS = 4000
@@ -526,12 +528,19 @@ class JetStreamPlane(DataPlane):
     async def _watch_max_deliveries(self, spec: ConsumerSpec) -> None:
         """Turn the server's max-deliveries advisory for ``spec`` into a dead letter."""
 
+        # Every plane that pulls from the consumer hears the advisory. Each publishes the dead
+        # letter (one message id: the stream keeps one) and removes a work-queue message; a
+        # plane that finds it removed already has nothing left to do.
         async def on_advisory(msg: Msg) -> None:
             try:
                 advisory = json.loads(msg.data)
                 seq = int(advisory["stream_seq"])
                 deliveries = int(advisory.get("deliveries", 0))
-                original = await self.get(spec.stream, seq)
+                try:
+                    original = await self.get(spec.stream, seq)
+                except KeyError:
+                    log.info("dead_letter.already_removed", stream=spec.stream, seq=seq)
+                    return
                 await self.publish_dead_letter(
                     original,
                     REASON_MAX_DELIVERIES,
@@ -543,7 +552,11 @@ class JetStreamPlane(DataPlane):
                     is Retention.WORK_QUEUE
                 ):
                     # A work queue would otherwise keep the exhausted message forever.
-                    await self.js.delete_msg(spec.stream, seq)
+                    try:
+                        await self.js.delete_msg(spec.stream, seq)
+                    except APIError as error:
+                        if error.err_code != _NO_MESSAGE_FOUND:
+                            raise
                 log.warning("dead_letter.max_deliveries", stream=spec.stream, seq=seq)
             except Exception as error:  # an advisory must never kill the subscription
                 log.error("dead_letter.advisory_failed", error=repr(error))

@@ -247,3 +247,44 @@ async def test_a_pipelined_publish_that_never_goes_out_gives_its_slot_back(
         assert [ack.seq for ack in acks] == [3, 4, 5, 6]
         stored = await collect(plane, subject)
         assert [message.data for message in stored] == [b"%d" % i for i in range(6)]
+
+
+async def test_every_plane_watching_a_work_queue_turns_an_exhausted_message_into_one_letter(
+    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
+) -> None:
+    # Both planes pull from the prompt consumer, so both hear the max-deliveries advisory; both
+    # dead-letter the prompt (deduplicated into one letter) and both remove it from the work
+    # queue: the second removal finds it gone, which is not an error.
+    config = data_plane_config_factory(nats_server.url, consumer={"max_deliver": 1})
+    async with JetStreamPlane(config) as first, JetStreamPlane(config) as second:
+        names = first.names
+        assert await second.fetch(names.prompt_consumer, timeout_s=0.1) == []  # watching too
+        await first.publish(names.prompts, b"exhausted", msg_id="exhausted")
+        with capture_logs() as events:
+            [delivery] = await fetch_until(first, names.prompt_consumer, 1)
+            await delivery.nak()
+
+            async def prompt_removed() -> bool:
+                # The server notices the exhausted prompt when it next tries to deliver.
+                assert await first.fetch(names.prompt_consumer, timeout_s=0.2) == []
+                states = {s.name: s for s in await first.streams()}
+                return states[names.prompts_stream.name].messages == 0
+
+            await eventually(prompt_removed, what="the prompt leaves the work queue")
+            letters = await eventually(
+                lambda: collect(first, names.dead_letters), what="a dead letter", timeout_s=10
+            )
+            # Each plane either dead-letters it or finds it removed already.
+            await eventually(
+                lambda: _count_events(
+                    events, {"dead_letter.max_deliveries", "dead_letter.already_removed"}, 2
+                ),
+                what="both planes handled the advisory",
+            )
+        assert len(letters) == 1
+        assert read_dead_letter(letters[0]).original_payload == b"exhausted"
+        assert [e for e in events if e["log_level"] == "error"] == []
+
+
+async def _count_events(events: list[dict[str, object]], names: set[str], count: int) -> bool:
+    return len([e for e in events if e["event"] in names]) >= count
