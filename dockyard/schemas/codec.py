@@ -179,10 +179,9 @@ def _decode_compiled(
     ):
         return None
     try:
-        major, _minor = parse_schema_version(version)
-    except ValueError:
-        return None
-    if major not in cls.readable_majors():
+        if _reader_of(cls, version) is not cls:  # an older major: its reader upgrades it
+            return None
+    except CodecError:
         return None
     return read_compiled(cls, envelope.meta, envelope.data, limits)  # type: ignore[no-any-return]
 

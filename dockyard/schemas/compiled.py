@@ -42,9 +42,10 @@ from pydantic.json_schema import WithJsonSchema
 
 from dockyard.schemas.arrays import ArrayKind
 from dockyard.schemas.base import FRAME_INERT, WireModel
+from dockyard.schemas.envelope import UNPACKING
 from dockyard.schemas.limits import DecodeLimits
 from dockyard.schemas.precheck import ArrayPrecheck, NotChecked
-from dockyard.schemas.wire_plan import plan_of
+from dockyard.schemas.wire_plan import mentions_wire_types, plan_of
 
 __all__ = ["has_compiled_reader", "read_compiled"]
 
@@ -73,12 +74,11 @@ class _Field:
 class _ModelReader:
     """The struct type of one model class and how to build the model from an instance."""
 
-    __slots__ = ("build", "cls", "struct")
+    __slots__ = ("build", "struct")
 
     def __init__(self, cls: type[WireModel]) -> None:
         if plan_of(cls).columns:
             raise _Unsupported(f"{cls.__name__}: lists whose arrays travel as columns (2.x)")
-        self.cls = cls
         fields: list[_Field] = []
         struct_fields: list[tuple[Any, ...]] = []
         for name, info in cls.model_fields.items():
@@ -256,8 +256,8 @@ def _flatten(metadata: list[Any]) -> list[Any]:
 
 
 class _ArrayDescriptor(msgspec.Struct, forbid_unknown_fields=True):
-    """An array descriptor as the pre-pass accepts one (``precheck.resolve``): exactly these
-    keys, a 1-D shape, non-negative integers. Anything else is the reference path's to judge."""
+    """An array descriptor as the reference pre-pass (``ArrayPrecheck``) accepts one: exactly
+    these keys, a 1-D shape, non-negative integers. Anything else is the reference path's."""
 
     dtype: str
     shape: typing.Annotated[
@@ -285,7 +285,7 @@ def _python_checked(annotation: Any, metadata: list[Any]) -> tuple[Any, Converte
     """A type msgspec cannot express exactly: its packed bytes are unpacked as the reference
     path unpacks them (msgpack, no ext types, str or bin map keys), then validated by pydantic's
     own validator for the type (what the model's field runs)."""
-    if _mentions_wire_types(annotation):
+    if mentions_wire_types(annotation):
         raise _Unsupported(f"{annotation}: a model or array inside a type msgspec cannot express")
     adapter = TypeAdapter(
         typing.Annotated[(annotation, *metadata)] if metadata else annotation,  # type: ignore[valid-type]
@@ -296,13 +296,10 @@ def _python_checked(annotation: Any, metadata: list[Any]) -> tuple[Any, Converte
     def check(packed: msgspec.Raw, precheck: ArrayPrecheck) -> Any:
         # No size limits needed here: the whole meta map is at most as long as the smallest
         # of the reference's msgpack limits (``envelope.scan_envelope``).
-        return validate(msgpack.unpackb(packed, **_REFERENCE_UNPACKING))
+        return validate(msgpack.unpackb(packed, **UNPACKING))
 
     setattr(check, _PYTHON_CHECK, True)
     return msgspec.Raw, check
-
-
-_REFERENCE_UNPACKING: dict[str, Any] = {"raw": False, "strict_map_key": True, "max_ext_len": 0}
 
 
 #: Marks a converter made by ``_python_checked``: a container of such values is checked whole,
@@ -312,16 +309,6 @@ _PYTHON_CHECK = "dockyard_python_check"
 
 def _is_python_check(convert: Converter | None) -> bool:
     return getattr(convert, _PYTHON_CHECK, False)
-
-
-def _mentions_wire_types(annotation: Any) -> bool:
-    if isinstance(annotation, type) and issubclass(annotation, WireModel):
-        return True
-    if typing.get_origin(annotation) is typing.Annotated:
-        extra = typing.get_args(annotation)[1:]
-        if any(isinstance(item, ArrayKind) for item in _flatten(list(extra))):
-            return True
-    return any(_mentions_wire_types(arg) for arg in typing.get_args(annotation))
 
 
 def _constrained(annotation: Any, bounds: dict[str, Any]) -> Any:

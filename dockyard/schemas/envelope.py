@@ -42,6 +42,10 @@ def _fixstr(text: str) -> bytes:
     return bytes([0xA0 | len(raw)]) + raw
 
 
+#: How metadata is unpacked besides the size limits: text as str, only str (or bin) map keys,
+#: no ext types. The compiled reader unpacks what it leaves to pydantic the same way.
+UNPACKING: dict[str, Any] = {"raw": False, "strict_map_key": True, "max_ext_len": 0}
+
 _PAD_KEY = _fixstr(KEY_PAD)
 _DATA_KEY = _fixstr(KEY_DATA)
 
@@ -191,13 +195,11 @@ def _read_entries(
         _ChunkReader(view),
         read_size=min(_READ_SIZE, limits.max_decompressed_bytes),
         max_buffer_size=limits.max_decompressed_bytes,
-        raw=False,
-        strict_map_key=True,
         max_str_len=limits.max_str_bytes,
         max_bin_len=limits.max_bin_bytes,
         max_array_len=limits.max_container_len,
         max_map_len=limits.max_container_len,
-        max_ext_len=0,
+        **UNPACKING,
     )
     entries: dict[str, Any] = {}
     ended_in_place = False

@@ -93,7 +93,7 @@ class ArrayPrecheck:
         for name, kind in plan.arrays:
             descriptor = meta.get(name)
             if type(descriptor) is dict:
-                arr = self.resolve(descriptor, kind)
+                arr = self._resolve(descriptor, kind)
                 if arr is None:
                     self._unsure = True
                     continue
@@ -113,7 +113,7 @@ class ArrayPrecheck:
                     if type(item) is dict:
                         self._walk(item_cls, item)
 
-    def resolve(self, descriptor: dict[str, Any], kind: ArrayKind) -> np.ndarray | None:
+    def _resolve(self, descriptor: dict[str, Any], kind: ArrayKind) -> np.ndarray | None:
         """A view of the described array, or None when unsure about the descriptor."""
         # The checks of ``arrays.array_from_wire`` plus the kind's dtype and 1-D rule.
         name = descriptor.get("dtype")

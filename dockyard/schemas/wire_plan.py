@@ -70,12 +70,13 @@ def _array_kind(annotation: Any, metadata: list[Any]) -> ArrayKind | None:
     return None
 
 
-def _mentions_wire_types(annotation: Any) -> bool:
+def mentions_wire_types(annotation: Any) -> bool:
+    """``annotation`` names a wire model or an array field somewhere inside."""
     if isinstance(annotation, type) and issubclass(annotation, WireModel):
         return True
     if typing.get_origin(annotation) is typing.Annotated and _array_kind(annotation, []):
         return True
-    return any(_mentions_wire_types(arg) for arg in typing.get_args(annotation))
+    return any(mentions_wire_types(arg) for arg in typing.get_args(annotation))
 
 
 @cache
@@ -102,7 +103,7 @@ def plan_of(cls: type[WireModel]) -> WirePlan:
             enums.append(name)
         elif _is_plain_model_lists(annotation):
             pass  # lists of lists of plain models: msgpack's hook packs the models as maps
-        elif _mentions_wire_types(annotation):
+        elif mentions_wire_types(annotation):
             raise TypeError(f"{cls.__name__}.{name}: {annotation} is not a supported wire shape")
     return WirePlan(
         field_names=tuple(cls.model_fields),
