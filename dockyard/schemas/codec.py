@@ -93,6 +93,7 @@ def decode(
     payload: bytes,
     *,
     limits: DecodeLimits = ...,
+    compiled: bool = ...,
     expected: type[M],
 ) -> M: ...
 
@@ -103,6 +104,7 @@ def decode(
     payload: bytes,
     *,
     limits: DecodeLimits = ...,
+    compiled: bool = ...,
     expected: None = ...,
 ) -> Message: ...
 
@@ -112,9 +114,13 @@ def decode(
     payload: bytes,
     *,
     limits: DecodeLimits = DEFAULT_LIMITS,
+    compiled: bool = True,
     expected: type[Message] | None = None,
 ) -> Message:
-    """The message in ``payload``; headers are optional (replay tools decode bare payloads)."""
+    """The message in ``payload``; headers are optional (replay tools decode bare payloads).
+
+    ``compiled=False`` skips the compiled reader (``compiled``) and decodes the reference way
+    only: the same result, for benchmarks and for checking a suspected difference."""
     if not isinstance(payload, bytes | bytearray | memoryview):
         raise CodecError(ReasonCode.WRONG_TYPE, f"payload must be bytes, not {type(payload)}")
     if len(payload) > limits.max_compressed_bytes:
@@ -132,9 +138,10 @@ def decode(
         _resolve_type(header_schema, expected)
 
     content = decompress_bounded(bytes(payload), limits.max_decompressed_bytes)
-    compiled = _decode_compiled(content, headers, limits, expected)
-    if compiled is not None:
-        return compiled
+    if compiled:
+        message = _decode_compiled(content, headers, limits, expected)
+        if message is not None:
+            return message
     envelope = parse_envelope(content, limits)
     if header_schema is not None and header_schema != envelope.schema:
         raise CodecError(
