@@ -14,7 +14,6 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import nats
 from nats.aio.client import Client as NatsClient
 
 from dockyard.broker.plane import DataPlaneError
@@ -29,6 +28,41 @@ _PERMISSION = re.compile(
 
 RECONNECT_WAIT_S = 0.25
 CONNECT_TIMEOUT_S = 5
+
+#: The ASCII characters ``str.isspace`` accepts: nats-py skips a header name holding one.
+_SPACE_IN_NAME = re.compile(
+    b"[" + re.escape(bytes(c for c in range(128) if chr(c).isspace())) + b"]"
+)
+
+
+class FastHeadersClient(NatsClient):
+    """nats-py's client with a faster header parser of the same result.
+
+    nats-py tests each character of each header name with a Python generator
+    (``any(c.isspace() for c in key)``); with the four headers of every dockyard message that
+    was a tenth of a consumer's transport time. Here one regular expression tests the name
+    (``tests/unit/broker/test_connection_headers.py`` compares both parsers).
+    """
+
+    @staticmethod
+    def _parse_header_lines(raw: bytes) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for line in raw.split(b"\r\n"):
+            name, sep, value = line.partition(b":")
+            if not sep:
+                continue
+            name = name.strip()
+            # nats-py: a name that is not ASCII, or holds whitespace, is skipped.
+            if not name.isascii() or _SPACE_IN_NAME.search(name):
+                continue
+            out[name.decode("ascii")] = value.strip().decode("utf-8", "replace")
+        return out
+
+
+async def _open(options: dict[str, object]) -> NatsClient:
+    client = FastHeadersClient()
+    await client.connect(**options)  # type: ignore[arg-type]
+    return client
 
 
 class ConnectError(DataPlaneError):
@@ -155,7 +189,7 @@ async def connect(
         options["tls"] = context
     # nats-py retries the *first* connection as long as reconnects (forever): bound it, and
     # stop at once on bad credentials instead of retrying them.
-    connecting = asyncio.ensure_future(nats.connect(**options))  # type: ignore[arg-type]
+    connecting = asyncio.ensure_future(_open(options))
     done, _ = await asyncio.wait(
         {connecting, auth_failed},
         timeout=config.connect_timeout_s,

@@ -83,19 +83,31 @@ class PullChannel:
         self._request_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
         self._subscription: Subscription | None = None
+        #: The subscription whose own queue we read (``open``), to account for what we take.
+        self._direct: Subscription | None = None
         self._counter = 0
 
     async def open(self) -> None:
+        # The JS messages themselves are bounded by max_bytes per request; lift nats-py's own
+        # per-subscription caps so they never drop a delivery silently.
+        subscription = await self._nc.subscribe(
+            f"{self._prefix}.*", pending_msgs_limit=0, pending_bytes_limit=0
+        )
+        # Without a callback nats-py leaves the messages in the subscription's own queue
+        # (what ``next_msg`` reads): taking them from there saves a second queue and a task
+        # switch per message. Its internals (2.x); without them, a callback fills our queue.
+        queue = getattr(subscription, "_pending_queue", None)
+        if isinstance(queue, asyncio.Queue) and hasattr(subscription, "_pending_size"):
+            self._queue = queue
+            self._subscription = self._direct = subscription
+            return
+        await subscription.unsubscribe()
+
         async def on_message(msg: Msg) -> None:
             self._queue.put_nowait(msg)
 
-        # The JS messages themselves are bounded by max_bytes per request; lift nats-py's own
-        # per-subscription caps so they never drop a delivery silently.
         self._subscription = await self._nc.subscribe(
-            f"{self._prefix}.*",
-            cb=on_message,
-            pending_msgs_limit=0,
-            pending_bytes_limit=0,
+            f"{self._prefix}.*", cb=on_message, pending_msgs_limit=0, pending_bytes_limit=0
         )
 
     async def close(self) -> None:
@@ -107,7 +119,7 @@ class PullChannel:
         # them back now rather than after their ack wait.
         returned = 0
         while not self._queue.empty():
-            msg = self._queue.get_nowait()
+            msg = self._take_nowait()
             if not is_status(msg):
                 with contextlib.suppress(Exception):
                     await msg.nak()
@@ -115,13 +127,22 @@ class PullChannel:
         if returned:
             log.info("pull.returned_on_close", durable=self._spec.durable, messages=returned)
 
+    def _take_nowait(self) -> Msg:
+        return self._taken(self._queue.get_nowait())
+
+    def _taken(self, msg: Msg) -> Msg:
+        if self._direct is not None:  # what nats-py's ``next_msg`` does with what it hands out
+            self._direct._pending_size -= len(msg.data)
+            self._queue.task_done()
+        return msg
+
     def _reply(self) -> str:
         self._counter += 1
         return f"{self._prefix}.{self._counter}"
 
     def _drain(self, out: list[Msg], want: int) -> None:
         while len(out) < want and not self._queue.empty():
-            msg = self._queue.get_nowait()
+            msg = self._take_nowait()
             if not is_status(msg):
                 out.append(msg)
 
@@ -145,11 +166,11 @@ class PullChannel:
                     return
                 try:
                     async with asyncio.timeout(remaining):
-                        msg = await self._queue.get()
+                        msg = self._taken(await self._queue.get())
                 except TimeoutError:
                     return
             else:  # already here: no timer
-                msg = self._queue.get_nowait()
+                msg = self._take_nowait()
             if is_status(msg):
                 if msg.subject == reply:
                     return  # this request is finished

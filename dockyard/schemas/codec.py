@@ -230,6 +230,8 @@ def _resolve_type(schema: str, expected: type[Message] | None) -> type[Message]:
 def _reader_of(cls: type[Message], version: str) -> type[Message]:
     """The class that reads ``cls``'s ``version``: itself for its own MAJOR (any MINOR) and the
     majors it reads itself; an older major's reader (``OLDER_READERS``); else a refusal."""
+    if version == cls.SCHEMA_VERSION:  # what nearly every message carries: no parsing
+        return cls
     try:
         major, _minor = parse_schema_version(version)
     except ValueError as exc:

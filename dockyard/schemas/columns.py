@@ -216,8 +216,12 @@ def concatenate(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate(arrays, dtype=dtype, casting="unsafe")
 
 
-def check_total(values: np.ndarray, lengths: Sequence[int], what: str, of: str) -> None:
-    total = sum(lengths)
+def check_total(
+    values: np.ndarray, lengths: Sequence[int], what: str, of: str, total: int | None = None
+) -> None:
+    """``values`` holds ``sum(lengths)`` entries (``total``, when the caller has it already)."""
+    if total is None:
+        total = sum(lengths)
     if values.shape[0] != total:
         raise PydanticCustomError(
             ReasonCode.LENGTH_MISMATCH.value,

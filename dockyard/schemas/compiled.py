@@ -26,6 +26,7 @@ mutated frames.
 from __future__ import annotations
 
 import enum
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -92,8 +93,14 @@ class _ModelReader:
         # reference unpacker refuses an ext type or an int map key anywhere in the map. So a
         # frame of a newer minor version (a field added) is read the reference way, as is any
         # ``@columns`` key (legacy list columns, which the reference pre-pass mostly refuses).
+        # gc=False: decoded values form a tree (no cycles), and tracking every struct of every
+        # message costs the collector time for nothing.
         self.struct = msgspec.defstruct(
-            f"{cls.__name__}Struct", struct_fields, kw_only=True, forbid_unknown_fields=True
+            f"{cls.__name__}Struct",
+            struct_fields,
+            kw_only=True,
+            forbid_unknown_fields=True,
+            gc=False,
         )
         #: ``build(struct, precheck)``: the model from a decoded struct (NotChecked if unsure).
         self.build: Converter = _builder(cls, fields, _after_validators(cls))
@@ -105,9 +112,11 @@ def _builder(
     """A function that builds ``cls`` from its struct: what ``model_construct`` does (without
     its alias handling: wire models have none), then the model validators.
 
-    Generated as straight-line code, one statement per field, as ``dataclasses`` generates
-    ``__init__``: this runs for every model of every decoded message (≈ 20 for a 16-sample
-    group), where a loop over field descriptions costs a few lookups per field more. Only field
+    Generated as straight-line code, as ``dataclasses`` generates ``__init__``: this runs for
+    every model of every decoded message (≈ 20 for a 16-sample group), where a loop over field
+    descriptions costs a few lookups per field more. A frame written by this package's encoder
+    has every field, so the common case is one dict display of every field's value; only when
+    some optional field is absent does the field-by-field path fill in defaults. Only field
     names (identifiers, checked by pydantic) and indexes reach the source text.
     """
     names: dict[str, Any] = {
@@ -116,35 +125,50 @@ def _builder(
         "cls": cls,
         "setattr": object.__setattr__,
     }
-    required = [field.name for field in fields if field.info.is_required()]
-    lines = [
-        "def build(struct, precheck):",
-        f"    fields_set = {{{', '.join(repr(name) for name in required)}}}"
-        if required
-        else "    fields_set = set()",
-        "    values = {}",
-    ]
+    # ``every``: each field's value in the dict display; ``general``: the field-by-field path.
+    every: list[str] = []
+    general: list[str] = []
+    optional: list[str] = []
     for index, field in enumerate(fields):
         name = field.name
         if not name.isidentifier():  # pydantic allows none other; the source below relies on it
             raise _Unsupported(f"{cls.__name__}: field name {name!r}")
-        value = "value"
+        value = f"struct.{name}"
         if field.convert is not None:
             names[f"convert_{index}"] = field.convert
-            value = f"convert_{index}(value, precheck)"
+            value = f"convert_{index}(struct.{name}, precheck)"
+        every.append(f"{name!r}: {value}")
         if field.info.is_required():
-            lines += [f"    value = struct.{name}", f"    values[{name!r}] = {value}"]
+            general.append(f"values[{name!r}] = {value}")
         else:
             names[f"default_{index}"] = field.info.get_default
-            lines += [
-                f"    value = struct.{name}",
-                "    if value is UNSET:",
-                f"        values[{name!r}] = default_{index}("
+            optional.append(name)
+            general += [
+                f"if struct.{name} is UNSET:",
+                f"    values[{name!r}] = default_{index}("
                 "call_default_factory=True, validated_data=values)",
-                "    else:",
-                f"        values[{name!r}] = {value}",
-                f"        fields_set.add({name!r})",
+                "else:",
+                f"    values[{name!r}] = {value}",
+                f"    fields_set.add({name!r})",
             ]
+    all_names = ", ".join(repr(field.name) for field in fields)
+    required = ", ".join(repr(field.name) for field in fields if field.info.is_required())
+    lines = ["def build(struct, precheck):"]
+    if optional:
+        lines += [
+            f"    if {' or '.join(f'struct.{name} is UNSET' for name in optional)}:",
+            f"        fields_set = {{{required}}}" if required else "        fields_set = set()",
+            "        values = {}",
+            *(f"        {line}" for line in general),
+            "    else:",
+            f"        fields_set = {{{all_names}}}",
+            f"        values = {{{', '.join(every)}}}",
+        ]
+    else:
+        lines += [
+            f"    fields_set = {{{all_names}}}" if fields else "    fields_set = set()",
+            f"    values = {{{', '.join(every)}}}",
+        ]
     lines += [
         "    model = new(cls)",
         "    setattr(model, '__dict__', values)",
@@ -156,7 +180,8 @@ def _builder(
         names[f"validator_{index}"] = validator
         lines.append(f"    model = validator_{index}(model)")
     lines.append("    return model")
-    exec("\n".join(lines), names)  # the source: see the docstring
+    # A file name of its own per class: profiles tell the readers apart.
+    exec(compile("\n".join(lines), f"<compiled reader of {cls.__name__}>", "exec"), names)
     return names["build"]  # type: ignore[no-any-return]
 
 
@@ -226,7 +251,7 @@ def _translate(annotation: Any, metadata: list[Any]) -> tuple[Any, Converter | N
             return _python_checked(annotation, metadata)
         return _constrained(annotation, bounds), None
     if annotation is str or annotation is bytes:
-        bounds = _length_bounds(metadata)
+        bounds = _length_bounds(metadata, patterns=annotation is str)
         if bounds is None:
             return _python_checked(annotation, metadata)
         return _constrained(annotation, bounds), None
@@ -291,7 +316,7 @@ def _python_checked(annotation: Any, metadata: list[Any]) -> tuple[Any, Converte
         typing.Annotated[(annotation, *metadata)] if metadata else annotation,  # type: ignore[valid-type]
         config=_LAX_ADAPTER_CONFIG,
     )
-    validate = adapter.validate_python
+    validate = adapter.validator.validate_python  # TypeAdapter's wrapper adds a Python call
 
     def check(packed: msgspec.Raw, precheck: ArrayPrecheck) -> Any:
         # No size limits needed here: the whole meta map is at most as long as the smallest
@@ -315,17 +340,40 @@ def _constrained(annotation: Any, bounds: dict[str, Any]) -> Any:
     return typing.Annotated[annotation, msgspec.Meta(**bounds)] if bounds else annotation
 
 
-def _length_bounds(metadata: list[Any]) -> dict[str, int] | None:
-    """msgspec's length bounds for pydantic's; None when some constraint is something else."""
-    bounds: dict[str, int] = {}
+def _length_bounds(metadata: list[Any], *, patterns: bool = False) -> dict[str, Any] | None:
+    """msgspec's length bounds for pydantic's (and, with ``patterns``, a string's pattern);
+    None when some constraint is something else."""
+    bounds: dict[str, Any] = {}
     for item in metadata:
         if isinstance(item, annotated_types.MinLen):
             bounds["min_length"] = max(bounds.get("min_length", 0), item.min_length)
         elif isinstance(item, annotated_types.MaxLen):
             bounds["max_length"] = min(bounds.get("max_length", item.max_length), item.max_length)
+        elif patterns and "pattern" not in bounds and vars(item).keys() == {"pattern"}:
+            translated = _python_pattern(vars(item)["pattern"])
+            if translated is None:
+                return None
+            bounds["pattern"] = translated
         else:
             return None
     return bounds
+
+
+#: The patterns whose meaning is the same in pydantic's regex engine (Rust's ``regex``) and in
+#: Python's ``re`` (msgspec's) once the closing ``$`` is spelled ``\Z``: anchored runs of
+#: character classes of ASCII letters, digits and a few punctuation marks (no escapes, no
+#: negation, no ``--``: Rust reads it as a set difference), each with an optional ``{m}`` or
+#: ``{m,n}``. The rewrite matters: Python's ``$`` also matches before a trailing newline, Rust's
+#: does not.
+_PORTABLE_PATTERN = re.compile(r"\^(?:\[[A-Za-z0-9_.:/@+=-]+\](?:\{[0-9]+(?:,[0-9]+)?\})?)+\$")
+
+
+def _python_pattern(pattern: Any) -> str | None:
+    """``pattern`` (pydantic's) as a Python ``re`` pattern that matches exactly the same
+    strings, or None when that is not certain."""
+    if type(pattern) is not str or "--" in pattern or not _PORTABLE_PATTERN.fullmatch(pattern):
+        return None
+    return pattern[:-1] + "\\Z"
 
 
 def _number_bounds(annotation: type, metadata: list[Any]) -> dict[str, Any] | None:
@@ -385,7 +433,10 @@ def _each(convert: Converter | None) -> Converter | None:
     if inner is not None:  # a list of lists (a group's segments): one nested comprehension
 
         def convert_nested(values: list[list[Any]], precheck: ArrayPrecheck) -> list[Any]:
-            return [[inner(value, precheck) for value in items] for items in values]
+            # Most samples have no segments and no tool calls: no inner comprehension for them.
+            return [
+                [inner(value, precheck) for value in items] if items else [] for items in values
+            ]
 
         return convert_nested
 

@@ -134,7 +134,7 @@ def _bin_in_place(view: memoryview, position: int) -> memoryview | None:
 
 def parse_envelope(content: bytes, limits: DecodeLimits) -> Envelope:
     view = memoryview(content)
-    entries, unpacker, ended_in_place = _read_entries(view, limits, packed_meta=False)
+    entries, unpacker, ended_in_place = _read_entries(view, limits)
     if not ended_in_place and unpacker.tell() != len(view):
         raise CodecError(
             ReasonCode.BAD_MSGPACK, f"{len(view) - unpacker.tell()} bytes after the top-level map"
@@ -152,34 +152,61 @@ class PackedEnvelope:
     data: memoryview | bytes
 
 
+class _StandardEnvelope(msgspec.Struct, forbid_unknown_fields=True):
+    """The top-level map as :func:`build_envelope_prefix` writes it, with every value left
+    packed: msgspec steps over ``meta`` and ``data`` without copying (a ``Raw`` is a view of
+    the content)."""
+
+    schema: str
+    schema_version: str
+    meta: msgspec.Raw
+    pad: msgspec.Raw
+    data: msgspec.Raw
+
+
+_STANDARD_ENVELOPE = msgspec.msgpack.Decoder(_StandardEnvelope)
+_FIXMAP_5 = 0x85
+
+
 def scan_envelope(content: bytes, limits: DecodeLimits) -> PackedEnvelope | None:
     """The envelope with ``meta`` left packed, for the compiled reader (``compiled``); None
     when anything about it is unusual: :func:`parse_envelope` then says what.
 
-    The meta map is stepped over, not unpacked; the map must be at most as many bytes as the
-    smallest msgpack limit, so that no string, bin or container inside it can exceed a limit
-    that :func:`parse_envelope` would have enforced while unpacking it.
+    One msgspec pass over the content checks that it is exactly one map of the five envelope
+    entries, each once (a fixmap of five entries and five required, distinct fields: no room
+    for a repeated or unknown key), and nothing after it; the values are then checked the way
+    :func:`parse_envelope` would unpack them. The meta map is stepped over, not unpacked; it
+    must be at most as many bytes as the smallest msgpack limit, so that no string, bin or
+    container inside it can exceed a limit that :func:`parse_envelope` would have enforced.
+    The array section must fit ``max_bin_bytes`` (the reference lets a section that ends the
+    content exceed it: such messages are read the reference way).
     """
-    view = memoryview(content)
+    if not content or content[0] != _FIXMAP_5:
+        return None
     try:
-        entries, unpacker, ended_in_place = _read_entries(view, limits, packed_meta=True)
-    except CodecError:
+        envelope = _STANDARD_ENVELOPE.decode(content)
+    except msgspec.DecodeError:
         return None
-    if not ended_in_place and unpacker.tell() != len(view):
-        return None
-    schema, version, meta = entries.get(KEY_SCHEMA), entries.get(KEY_VERSION), entries.get(KEY_META)
-    data = entries.get(KEY_DATA, b"")
+    schema, version = envelope.schema, envelope.schema_version
+    meta, pad, data = memoryview(envelope.meta), envelope.pad, memoryview(envelope.data)
     if (
-        type(schema) is not str
-        or type(version) is not str
-        or type(meta) is not memoryview
-        or not meta
+        len(schema.encode()) > limits.max_str_bytes
+        or len(version.encode()) > limits.max_str_bytes
         or meta[0] not in _MAP_HEADERS
         or len(meta) > min(limits.max_str_bytes, limits.max_bin_bytes, limits.max_container_len)
-        or not isinstance(data, bytes | memoryview)
+        or not _is_bin(memoryview(pad), limits)
+        or not _is_bin(data, limits)
     ):
         return None
-    return PackedEnvelope(schema=schema, version=version, meta=meta, data=data)
+    return PackedEnvelope(
+        schema=schema, version=version, meta=meta, data=data[1 + _BIN_HEADERS[data[0]] :]
+    )
+
+
+def _is_bin(value: memoryview, limits: DecodeLimits) -> bool:
+    """``value`` (one packed msgpack value) is a bin of at most ``max_bin_bytes``."""
+    width = _BIN_HEADERS.get(value[0])
+    return width is not None and len(value) - 1 - width <= limits.max_bin_bytes
 
 
 #: The first byte of a msgpack map: fixmap, map16, map32.
@@ -187,10 +214,10 @@ _MAP_HEADERS = frozenset((*range(0x80, 0x90), 0xDE, 0xDF))
 
 
 def _read_entries(
-    view: memoryview, limits: DecodeLimits, *, packed_meta: bool
+    view: memoryview, limits: DecodeLimits
 ) -> tuple[dict[str, Any], msgpack.Unpacker, bool]:
-    """The top-level entries (``meta`` as a view of its bytes when ``packed_meta``), the
-    unpacker, and whether the array section was taken in place at the end of the content."""
+    """The top-level entries, the unpacker, and whether the array section was taken in place
+    at the end of the content."""
     unpacker = msgpack.Unpacker(
         _ChunkReader(view),
         read_size=min(_READ_SIZE, limits.max_decompressed_bytes),
@@ -222,11 +249,6 @@ def _read_entries(
                     entries[key] = in_place
                     ended_in_place = True
                     break
-            if packed_meta and key == KEY_META:
-                start = unpacker.tell()
-                unpacker.skip()
-                entries[key] = view[start : unpacker.tell()]
-                continue
             entries[key] = unpacker.unpack()
     except CodecError:
         raise

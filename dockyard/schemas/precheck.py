@@ -152,7 +152,9 @@ class ArrayPrecheck:
             or offset % itemsize
         ):
             return None
-        base = self._base(dtype)
+        base = self._bases.get(dtype)  # ``_base``, inlined: this runs for every array
+        if base is None:
+            base = self._base(dtype)
         start = offset // itemsize
         self._spans.append((kind, dtype, start, count))
         return base[start : start + count]

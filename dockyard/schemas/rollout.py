@@ -190,8 +190,9 @@ class SampleColumns(RowColumns):
     def _consistent(self) -> SampleColumns:
         count = len(self.prompt_lengths)
         check_counts(self, count, "samples")
+        total = sum(self.response_lengths)
         for name in _RESPONSE_ARRAYS:
-            check_total(getattr(self, name), self.response_lengths, name, "response tokens")
+            check_total(getattr(self, name), self.response_lengths, name, "response tokens", total)
         if self.prompt_shared:
             shared = self.prompt_token_ids.shape[0]
             if any(length != shared for length in self.prompt_lengths):
