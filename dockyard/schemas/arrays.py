@@ -241,11 +241,12 @@ _UNSIGNED_VIEW: dict[np.dtype, np.dtype] = {
 def narrow_unsigned_max(arr: np.ndarray) -> int | None:
     """The largest value of a non-empty integer ``arr`` read as unsigned (a negative value
     counts as huge), i.e. the bound narrowing must respect; None for other dtypes."""
+    # ``np.maximum.reduce``: ``ndarray.max`` without its Python-level wrapper (``_amax``).
     dtype = arr.dtype
     if dtype.kind == "u":
-        return int(arr.max())
+        return int(np.maximum.reduce(arr, axis=None))
     unsigned = _UNSIGNED_VIEW.get(dtype)
-    return None if unsigned is None else int(arr.view(unsigned).max())
+    return None if unsigned is None else int(np.maximum.reduce(arr.view(unsigned), axis=None))
 
 
 def narrow_unsigned(arr: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ with one copy of the array section.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,21 @@ _DATA_KEY = _fixstr(KEY_DATA)
 _META_ENCODER = msgspec.msgpack.Encoder(enc_hook=pack_plain_model)
 
 
+@functools.cache
+def _head_of(schema: str, version: str) -> bytes:
+    """The content's first bytes, up to the meta map (one pair per message class)."""
+    return b"".join(
+        (
+            b"\x85",  # fixmap with 5 entries
+            _fixstr(KEY_SCHEMA),
+            msgpack.packb(schema),
+            _fixstr(KEY_VERSION),
+            msgpack.packb(version),
+            _fixstr(KEY_META),
+        )
+    )
+
+
 def build_envelope_prefix(
     schema: str, version: str, meta: dict[str, Any], data_nbytes: int
 ) -> bytes:
@@ -63,17 +79,7 @@ def build_envelope_prefix(
     if data_nbytes > _MAX_BIN32:
         raise CodecError(ReasonCode.UNENCODABLE, f"array section of {data_nbytes} B exceeds 4 GiB")
     try:
-        head = b"".join(
-            (
-                b"\x85",  # fixmap with 5 entries
-                _fixstr(KEY_SCHEMA),
-                msgpack.packb(schema),
-                _fixstr(KEY_VERSION),
-                msgpack.packb(version),
-                _fixstr(KEY_META),
-                _META_ENCODER.encode(meta),
-            )
-        )
+        head = _head_of(schema, version) + _META_ENCODER.encode(meta)
     except (TypeError, ValueError, OverflowError) as exc:
         raise CodecError(ReasonCode.UNENCODABLE, f"msgpack cannot encode: {exc}") from exc
     # pad entry = key + bin8 header (2 B) + k zero bytes; data entry = key + bin32 header (5 B).

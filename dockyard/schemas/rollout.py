@@ -195,7 +195,7 @@ class SampleColumns(RowColumns):
             check_total(getattr(self, name), self.response_lengths, name, "response tokens", total)
         if self.prompt_shared:
             shared = self.prompt_token_ids.shape[0]
-            if any(length != shared for length in self.prompt_lengths):
+            if self.prompt_lengths.count(shared) != count:
                 raise PydanticCustomError(
                     ReasonCode.LENGTH_MISMATCH.value,
                     "a shared prompt of {shared} tokens, but prompt_lengths differ",
@@ -207,6 +207,8 @@ class SampleColumns(RowColumns):
         for index, (segments, length) in enumerate(
             zip(self.segments, self.response_lengths, strict=True)
         ):
+            if not segments:  # most samples (no multi-turn structure)
+                continue
             for segment in segments:
                 if segment.end > length:
                     raise PydanticCustomError(
