@@ -159,7 +159,7 @@ class PackedEnvelope:
 
 
 class _StandardEnvelope(msgspec.Struct, forbid_unknown_fields=True):
-    """The top-level map as :func:`build_envelope_prefix` writes it, with every value left
+    """The top-level map's five entries (in any order), every value but the two strings left
     packed: msgspec steps over ``meta`` and ``data`` without copying (a ``Raw`` is a view of
     the content)."""
 

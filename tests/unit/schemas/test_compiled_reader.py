@@ -13,13 +13,15 @@ from __future__ import annotations
 import copy
 import math
 import random
-from typing import Any
+import re
+from typing import Annotated, Any
 
 import msgpack
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from pydantic import BaseModel
+from hypothesis import strategies as st
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from schema_factories import (
     make_dead_letter,
     make_prompt_group,
@@ -30,13 +32,15 @@ from schema_factories import (
 )
 
 from dockyard.schemas import CodecError, DecodeLimits, ReasonCode, ScoredRollout, decode, encode
+from dockyard.schemas.base import IDENTIFIER_PATTERN
 from dockyard.schemas.codec import _validate
-from dockyard.schemas.compiled import has_compiled_reader, read_compiled
+from dockyard.schemas.compiled import _python_pattern, has_compiled_reader, read_compiled
 from dockyard.schemas.envelope import parse_envelope, scan_envelope
 from dockyard.schemas.frames import decompress_bounded
 from dockyard.schemas.limits import DEFAULT_LIMITS
 from dockyard.schemas.messages import MESSAGE_TYPES, OLDER_READERS
 from dockyard.schemas.rollout import Segment
+from dockyard.schemas.scored import FLAG_PATTERN
 
 MESSAGES = {
     "prompt_group": make_prompt_group,
@@ -283,8 +287,9 @@ def test_mutated_metadata_is_never_accepted_by_the_compiled_reader_alone(name):
 
 
 def test_a_group_id_with_a_trailing_newline_is_refused():
-    # Python's ``$`` matches before a final newline, pydantic's regex does not: the pattern is
-    # checked by pydantic itself, so an id that would end up in a header is refused either way.
+    # Python's ``$`` matches before a final newline, pydantic's regex does not: msgspec checks
+    # the pattern with ``\Z`` instead, so an id that would end up in a header is refused either
+    # way.
     message = make_prompt_group()
     envelope = parse_envelope(content_of(message), DEFAULT_LIMITS)
     meta = dict(envelope.meta, group_id="group-1\n")
@@ -335,3 +340,116 @@ def test_metadata_larger_than_a_msgpack_limit_goes_the_reference_way():
     decode(None, long_text)
     with pytest.raises(CodecError, match="max_str_len"):
         decode(None, long_text, limits=DecodeLimits(max_str_bytes=99))
+
+
+# ----------------------------------------------------------------------------- patterns
+
+
+@pytest.mark.parametrize("pattern", [IDENTIFIER_PATTERN, FLAG_PATTERN])
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.one_of(
+        st.text(alphabet=st.sampled_from("abzAZ09_.:/@+=-\n\r\t \u00e9\u212a"), max_size=70),
+        st.text(max_size=8),
+        st.from_regex(r"[a-z][a-z0-9_]{0,63}\n?", fullmatch=True),
+    )
+)
+def test_translated_patterns_accept_exactly_what_pydantic_accepts(pattern, text):
+    translated = _python_pattern(pattern)
+    assert translated is not None, "the message types' patterns are checked by msgspec"
+    by_pydantic = True
+    try:
+        TypeAdapter(Annotated[str, Field(pattern=pattern)]).validate_python(text)
+    except ValidationError:
+        by_pydantic = False
+    assert (re.search(translated, text) is not None) == by_pydantic
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"^[a-z]+$",  # a quantifier other than {m} / {m,n}
+        r"^[^a-z]{1,3}$",  # negation
+        r"^[a-z\d]{1,3}$",  # an escape
+        r"^[a-z--c]{1,3}$",  # Rust reads ``--`` as a set difference
+        r"[a-z]{1,3}$",  # not anchored at the start
+        r"^[a-z]{1,3}",  # not anchored at the end
+        r"^(?i)[a-z]{1,3}$",  # a flag
+    ],
+)
+def test_other_patterns_stay_with_pydantic(pattern):
+    assert _python_pattern(pattern) is None
+
+
+def test_a_score_flag_with_a_trailing_newline_is_refused():
+    message = make_scored(num_samples=2, teacher=False)
+    envelope = parse_envelope(content_of(message), DEFAULT_LIMITS)
+    meta = copy.deepcopy(envelope.meta)
+    meta["scores"]["flags"] = [["timeout\n"], []]
+    packed = msgpack.packb(meta, use_bin_type=True)
+    assert read_compiled(ScoredRollout, memoryview(packed), envelope.data, DEFAULT_LIMITS) is None
+    assert isinstance(reference(ScoredRollout, packed, envelope.data), CodecError)
+
+
+# ----------------------------------------------------------------------------- the envelope
+
+
+def _envelope_entries(message: Any) -> dict[str, Any]:
+    envelope = parse_envelope(content_of(message), DEFAULT_LIMITS)
+    return {
+        "schema": envelope.schema,
+        "schema_version": envelope.version,
+        "meta": envelope.meta,
+        "pad": b"",
+        "data": bytes(envelope.data),
+    }
+
+
+def _frame(content: bytes) -> bytes:
+    from dockyard.schemas.frames import compress
+
+    return compress(content)
+
+
+def test_another_key_order_reads_the_same_both_ways():
+    # Another encoder may order the envelope's entries otherwise (the array section is then
+    # not aligned in the content: the views are unaligned, the values the same).
+    message = make_scored(num_samples=2)
+    entries = _envelope_entries(message)
+    content = msgpack.packb(dict(reversed(list(entries.items()))), use_bin_type=True)
+    envelope = scan_envelope(content, DEFAULT_LIMITS)
+    assert envelope is not None
+    compiled = read_compiled(ScoredRollout, envelope.meta, envelope.data, DEFAULT_LIMITS)
+    assert compiled == message
+    assert decode(None, _frame(content), compiled=False) == message
+
+
+def test_a_repeated_envelope_key_is_refused():
+    # Five distinct fields could hide a repeat in a map of six entries: the compiled path only
+    # reads a map of exactly five, and the reference refuses the repeat.
+    entries = _envelope_entries(make_prompt_group())
+    body = b"".join(msgpack.packb(key) + msgpack.packb(value) for key, value in entries.items())
+    content = b"\x86" + body + msgpack.packb("schema") + msgpack.packb("prompt_group")
+    assert scan_envelope(content, DEFAULT_LIMITS) is None
+    with pytest.raises(CodecError) as refused:
+        decode(None, _frame(content))
+    assert refused.value.reason is ReasonCode.BAD_ENVELOPE
+
+
+def test_bytes_after_the_envelope_are_refused():
+    content = content_of(make_prompt_group()) + b"\x00"
+    assert scan_envelope(content, DEFAULT_LIMITS) is None
+    with pytest.raises(CodecError) as refused:
+        decode(None, _frame(content))
+    assert refused.value.reason is ReasonCode.BAD_MSGPACK
+
+
+def test_an_array_section_past_the_bin_limit_goes_the_reference_way():
+    # The reference takes an array section that ends the content in place, past max_bin_bytes;
+    # the compiled path leaves any such section to it.
+    message = make_scored(num_samples=2, length=64)
+    content = content_of(message)
+    tight = DecodeLimits(max_bin_bytes=64)
+    assert scan_envelope(content, DEFAULT_LIMITS) is not None
+    assert scan_envelope(content, tight) is None
+    assert decode(None, encode(message).payload, limits=tight) == message
