@@ -288,3 +288,32 @@ async def test_every_plane_watching_a_work_queue_turns_an_exhausted_message_into
 
 async def _count_events(events: list[dict[str, object]], names: set[str], count: int) -> bool:
     return len([e for e in events if e["event"] in names]) >= count
+
+
+async def test_deliveries_read_from_the_subscriptions_queue_keep_its_accounting(
+    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
+) -> None:
+    # The pull channel takes deliveries from nats-py's own subscription queue: it must count
+    # them out as nats-py's readers do, or the client's pending figures grow without end and
+    # anything that waits for the queue to be processed (a drain) never returns.
+    config = data_plane_config_factory(nats_server.url)
+    async with JetStreamPlane(config) as plane:
+        names = plane.names
+        for index in range(20):
+            await plane.publish(names.rollouts, b"x" * 100, msg_id=f"acct-{index}")
+        deliveries = await fetch_until(plane, names.rollout_consumer, 20)
+        for delivery in deliveries:
+            await delivery.ack()
+        assert sorted(d.msg_id for d in deliveries) == sorted(f"acct-{i}" for i in range(20))
+        inbox = next(
+            sub
+            for sub in plane.nc._subs.values()
+            if sub.subject.startswith(plane.nc._inbox_prefix.decode())
+            and sub._pending_queue is plane._channels[names.rollout_consumer.durable]._queue
+        )
+        # What is left is at most the status that ended the last pull request: no data.
+        assert inbox.pending_bytes == 0
+        assert all(not msg.data for msg in inbox._pending_queue._queue)
+    async with asyncio.timeout(5):  # closing the plane took the rest: nothing left undone
+        await inbox._pending_queue.join()
+    assert inbox.pending_msgs == 0
