@@ -290,10 +290,11 @@ class TrainerLoop:
                 self._drop_stale_pending()  # the version moved on: the rest aged by one
                 waiting_since = time.monotonic()
         validated_now = bool(self.summary.history) and self.summary.history[-1][0] == self.step
+        final: dict[str, float] = {}
         if self.config.grpo.val_at_end and not validated_now:  # same weights: same answers
-            await self._validate(self.step)
+            final = await self._validate(self.step)
         if self.checkpoints is not None:
-            self._save_checkpoint()
+            self._save_checkpoint(final)
         metrics_file = self.run_dir / "metrics.jsonl"
         if metrics_file.exists():
             plot_run(metrics_file, self.run_dir / "progress.png")
@@ -520,6 +521,11 @@ class TrainerLoop:
             lineage=self.lineage.to_dict(),
         )
         values = {k.replace("/", ":"): v for k, v in (metrics or {}).items()}
+        latest = self.checkpoints.latest()
+        if latest is not None and latest.step == self.step:
+            # A second save of this step (the run's end after a periodic save): it keeps the
+            # metrics the first recorded, which rank it for retention (``keep_top_k``).
+            values = {**latest.metrics, **values}
         self.checkpoints.save(
             self.step,
             lambda directory: write_checkpoint(

@@ -86,6 +86,11 @@ def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode,
     assert len(trained) == 4 * 4
     assert (run_dir / "progress.png").stat().st_size > 1000
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2", "step_4"]
+    for step in (2, 4):  # validated at the step: retention ranks them by it (the last one too)
+        metadata = json.loads(
+            (run_dir / "checkpoints" / f"step_{step}" / "checkpoint.json").read_text()
+        )
+        assert "val:accuracy" in metadata["metrics"], metadata
     if mode == "async":
         assert_checkpoint_exports_to_hf(run_dir / "checkpoints" / "step_4", tmp_path / "hf")
 
