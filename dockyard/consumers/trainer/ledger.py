@@ -2,7 +2,8 @@
 
 It is the seen-set that makes training idempotent (a redelivered or replayed scored group that
 is already in the ledger is skipped) and the audit trail the fault tests read: every dispatched
-group must end up trained exactly once or explicitly dropped as stale.
+group must end up trained exactly once, explicitly dropped (stale, dead-lettered, ...), or
+named as still open when the run ends.
 
 The authoritative copy is saved inside each checkpoint; ``ledger.jsonl`` in the run directory is
 an append-only trail. On resume the trail is rewritten to match the checkpoint, because the steps
@@ -52,6 +53,14 @@ class Ledger:
         self.dropped[group_id] = reason
         self._open.discard(group_id)
         self._append([{"event": "dropped", "group_id": group_id, "reason": reason}])
+
+    def record_open_at_end(self, reason: str) -> list[str]:
+        """Say in the trail which dispatched groups the run ends without (neither trained nor
+        dropped), so that the trail accounts for every group it names. They stay open in the
+        ledger: a resumed run (a higher ``max_num_steps``) still trains them when they come."""
+        left = [group_id for group_id in self.dispatched if group_id in self._open]
+        self._append([{"event": "open_at_end", "group_id": g, "reason": reason} for g in left])
+        return left
 
     def open_groups(self) -> set[str]:
         """Dispatched groups not trained or dropped yet."""

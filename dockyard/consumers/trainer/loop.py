@@ -295,6 +295,14 @@ class TrainerLoop:
             final = await self._validate(self.step)
         if self.checkpoints is not None:
             self._save_checkpoint(final)
+        reason = (
+            "the trainer was stopped"
+            if self.stopping.is_set()
+            else f"the run reached grpo.max_num_steps={self.config.grpo.max_num_steps}"
+        )
+        left = self.ledger.record_open_at_end(reason)
+        if left:
+            log.info("trainer.open_at_end", groups=len(left), reason=reason)
         metrics_file = self.run_dir / "metrics.jsonl"
         if metrics_file.exists():
             plot_run(metrics_file, self.run_dir / "progress.png")

@@ -28,3 +28,18 @@ def assert_exactly_once(run_dir: Path) -> Counter[str]:
     assert not set(trained) & set(dropped)
     assert set(trained) | set(dropped) <= set(dispatched)
     return trained
+
+
+def assert_every_group_accounted(run_dir: Path) -> None:
+    """A run that ended by itself names every group it dispatched: trained, dropped, or still
+    open at the end (each once)."""
+    events = read_trail(run_dir / "ledger.jsonl")
+    by_kind = {
+        kind: Counter(e["group_id"] for e in events if e["event"] == kind)
+        for kind in ("dispatched", "trained", "dropped", "open_at_end")
+    }
+    settled = by_kind["trained"] + by_kind["dropped"] + by_kind["open_at_end"]
+    assert set(settled) == set(by_kind["dispatched"]), set(by_kind["dispatched"]) ^ set(settled)
+    assert all(count == 1 for count in settled.values()), settled.most_common(3)
+    open_events = [e for e in events if e["event"] == "open_at_end"]
+    assert all("max_num_steps" in e["reason"] for e in open_events)

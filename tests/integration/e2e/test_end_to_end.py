@@ -11,7 +11,11 @@ import yaml
 from dockyard.consumers.trainer.ledger import read_trail
 from tests.gpu_stand_in import install_nvidia_smi
 from tests.integration.e2e.conftest import QUICKSTART, run_dockyard
-from tests.integration.e2e.ledger_checks import assert_exactly_once, metric_steps
+from tests.integration.e2e.ledger_checks import (
+    assert_every_group_accounted,
+    assert_exactly_once,
+    metric_steps,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -84,6 +88,7 @@ def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode,
         assert len(dropped) <= 4 * 4  # at most one generation batch's worth per step
     trained = assert_exactly_once(run_dir)
     assert len(trained) == 4 * 4
+    assert_every_group_accounted(run_dir)
     assert (run_dir / "progress.png").stat().st_size > 1000
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2", "step_4"]
     for step in (2, 4):  # validated at the step: retention ranks them by it (the last one too)

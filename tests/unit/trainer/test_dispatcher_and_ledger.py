@@ -117,6 +117,23 @@ def test_ledger_accounts_for_every_group_and_rewrites_its_trail(tmp_path):
     assert [e["group_id"] for e in events if e["event"] == "dispatched"] == list("abcde")
 
 
+def test_groups_open_at_the_end_are_named_in_the_trail_and_stay_open(tmp_path):
+    trail = tmp_path / "ledger.jsonl"
+    ledger = Ledger(trail=trail)
+    ledger.record_dispatched(["a", "b", "c", "d"])
+    ledger.record_trained(["b"], step=1)
+    ledger.record_dropped("c", "stale")
+    assert ledger.record_open_at_end("the run reached grpo.max_num_steps=1") == ["a", "d"]
+    events = [e for e in read_trail(trail) if e["event"] == "open_at_end"]
+    assert [(e["group_id"], e["reason"]) for e in events] == [
+        ("a", "the run reached grpo.max_num_steps=1"),
+        ("d", "the run reached grpo.max_num_steps=1"),
+    ]
+    # Not settled: a resumed run still trains them (and the checkpoint does not record them).
+    assert ledger.in_flight == 2 and not ledger.seen("a")
+    assert ledger.snapshot()["dropped"] == {"c": "stale"}
+
+
 @pytest.mark.parametrize("missing", ["trained", "dropped", "dispatched"])
 def test_restore_needs_every_part_of_the_snapshot(missing):
     snapshot = Ledger().snapshot()
