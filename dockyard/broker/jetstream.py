@@ -28,16 +28,15 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
-from dockyard.broker import chunking
+from dockyard.broker import chunking, exhausted
 from dockyard.broker.connection import ConnectionEvents, connect, server_urls
 from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.broker.jetstream_pull import JetStreamDelivery, PullChannel, user_headers
-from dockyard.broker.names import ConsumerSpec, Retention
+from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import (
     HEADER_CHUNKS_MISSING,
     HEADER_MSG_ID,
     REASON_CHUNKS_MISSING,
-    REASON_MAX_DELIVERIES,
     ConsumerLag,
     DataPlane,
     DataPlaneError,
@@ -73,9 +72,6 @@ _MAX_BACKOFF_S = 2.0
 #: Refusals that pass: 429 "too many requests" (a stream's ingest buffer is full, server ≥ 2.11)
 #: and 503 (JetStream briefly unavailable, e.g. during a leader election).
 _TRANSIENT_API_CODES = frozenset({429, 503})
-_ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
-#: JetStream's error code for a message sequence that is not (or no longer) in the stream.
-_NO_MESSAGE_FOUND = 10057
 #: nats-py's bound on pipelined publishes awaiting an ack on one connection, all windows
 #: together (its default); past it a publish waits for a free slot, at most ``publish.timeout_s``.
 PENDING_PUBLISH_SLOTS = 4000
@@ -160,6 +156,7 @@ class JetStreamPlane(DataPlane):
         self._embedded: EmbeddedNatsServer | None = None
         self._channels: dict[str, PullChannel] = {}
         self._advisory_subs: list[object] = []
+        self._sweepers: list[asyncio.Task[None]] = []
         self._known_consumers: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -224,6 +221,10 @@ class JetStreamPlane(DataPlane):
         return self._embedded.start()
 
     async def close(self) -> None:
+        for sweeper in self._sweepers:
+            sweeper.cancel()
+        await asyncio.gather(*self._sweepers, return_exceptions=True)
+        self._sweepers.clear()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
@@ -474,7 +475,11 @@ class JetStreamPlane(DataPlane):
             await self.ensure_consumer(spec)
             channel = PullChannel(self.nc, spec, max_bytes=max(1, self.config.max_pending // 2))
             await channel.open()
-            await self._watch_max_deliveries(spec)
+            self._advisory_subs.append(await exhausted.watch(self, spec))
+            if exhausted.is_work_queue(self, spec):
+                # Exhausted messages an outage left behind (advisories nobody heard).
+                await exhausted.sweep(self, spec)
+                self._sweepers.append(asyncio.create_task(exhausted.sweep_periodically(self, spec)))
             self._channels[spec.durable] = channel
         return channel
 
@@ -525,47 +530,6 @@ class JetStreamPlane(DataPlane):
         parts = await asyncio.gather(*(one(i) for i in range(reference.count)))
         return chunking.join(reference, list(parts))
 
-    async def _watch_max_deliveries(self, spec: ConsumerSpec) -> None:
-        """Turn the server's max-deliveries advisory for ``spec`` into a dead letter."""
-
-        # Every plane that pulls from the consumer hears the advisory. Each publishes the dead
-        # letter (one message id: the stream keeps one) and removes a work-queue message; a
-        # plane that finds it removed already has nothing left to do.
-        async def on_advisory(msg: Msg) -> None:
-            try:
-                advisory = json.loads(msg.data)
-                seq = int(advisory["stream_seq"])
-                deliveries = int(advisory.get("deliveries", 0))
-                try:
-                    original = await self.get(spec.stream, seq)
-                except KeyError:
-                    log.info("dead_letter.already_removed", stream=spec.stream, seq=seq)
-                    return
-                await self.publish_dead_letter(
-                    original,
-                    REASON_MAX_DELIVERIES,
-                    f"not acknowledged after {deliveries} deliveries to consumer {spec.durable}",
-                    delivery_count=deliveries,
-                )
-                if (
-                    self.names.stream_for_subject(original.subject).retention
-                    is Retention.WORK_QUEUE
-                ):
-                    # A work queue would otherwise keep the exhausted message forever.
-                    try:
-                        await self.js.delete_msg(spec.stream, seq)
-                    except APIError as error:
-                        if error.err_code != _NO_MESSAGE_FOUND:
-                            raise
-                log.warning("dead_letter.max_deliveries", stream=spec.stream, seq=seq)
-            except Exception as error:  # an advisory must never kill the subscription
-                log.error("dead_letter.advisory_failed", error=repr(error))
-
-        subscription = await self.nc.subscribe(
-            f"{_ADVISORY_MAX_DELIVERIES}.{spec.stream}.{spec.durable}", cb=on_advisory
-        )
-        self._advisory_subs.append(subscription)
-
     async def consumer_lag(self, consumer: ConsumerSpec) -> ConsumerLag:
         await self.ensure_consumer(consumer)
         info = await self.js.consumer_info(consumer.stream, consumer.durable)
@@ -600,6 +564,14 @@ class JetStreamPlane(DataPlane):
             raw = await self.js.get_msg(stream, seq, direct=True)
         except NotFoundError:
             raise KeyError(f"stream {stream} has no message {seq}") from None
+        return await self._stored(stream, raw)
+
+    async def next_stored(self, stream: str, subject: str, from_seq: int) -> StoredMessage | None:
+        """The first message on ``subject`` at or after ``from_seq``, or None."""
+        try:
+            raw = await self.js.get_msg(stream, from_seq, subject=subject, direct=True, next=True)
+        except NotFoundError:
+            return None
         return await self._stored(stream, raw)
 
     async def latest(self, subject: str) -> StoredMessage | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
 
@@ -11,7 +12,7 @@ import pytest
 from broker_test_utils import collect, eventually, fetch_until
 from structlog.testing import capture_logs
 
-from dockyard.broker import jetstream
+from dockyard.broker import exhausted, jetstream
 from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.embedded import EmbeddedNatsServer
 from dockyard.broker.jetstream import JetStreamPlane
@@ -317,3 +318,75 @@ async def test_deliveries_read_from_the_subscriptions_queue_keep_its_accounting(
     async with asyncio.timeout(5):  # closing the plane took the rest: nothing left undone
         await inbox._pending_queue.join()
     assert inbox.pending_msgs == 0
+
+
+async def _exhaust_without_a_plane(url: str, spec) -> None:
+    """Deliver the consumer's next message until the server gives up on it, with plain nats-py:
+    no plane is there to hear the max-deliveries advisory."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        subscription = await js.pull_subscribe_bind(spec.durable, stream=spec.stream)
+        [msg] = await subscription.fetch(1, timeout=5)
+        await msg.nak()
+
+        async def given_up() -> bool:
+            # The server notices an exhausted message when it next tries to deliver it.
+            with contextlib.suppress(nats.errors.TimeoutError):
+                assert await subscription.fetch(1, timeout=0.2) == []
+            info = await js.consumer_info(spec.stream, spec.durable)
+            return info.num_ack_pending == 0 and info.num_pending == 0
+
+        await eventually(given_up, what="the server gives up on the message")
+    finally:
+        await nc.close()
+
+
+async def test_an_exhausted_prompt_nobody_heard_of_is_swept_into_a_dead_letter(
+    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
+) -> None:
+    # Every puller was down when the server gave up on the prompt: nobody turned the advisory
+    # into a dead letter, and the work queue would keep the prompt forever. The next plane to
+    # pull from the queue finds it.
+    config = data_plane_config_factory(nats_server.url, consumer={"max_deliver": 1})
+    async with JetStreamPlane(config) as producer:
+        names = producer.names
+        ack = await producer.publish(names.prompts, b"forgotten", msg_id="forgotten")
+    await _exhaust_without_a_plane(nats_server.url, names.prompt_consumer)
+    async with JetStreamPlane(config) as worker:
+        with capture_logs() as events:
+            assert await worker.fetch(names.prompt_consumer, timeout_s=0.2) == []
+        [letter] = await collect(worker, names.dead_letters)
+        dead = read_dead_letter(letter)
+        assert (dead.original_payload, dead.original_stream_seq) == (b"forgotten", ack.seq)
+        assert dead.reason == "max_deliveries"
+        states = {s.name: s for s in await worker.streams()}
+        assert states[names.prompts_stream.name].messages == 0
+        assert [e["messages"] for e in events if e["event"] == "dead_letter.swept"] == [1]
+        assert await exhausted.sweep(worker, names.prompt_consumer) == 0  # nothing left
+
+
+async def test_the_sweep_leaves_work_in_flight_alone(
+    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
+) -> None:
+    config = data_plane_config_factory(nats_server.url)
+    async with JetStreamPlane(config) as plane:
+        names = plane.names
+        for index in range(3):
+            await plane.publish(names.prompts, b"%d" % index, msg_id=f"busy-{index}")
+        first, second = await fetch_until(plane, names.prompt_consumer, 2)
+        await first.nak(delay_s=30)  # waiting for a delayed redelivery
+        # ``second`` is being worked on, the third is still to be delivered
+        assert await exhausted.sweep(plane, names.prompt_consumer) == 0
+        await second.ack()
+        [third] = await fetch_until(plane, names.prompt_consumer, 1)
+        await third.ack()
+        assert await exhausted.sweep(plane, names.prompt_consumer) == 0  # the nak'ed one waits
+        states = {s.name: s for s in await plane.streams()}
+        assert states[names.prompts_stream.name].messages == 1
+        assert await collect(plane, names.dead_letters) == []
+        # History streams are never swept: their consumed messages stay by design.
+        await plane.publish(names.rollouts, b"kept", msg_id="kept")
+        [rollout] = await fetch_until(plane, names.rollout_consumer, 1)
+        await rollout.ack()
+        assert await exhausted.sweep(plane, names.rollout_consumer) == 0
