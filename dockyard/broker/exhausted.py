@@ -117,13 +117,18 @@ async def sweep(plane: JetStreamPlane, spec: ConsumerSpec, *, limit: int = SWEEP
     return found
 
 
+async def sweep_now(plane: JetStreamPlane, spec: ConsumerSpec) -> int:
+    """``sweep``, where a failure (the broker away, a credential without the rights) is logged
+    and left for the next sweep: it must never stop the role that pulls."""
+    try:
+        return await sweep(plane, spec)
+    except Exception as error:
+        log.warning("dead_letter.sweep_failed", consumer=spec.durable, error=repr(error))
+        return 0
+
+
 async def sweep_periodically(plane: JetStreamPlane, spec: ConsumerSpec) -> None:
-    """``sweep`` every ``SWEEP_INTERVAL_S`` until cancelled; a failed sweep waits for the next."""
+    """``sweep_now`` every ``SWEEP_INTERVAL_S`` until cancelled."""
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
-        try:
-            await sweep(plane, spec)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # the broker may be away: try again next time
-            log.warning("dead_letter.sweep_failed", consumer=spec.durable, error=repr(error))
+        await sweep_now(plane, spec)

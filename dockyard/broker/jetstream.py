@@ -478,7 +478,7 @@ class JetStreamPlane(DataPlane):
             self._advisory_subs.append(await exhausted.watch(self, spec))
             if exhausted.is_work_queue(self, spec):
                 # Exhausted messages an outage left behind (advisories nobody heard).
-                await exhausted.sweep(self, spec)
+                await exhausted.sweep_now(self, spec)
                 self._sweepers.append(asyncio.create_task(exhausted.sweep_periodically(self, spec)))
             self._channels[spec.durable] = channel
         return channel

@@ -390,3 +390,24 @@ async def test_the_sweep_leaves_work_in_flight_alone(
         [rollout] = await fetch_until(plane, names.rollout_consumer, 1)
         await rollout.ack()
         assert await exhausted.sweep(plane, names.rollout_consumer) == 0
+
+
+async def test_a_failing_sweep_never_stops_the_puller(
+    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory, monkeypatch
+) -> None:
+    # Stand-in for a sweep the broker refuses (it went away, or a credential lacks a right):
+    # the role pulls on and the next sweep tries again.
+    async def refused(plane, spec, **_) -> int:
+        raise nats.errors.NoRespondersError
+
+    monkeypatch.setattr(exhausted, "sweep", refused)
+    config = data_plane_config_factory(nats_server.url)
+    async with JetStreamPlane(config) as plane:
+        names = plane.names
+        await plane.publish(names.prompts, b"work", msg_id="work")
+        with capture_logs() as events:
+            [delivery] = await fetch_until(plane, names.prompt_consumer, 1)
+        assert delivery.data == b"work"
+        assert [e["event"] for e in events if e["log_level"] == "warning"] == [
+            "dead_letter.sweep_failed"
+        ]
