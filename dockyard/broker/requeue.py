@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.names import PlaneNames
-from dockyard.broker.plane import HEADER_MSG_ID, OutgoingMessage, StoredMessage
+from dockyard.broker.plane import (
+    HEADER_MSG_ID,
+    REASON_CHUNKS_MISSING,
+    OutgoingMessage,
+    StoredMessage,
+)
 from dockyard.schemas import CodecError
 
 
@@ -38,6 +43,10 @@ def requeue_of(stored: StoredMessage, names: PlaneNames) -> Requeue | Skipped:
         return Skipped(stored.seq, f"undecodable dead letter ({error.reason.value})")
     if letter.original_payload is None:
         return Skipped(stored.seq, f"original bytes not kept (reference {letter.original_ref})")
+    if letter.reason == REASON_CHUNKS_MISSING:
+        # What was dead-lettered is the reference to chunks that had aged out: sent back, it
+        # would name the same missing chunks and come straight back here.
+        return Skipped(stored.seq, "its chunks had aged out: only the reference was left")
     try:
         names.stream_for_subject(letter.original_subject)
     except KeyError:

@@ -198,15 +198,19 @@ def test_requeue_skips_what_it_cannot_send_back() -> None:
     assert sent.message.subject == NAMES.scored and sent.message.msg_id == "requeue:4:m7"
     by_reference = letter(original_payload=None, original_ref="s3://bucket/blob")
     elsewhere = letter(original_subject="otherns.experience.scored")
+    # A chunked message whose chunks aged out: only its (empty) reference was dead-lettered.
+    chunks_gone = letter(original_payload=b"", reason="chunks_missing", message="chunk 2 gone")
     outcomes = [
         requeue_of(stored_letter(5, by_reference), NAMES),
         requeue_of(stored_letter(6, elsewhere), NAMES),
         requeue_of(stored_letter(7, b"not a dead letter"), NAMES),
+        requeue_of(stored_letter(8, chunks_gone), NAMES),
     ]
     assert all(isinstance(o, Skipped) for o in outcomes)
     whys = [o.why for o in outcomes if isinstance(o, Skipped)]
     assert "not kept" in whys[0] and "not a subject of this plane" in whys[1]
     assert whys[2].startswith("undecodable dead letter")
+    assert "chunks had aged out" in whys[3]
 
 
 def test_replay_export_writes_a_group_one_object_per_sample() -> None:
