@@ -291,6 +291,12 @@ async def _count_events(events: list[dict[str, object]], names: set[str], count:
     return len([e for e in events if e["event"] in names]) >= count
 
 
+async def _publish_numbered(plane: JetStreamPlane, subject: str, count: int, prefix: str) -> None:
+    """``count`` messages ``b"0"``, ``b"1"``… with ids ``<prefix>-<i>``."""
+    for index in range(count):
+        await plane.publish(subject, b"%d" % index, msg_id=f"{prefix}-{index}")
+
+
 async def test_deliveries_read_from_the_subscriptions_queue_keep_its_accounting(
     nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
 ) -> None:
@@ -300,8 +306,7 @@ async def test_deliveries_read_from_the_subscriptions_queue_keep_its_accounting(
     config = data_plane_config_factory(nats_server.url)
     async with JetStreamPlane(config) as plane:
         names = plane.names
-        for index in range(20):
-            await plane.publish(names.rollouts, b"x" * 100, msg_id=f"acct-{index}")
+        await _publish_numbered(plane, names.rollouts, 20, "acct")
         deliveries = await fetch_until(plane, names.rollout_consumer, 20)
         for delivery in deliveries:
             await delivery.ack()
@@ -372,8 +377,7 @@ async def test_the_sweep_leaves_work_in_flight_alone(
     config = data_plane_config_factory(nats_server.url)
     async with JetStreamPlane(config) as plane:
         names = plane.names
-        for index in range(3):
-            await plane.publish(names.prompts, b"%d" % index, msg_id=f"busy-{index}")
+        await _publish_numbered(plane, names.prompts, 3, "busy")
         first, second = await fetch_until(plane, names.prompt_consumer, 2)
         await first.nak(delay_s=30)  # waiting for a delayed redelivery
         # ``second`` is being worked on, the third is still to be delivered
