@@ -42,9 +42,11 @@ SWEEP_LIMIT = 1000
 
 
 def is_work_queue(plane: JetStreamPlane, spec: ConsumerSpec) -> bool:
-    streams = {stream.name: stream for stream in plane.names.all_streams()}
-    stream = streams.get(spec.stream)
-    return stream is not None and stream.retention is Retention.WORK_QUEUE
+    try:
+        stream = plane.names.stream_for_subject(spec.filter_subject)
+    except KeyError:
+        return False
+    return stream.retention is Retention.WORK_QUEUE
 
 
 async def dead_letter(

@@ -158,7 +158,7 @@ class PackedEnvelope:
     data: memoryview | bytes
 
 
-class _StandardEnvelope(msgspec.Struct, forbid_unknown_fields=True):
+class _EnvelopeEntries(msgspec.Struct, forbid_unknown_fields=True):
     """The top-level map's five entries (in any order), every value but the two strings left
     packed: msgspec steps over ``meta`` and ``data`` without copying (a ``Raw`` is a view of
     the content)."""
@@ -170,7 +170,7 @@ class _StandardEnvelope(msgspec.Struct, forbid_unknown_fields=True):
     data: msgspec.Raw
 
 
-_STANDARD_ENVELOPE = msgspec.msgpack.Decoder(_StandardEnvelope)
+_ENVELOPE_ENTRIES = msgspec.msgpack.Decoder(_EnvelopeEntries)
 _FIXMAP_5 = 0x85
 
 
@@ -190,7 +190,7 @@ def scan_envelope(content: bytes, limits: DecodeLimits) -> PackedEnvelope | None
     if not content or content[0] != _FIXMAP_5:
         return None
     try:
-        envelope = _STANDARD_ENVELOPE.decode(content)
+        envelope = _ENVELOPE_ENTRIES.decode(content)
     except msgspec.DecodeError:
         return None
     schema, version = envelope.schema, envelope.schema_version

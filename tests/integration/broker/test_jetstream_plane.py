@@ -32,6 +32,14 @@ ConfigFactory = Callable[..., DataPlaneConfig]
 
 
 @pytest.fixture
+async def plane(
+    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
+) -> AsyncIterator[JetStreamPlane]:
+    async with JetStreamPlane(data_plane_config_factory(nats_server.url)) as started:
+        yield started
+
+
+@pytest.fixture
 async def small_payload_plane(
     nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
 ) -> AsyncIterator[JetStreamPlane]:
@@ -371,47 +379,39 @@ async def test_an_exhausted_prompt_nobody_heard_of_is_swept_into_a_dead_letter(
         assert await exhausted.sweep(worker, names.prompt_consumer) == 0  # nothing left
 
 
-async def test_the_sweep_leaves_work_in_flight_alone(
-    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
-) -> None:
-    config = data_plane_config_factory(nats_server.url)
-    async with JetStreamPlane(config) as plane:
-        names = plane.names
-        await _publish_numbered(plane, names.prompts, 3, "busy")
-        first, second = await fetch_until(plane, names.prompt_consumer, 2)
-        await first.nak(delay_s=30)  # waiting for a delayed redelivery
-        # ``second`` is being worked on, the third is still to be delivered
-        assert await exhausted.sweep(plane, names.prompt_consumer) == 0
-        await second.ack()
-        [third] = await fetch_until(plane, names.prompt_consumer, 1)
-        await third.ack()
-        assert await exhausted.sweep(plane, names.prompt_consumer) == 0  # the nak'ed one waits
-        states = {s.name: s for s in await plane.streams()}
-        assert states[names.prompts_stream.name].messages == 1
-        assert await collect(plane, names.dead_letters) == []
-        # History streams are never swept: their consumed messages stay by design.
-        await plane.publish(names.rollouts, b"kept", msg_id="kept")
-        [rollout] = await fetch_until(plane, names.rollout_consumer, 1)
-        await rollout.ack()
-        assert await exhausted.sweep(plane, names.rollout_consumer) == 0
+async def test_the_sweep_leaves_work_in_flight_alone(plane: JetStreamPlane) -> None:
+    names = plane.names
+    await _publish_numbered(plane, names.prompts, 3, "busy")
+    first, second = await fetch_until(plane, names.prompt_consumer, 2)
+    await first.nak(delay_s=30)  # waiting for a delayed redelivery
+    # ``second`` is being worked on, the third is still to be delivered
+    assert await exhausted.sweep(plane, names.prompt_consumer) == 0
+    await second.ack()
+    [third] = await fetch_until(plane, names.prompt_consumer, 1)
+    await third.ack()
+    assert await exhausted.sweep(plane, names.prompt_consumer) == 0  # the nak'ed one waits
+    states = {s.name: s for s in await plane.streams()}
+    assert states[names.prompts_stream.name].messages == 1
+    assert await collect(plane, names.dead_letters) == []
+    # History streams are never swept: their consumed messages stay by design.
+    await plane.publish(names.rollouts, b"kept", msg_id="kept")
+    [rollout] = await fetch_until(plane, names.rollout_consumer, 1)
+    await rollout.ack()
+    assert await exhausted.sweep(plane, names.rollout_consumer) == 0
 
 
-async def test_a_failing_sweep_never_stops_the_puller(
-    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory, monkeypatch
-) -> None:
+async def test_a_failing_sweep_never_stops_the_puller(plane: JetStreamPlane, monkeypatch) -> None:
     # Stand-in for a sweep the broker refuses (it went away, or a credential lacks a right):
     # the role pulls on and the next sweep tries again.
     async def refused(plane, spec, **_) -> int:
         raise nats.errors.NoRespondersError
 
-    monkeypatch.setattr(exhausted, "sweep", refused)
-    config = data_plane_config_factory(nats_server.url)
-    async with JetStreamPlane(config) as plane:
-        names = plane.names
-        await plane.publish(names.prompts, b"work", msg_id="work")
-        with capture_logs() as events:
-            [delivery] = await fetch_until(plane, names.prompt_consumer, 1)
-        assert delivery.data == b"work"
-        assert [e["event"] for e in events if e["log_level"] == "warning"] == [
-            "dead_letter.sweep_failed"
-        ]
+    monkeypatch.setattr(exhausted, "sweep", refused)  # the plane's channel opens at the fetch
+    names = plane.names
+    await plane.publish(names.prompts, b"work", msg_id="work")
+    with capture_logs() as events:
+        [delivery] = await fetch_until(plane, names.prompt_consumer, 1)
+    assert delivery.data == b"work"
+    assert [e["event"] for e in events if e["log_level"] == "warning"] == [
+        "dead_letter.sweep_failed"
+    ]
