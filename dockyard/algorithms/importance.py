@@ -11,13 +11,14 @@ Truncation (``loss_fn.truncated_importance_sampling_type``, bounds
 - ``tis``: clamp ``w`` to ``[min or 0, max]``;
 - ``icepop``: keep ``w`` inside ``[min, max]``, zero it outside (masked IS);
 - ``seq-mask-tis``: drop whole sequences whose geometric-mean weight
-  ``exp(mean_t(prev − gen))`` lies outside ``[min, max]``; kept sequences keep their raw
-  token weights.
+  ``exp(mean_t(prev − gen))`` lies outside ``[min, max]`` or is not finite (a token the engine
+  gave probability zero); kept sequences keep their raw token weights.
 
 With ``sequence_level_importance_ratios`` (GSPO) the weight is one per sequence, the *geometric
 mean* ``exp(mean_t(prev − gen))``. The reference system uses ``exp(Σ_t(prev − gen))`` here, which
 underflows (or overflows) on long responses — e.g. 0.0596 instead of 0.9999 on 8k tokens — and
-then silently zeroes the sequence; this module never exponentiates a sum.
+then silently zeroes the sequence; this module never exponentiates a sum. A sequence with a
+non-finite per-token log-ratio gets sequence weight 0.
 
 Statistics are taken *before* truncation, and the fraction of weights truncated or masked is
 reported (per token, or per sequence for sequence-level weights and ``seq-mask-tis``).
@@ -57,11 +58,16 @@ def sequence_geometric_mean_weight(
 ) -> torch.Tensor:
     """``exp(mean_t(prev − gen))`` per sequence, ``[B]``: finite for any response length.
 
-    A non-finite per-token log-ratio counts as 0 in the mean (as the reference's
-    ``seq-mask-tis`` does), so one corrupt token cannot turn a whole sequence's weight into NaN.
+    A sequence holding a non-finite log-ratio on a valid token (the engine gave the token
+    probability zero, or reported NaN) gets weight 0: its geometric mean is not finite, so it lies
+    outside every bound and carries no trustworthy weight. Counting such a token as 0 (perfect
+    agreement), as the reference's ``seq-mask-tis`` does, would keep exactly the sequences whose
+    behaviour policy is most in doubt.
     """
-    log_ratio = finite_or_zero(zero_where_masked(prev_logprobs - generation_logprobs, mask))
-    return finite_or_zero(torch.exp(per_sequence_mean(log_ratio, mask)))
+    log_ratio = zero_where_masked(prev_logprobs - generation_logprobs, mask)
+    all_finite = torch.isfinite(log_ratio).all(dim=-1)
+    weight = torch.exp(per_sequence_mean(finite_or_zero(log_ratio), mask))
+    return torch.where(all_finite, finite_or_zero(weight), torch.zeros_like(weight))
 
 
 def _truncate(raw: torch.Tensor, cfg: ClippedPGLossConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +112,8 @@ def importance_weights(
         )
         assert low is not None and high is not None
         geo = sequence_geometric_mean_weight(prev, gen, mask).unsqueeze(-1)
-        kept = (geo >= low) & (geo <= high)
+        # A non-finite geometric mean arrives as weight 0, outside any bound (even min = 0).
+        kept = (geo > 0) & (geo >= low) & (geo <= high)
         weights = raw * kept.to(raw.dtype)
         truncated, truncation_mask = ~kept, valid_sequences
     else:

@@ -19,6 +19,11 @@ The quantity minimised, per valid token (``mask = token_mask × sample_mask``)::
     L_actor = w · (−A · sg(clamp(r)) · lp)                        (use_cispo)
     L = reduce(L_actor) + β · reduce(KL) + μ · NLL(positive samples)
 
+The NLL term is always a *token* mean over the positive samples' tokens (VAPO's definition, and
+what the reference systems compute), whatever ``token_level_loss`` says: it is a supervised
+language-model term, and a per-sequence mean would weight each token of a short positive answer
+more than each token of a long one — a length bias the term has no reason to carry.
+
 GSPO (``sequence_level_importance_ratios``) replaces ``r`` by the per-sequence
 ``exp(mean_t(lp − prev))``. ``force_on_policy_ratio`` sets π_old := sg(π_θ), so ``r ≡ 1`` with
 the policy gradient intact (and the IS weight becomes ``exp(sg(lp) − gen)``).
@@ -59,14 +64,13 @@ _COUNT_SLACK = 1e-6
 class GlobalCounts:
     """Counts over the *whole* batch of a step (every micro-batch, every data-parallel rank).
 
-    ``positive_*`` count the tokens / sequences of samples with reward > 0; they normalise the
-    positive-example NLL term and are needed only when ``positive_example_nll_weight > 0``.
+    ``positive_tokens`` counts the tokens of samples with reward > 0; it normalises the
+    positive-example NLL term and is needed only when ``positive_example_nll_weight > 0``.
     """
 
     valid_tokens: float
     valid_sequences: float
     positive_tokens: float = 0.0
-    positive_sequences: float = 0.0
 
     @classmethod
     def from_batch(
@@ -84,7 +88,6 @@ class GlobalCounts:
                 mask.sum(),
                 has_tokens.sum(),
                 (mask & positive.unsqueeze(-1)).sum(),
-                (has_tokens & positive).sum(),
             ]
         ).tolist()
         return cls(*(float(c) for c in counts))
@@ -270,15 +273,14 @@ class ClippedPGLoss:
         rewards: torch.Tensor | None,
         counts: GlobalCounts,
     ) -> torch.Tensor:
-        """VAPO's positive-example NLL: ``−lp`` on samples with reward > 0, normalised by the
-        global positive token (or sequence) count so that accumulation stays exact (the reference
-        divides by the micro-batch's own count, which is not)."""
+        """VAPO's positive-example NLL: the token mean of ``−lp`` over samples with reward > 0
+        (token mean at either loss level: see the module docstring), normalised by the global
+        positive token count so that accumulation stays exact (the reference divides by the
+        micro-batch's own count, which is not)."""
         if self.cfg.positive_example_nll_weight == 0 or rewards is None:
             return torch.zeros((), dtype=lp.dtype, device=lp.device)
         positive_mask = mask & (rewards.detach() > 0).unsqueeze(-1)
-        if self.token_level:
-            return token_level_reduce(-lp, positive_mask, counts.positive_tokens)
-        return sequence_level_reduce(-lp, positive_mask, counts.positive_sequences)
+        return token_level_reduce(-lp, positive_mask, counts.positive_tokens)
 
     def _metrics(
         self,

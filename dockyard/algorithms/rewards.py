@@ -107,7 +107,7 @@ def dynamic_sampling_filter(
     rewards = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
     index, num_groups = group_index(group_ids, rewards.device)
     valid = torch.ones_like(rewards, dtype=torch.bool) if valid_mask is None else valid_mask.bool()
-    keep = group_stats(rewards, index, num_groups, valid).std > 0
+    keep = group_stats(rewards, index, num_groups, valid).varied
     kept_groups = torch.zeros(num_groups, dtype=torch.bool, device=rewards.device)
     kept_groups[index[keep]] = True
     return DynamicSamplingResult(

@@ -43,14 +43,16 @@ class GroupStats:
 
     count: torch.Tensor  # valid members in the sample's group
     mean: torch.Tensor
-    std: torch.Tensor  # Bessel-corrected; 0 for groups of fewer than 2
+    std: torch.Tensor  # Bessel-corrected; exactly 0 for groups of fewer than 2 or not `varied`
     leave_one_out_mean: torch.Tensor  # mean of the other valid members (valid samples only)
+    varied: torch.Tensor  # bool: the group's valid values are not all equal (exact comparison)
 
 
 def group_stats(
     values: torch.Tensor, index: torch.Tensor, num_groups: int, valid: torch.Tensor
 ) -> GroupStats:
     dtype = values.dtype
+    valid = valid.bool()
     valid_f = valid.to(dtype)
     x = zero_where_masked(values, valid)
     count = torch.zeros(num_groups, dtype=dtype, device=values.device).index_add_(0, index, valid_f)
@@ -58,13 +60,24 @@ def group_stats(
     mean = total / count.clamp(min=1.0)
     deviation = zero_where_masked(values - mean[index], valid)
     squares = torch.zeros_like(count).index_add_(0, index, deviation.square())
-    std = torch.sqrt(squares / (count - 1.0).clamp(min=1.0))
+    # Whether a group varies is decided by comparing its values, never from the computed std:
+    # the mean of sixteen float32 0.7s is off by an ulp, which leaves a std of ~1e-8 that a
+    # `std > 0` test would count as variance (and dividing by `std + ε` would magnify).
+    highest = torch.full_like(count, -torch.inf).scatter_reduce_(
+        0, index, torch.where(valid, values, -torch.inf), "amax"
+    )
+    lowest = torch.full_like(count, torch.inf).scatter_reduce_(
+        0, index, torch.where(valid, values, torch.inf), "amin"
+    )
+    varied = highest > lowest
+    std = torch.where(varied, torch.sqrt(squares / (count - 1.0).clamp(min=1.0)), 0.0)
     per_count = count[index]
     return GroupStats(
         count=per_count,
         mean=mean[index],
         std=std[index],
         leave_one_out_mean=(total[index] - x) / (per_count - 1.0).clamp(min=1.0),
+        varied=varied[index],
     )
 
 
@@ -78,8 +91,9 @@ def group_relative_advantages(
     normalize: bool,
 ) -> torch.Tensor:
     """GRPO per sample ``[B]``: ``A = r − b`` (``b`` leave-one-out or group mean), divided by
-    ``std + 1e-6`` where the group std is positive. Groups with ≤ 1 valid sample, and invalid
-    samples, get 0."""
+    ``std + 1e-6`` where the group std is positive. Groups with ≤ 1 valid sample, groups whose
+    valid rewards are all equal (whatever the dtype: the baseline's rounding is not signal), and
+    invalid samples get exactly 0."""
     stats = group_stats(rewards, index, num_groups, valid)
     baseline = stats.leave_one_out_mean if leave_one_out else stats.mean
     advantages = rewards - baseline
@@ -87,7 +101,7 @@ def group_relative_advantages(
         advantages = torch.where(
             stats.std > 0, advantages / (stats.std + NORMALIZATION_EPSILON), advantages
         )
-    return zero_where_masked(advantages, valid & (stats.count >= 2))
+    return zero_where_masked(advantages, valid & (stats.count >= 2) & stats.varied)
 
 
 def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -162,7 +176,14 @@ def gdpo_advantages(
     mean = zero_where_masked(combined, eligible).sum() / n.clamp(min=1.0)
     centred = combined - mean
     std = torch.sqrt(zero_where_masked(centred.square(), eligible).sum() / (n - 1.0).clamp(min=1.0))
-    normalised = torch.where(std > 0, centred / std.clamp(min=torch.finfo(std.dtype).tiny), centred)
+    # As in group_stats: equal values are decided by comparison, not by a rounding-error std.
+    varied = (
+        torch.where(eligible, combined, -torch.inf).amax()
+        > torch.where(eligible, combined, torch.inf).amin()
+    )
+    normalised = torch.where(
+        varied & (std > 0), centred / std.clamp(min=torch.finfo(std.dtype).tiny), 0.0
+    )
     return zero_where_masked(normalised, eligible)
 
 

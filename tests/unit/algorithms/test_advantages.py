@@ -211,3 +211,49 @@ def test_pipeline_folds_kl_clips_and_overrides():
         estimator, batch, grpo, loss, AdvantageOverrides(malformed_thinking=t([0, 1]).bool())
     )
     assert_values(flagged, [[0.5, 0.5], [-0.25, -0.25]])
+
+
+CONSTANT_REWARDS = [0.7, 0.1, 1.0 / 3.0, 1e-3, 123.456, -2.9]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("value", CONSTANT_REWARDS)
+@pytest.mark.parametrize("leave_one_out", [True, False])
+def test_a_group_of_equal_rewards_has_zero_advantage_exactly(dtype, value, leave_one_out):
+    # Sixteen equal rewards: r − b = 0 for every sample, so A = 0 exactly, normalised or not.
+    # (float32 0.7 × 16 used to leave a std of ≈1e-8 that counted as variance and became
+    # A ≈ +0.106 after dividing by std + 1e-6.) A varied group beside it keeps its advantages.
+    rewards = torch.tensor([value] * 16 + [1.0, 0.0], dtype=dtype)
+    ids = ["flat"] * 16 + ["varied"] * 2
+    for normalize in (True, False):
+        est = build_estimator(
+            grpo_cfg(normalize_rewards=normalize, use_leave_one_out_baseline=leave_one_out), LOSS
+        )
+        adv = est.compute(
+            AdvantageInputs(rewards=rewards, group_ids=ids, token_mask=torch.ones(18, 2))
+        )
+        assert torch.count_nonzero(adv[:16]) == 0
+        # varied group of two: LOO b = the other reward → ±1; group mean b = 0.5 → ±0.5;
+        # normalised by its std 1/√2 (+1e-6)
+        raw = 1.0 if leave_one_out else 0.5
+        scale = 1.0 / (1.0 / math.sqrt(2.0) + EPS) if normalize else 1.0
+        assert first_token(adv[16:].double()) == pytest.approx(
+            [raw * scale, -raw * scale], rel=1e-2 if dtype == torch.bfloat16 else 1e-5
+        )
+
+
+def test_gdpo_gives_zero_to_groups_flat_in_every_component():
+    # Both groups are flat in both components (float32 values whose mean rounds): every
+    # component advantage is 0, the weighted sum is 0, and so is the final normalisation.
+    est = build_estimator(grpo_cfg("gdpo"), LOSS)
+    n = 16
+    batch = AdvantageInputs(
+        rewards=torch.zeros(2 * n),
+        group_ids=[0] * n + [1] * n,
+        token_mask=torch.ones(2 * n, 2),
+        reward_components={
+            "correct": torch.full((2 * n,), 0.7, dtype=torch.float32),
+            "format": torch.tensor([0.1] * n + [0.3] * n, dtype=torch.float32),
+        },
+    )
+    assert torch.count_nonzero(est.compute(batch)) == 0

@@ -305,3 +305,87 @@ def test_bad_shapes_and_counts_are_refused():
     loss_fn = ClippedPGLoss(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
     with pytest.raises(ValueError, match="global count"):
         loss_fn(good.inputs, GlobalCounts(valid_tokens=1, valid_sequences=1))
+
+
+# The engine gave the second token probability zero: gen = -inf there, so its log-ratio
+# prev − gen = +inf and the token weight exp(+inf) is not finite (→ 0).
+ZERO_PROB_LP = [[-1.0, -0.5, -2.0]]
+ZERO_PROB_PREV = [[-1.1, -0.4, -2.0]]
+ZERO_PROB_GEN = [[-1.1, -math.inf, -2.0]]
+
+
+def test_seq_mask_tis_drops_a_sequence_with_a_non_finite_log_ratio():
+    # Row 1 holds the zero-probability token: its geometric-mean ratio is not finite, which lies
+    # outside [0.5, 2] → dropped (loss 0 there, no gradient). Row 2 has the same lp/prev but
+    # gen = prev: geometric mean 1, kept with token weights 1. r = exp(lp − prev) =
+    # [e^0.1, e^-0.1, 1] (inside the clip range), A = 1 → row 2 gives −(e^0.1 + e^-0.1 + 1).
+    # Token level over 6 valid tokens. (Counting the inf as agreement kept row 1: ≈ −0.70 alone.)
+    case = LossCase(
+        t(ZERO_PROB_LP * 2),
+        t([1.0, 1.0]),
+        prev=t(ZERO_PROB_PREV * 2),
+        gen=t(ZERO_PROB_GEN + ZERO_PROB_PREV),
+    )
+    loss, m, grad = case.run(
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_type="seq-mask-tis",
+        truncated_importance_sampling_ratio=2.0,
+        truncated_importance_sampling_ratio_min=0.5,
+    )
+    row2 = -(math.exp(0.1) + math.exp(-0.1) + 1.0)
+    assert loss == pytest.approx(row2 / 6)
+    assert m.is_truncated_fraction == pytest.approx(1 / 2)
+    assert grad[0].abs().sum().item() == 0.0
+    assert_values(grad[1], [-math.exp(0.1) / 6, -math.exp(-0.1) / 6, -1.0 / 6])
+
+
+@pytest.mark.parametrize("low", [0.0, 0.5])
+def test_seq_mask_tis_alone_with_a_non_finite_log_ratio_trains_nothing(low):
+    # The issue's case on its own: nothing is kept, whatever the lower bound (even 0).
+    case = LossCase(t(ZERO_PROB_LP), t([1.0]), prev=t(ZERO_PROB_PREV), gen=t(ZERO_PROB_GEN))
+    loss, m, grad = case.run(
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_type="seq-mask-tis",
+        truncated_importance_sampling_ratio=2.0,
+        truncated_importance_sampling_ratio_min=low,
+    )
+    assert loss == 0.0
+    assert m.is_truncated_fraction == 1.0
+    assert grad.abs().sum().item() == 0.0
+
+
+def test_gspo_sequence_weight_is_zero_for_a_non_finite_log_ratio():
+    # GSPO: r_seq = exp(mean(lp − prev)) = exp((0.1 − 0.1 + 0) / 3) = 1, A = 1 → L = −1 per
+    # token. Row 1's IS weight has a non-finite log-ratio → sequence weight 0; row 2 (gen = prev)
+    # has weight 1. Sequence level over 2 sequences: (0 + (−1)) / 2.
+    case = LossCase(
+        t(ZERO_PROB_LP * 2),
+        t([1.0, 1.0]),
+        prev=t(ZERO_PROB_PREV * 2),
+        gen=t(ZERO_PROB_GEN + ZERO_PROB_PREV),
+    )
+    loss, m, grad = case.run(
+        use_importance_sampling_correction=True,
+        sequence_level_importance_ratios=True,
+        token_level_loss=False,
+    )
+    assert loss == pytest.approx(-0.5)
+    assert (m.is_weight_min, m.is_weight_max) == pytest.approx((0.0, 1.0))
+    assert grad[0].abs().sum().item() == 0.0
+
+
+@pytest.mark.parametrize("token_level", [True, False])
+def test_positive_example_nll_is_a_token_mean_at_either_loss_level(token_level):
+    # Both rows positive, of different lengths: lp = [-1, -3] and [-5, (pad)].
+    # Token mean over the 3 positive tokens: (1 + 3 + 5) / 3 = 3 (a mean of per-sequence means
+    # would be (2 + 5) / 2 = 3.5). μ = 0.5, A = 0 → loss = 1.5; dNLL/dlp = -1/3 per token.
+    case = LossCase(
+        t([[-1.0, -3.0], [-5.0, 0.0]]),
+        t([0.0, 0.0]),
+        token_mask=t([[1.0, 1.0], [1.0, 0.0]]),
+        rewards=t([1.0, 1.0]),
+    )
+    loss, m, grad = case.run(positive_example_nll_weight=0.5, token_level_loss=token_level)
+    assert m.nll_loss == pytest.approx(3.0)
+    assert loss == pytest.approx(1.5)
+    assert_values(grad, [[-0.5 / 3, -0.5 / 3], [-0.5 / 3, 0.0]])

@@ -76,3 +76,14 @@ def test_dynamic_sampling_drops_zero_variance_groups():
 
 def test_overlong_filter_masks_truncated_samples():
     assert_values(overlong_filter(t([1, 1, 0]), torch.tensor([True, False, False])), [0, 1, 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("value", [0.7, 0.1, 1.0 / 3.0, 0.3])
+def test_dynamic_sampling_drops_equal_float_groups_whatever_the_value(dtype, value):
+    # sixteen equal rewards are zero variance even where their float mean rounds (0.7 in
+    # float32 used to leave std ≈ 1e-8 and the group was kept); one differing reward is variance
+    rewards = torch.tensor([value] * 16 + [value] * 15 + [value + 0.5], dtype=dtype)
+    result = dynamic_sampling_filter(rewards, ["flat"] * 16 + ["varied"] * 16)
+    assert result.keep.tolist() == [False] * 16 + [True] * 16
+    assert (result.num_groups, result.num_groups_kept) == (2, 1)
