@@ -1,4 +1,4 @@
-"""``dockyard config show|validate --config PATH [overrides...]``."""
+"""``dockyard config show|validate --config PATH [overrides...]``; ``dockyard config keys``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace) -> int:
+    from dockyard.config.capabilities import key_table
+
+    sys.stdout.write(key_table())
+    return 0
+
+
 def register(registrar: CommandRegistrar) -> None:
     parser = registrar.add("config", help="Show or validate a resolved config")
     commands = add_subcommands(parser, dest="config_command")
@@ -40,3 +47,10 @@ def register(registrar: CommandRegistrar) -> None:
     )
     add_config_arguments(validate)
     validate.set_defaults(handler=_validate)
+
+    keys = commands.add(
+        "keys",
+        help="List every config key and what this build does with it: takes effect, is "
+        "refused when set, or only warns",
+    )
+    keys.set_defaults(handler=_keys)

@@ -115,3 +115,58 @@ def _unknown_in_value(annotation: object, value: object, prefix: str) -> list[Un
                     found += _unknown_in_value(item_type, item, f"{prefix}{index}.")
         return found
     return []
+
+
+def leaf_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every key path the schema defines down to its leaves, ``*`` standing for the keys of a
+    mapping of typed sections (``on_policy_distillation.teachers.*.model_name``)."""
+    paths: list[str] = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        models = _models_in(field.annotation)
+        value_models = [
+            nested
+            for value_type in _mapping_value_types(field.annotation)
+            for nested in _models_in(value_type)
+        ]
+        if models:
+            for nested in models:
+                paths += leaf_paths(nested, f"{path}.")
+        elif value_models:
+            for nested in value_models:
+                paths += leaf_paths(nested, f"{path}.*.")
+        else:
+            paths.append(path)
+    return sorted(set(paths))
+
+
+def matches(pattern: str, path: str) -> bool:
+    """``pattern`` names ``path``: same number of parts, ``*`` standing for any one part."""
+    wanted, given = pattern.split("."), path.split(".")
+    return len(wanted) == len(given) and all(
+        w in ("*", g) for w, g in zip(wanted, given, strict=True)
+    )
+
+
+def set_values(section: BaseModel, prefix: str = "") -> list[tuple[str, object, object]]:
+    """``(path, value, schema default)`` of every leaf of a built config, walking only the
+    sections that are present (an absent optional section has no keys to speak of)."""
+    found: list[tuple[str, object, object]] = []
+    for name, field in type(section).model_fields.items():
+        value = getattr(section, name)
+        path = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            found += set_values(value, f"{path}.")
+        elif (
+            isinstance(value, Mapping)
+            and value
+            and all(isinstance(item, BaseModel) for item in value.values())
+        ):
+            for key, item in value.items():
+                found += set_values(item, f"{path}.{key}.")
+        else:
+            found.append((path, value, field.get_default(call_default_factory=True)))
+    for name, value in (section.model_extra or {}).items():
+        if isinstance(value, BaseModel):  # e.g. a registered environment's section under env
+            found += set_values(value, f"{prefix}{name}.")
+    return found

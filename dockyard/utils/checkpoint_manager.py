@@ -41,7 +41,8 @@ class CheckpointInfo:
 class CheckpointManager:
     def __init__(self, config: CheckpointingConfig, root: Path | str | None = None) -> None:
         self.config = config
-        self.root = Path(root if root is not None else config.checkpoint_dir)
+        # Without a root, the configured directory as seen from here (absolute, or cwd-relative).
+        self.root = Path(root) if root is not None else config.directory(Path())
         self.root.mkdir(parents=True, exist_ok=True)
         self._remove_partial_saves()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat
@@ -40,7 +41,11 @@ class GpuMonitoringConfig(Section):
 
 
 class LoggerConfig(Section):
-    log_dir: str = "logs"
+    log_dir: str | None = Field(
+        None,
+        description="where metrics.jsonl, progress.png and the trackers' files go; None = the "
+        "run directory, a relative path is taken inside the run directory",
+    )
     wandb_enabled: bool = False
     tensorboard_enabled: bool = False
     mlflow_enabled: bool = False
@@ -54,3 +59,7 @@ class LoggerConfig(Section):
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     swanlab: SwanlabConfig = Field(default_factory=SwanlabConfig)
     gpu_monitoring: GpuMonitoringConfig = Field(default_factory=GpuMonitoringConfig)
+
+    def directory(self, run_dir: Path) -> Path:
+        """The metrics directory of a run whose directory is ``run_dir``."""
+        return run_dir if self.log_dir is None else run_dir / self.log_dir

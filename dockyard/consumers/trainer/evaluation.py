@@ -67,8 +67,12 @@ class Evaluator:
         *,
         max_new_tokens: int,
         max_samples: int | None = None,
+        batch_size: int | None = None,
     ) -> None:
         self.model = model
+        # grpo.val_batch_size: prompts generated together (bounds the engine's batch memory);
+        # None = every validation prompt in one batch.
+        self.batch_size = batch_size
         self.tokenizer = tokenizer
         self.records = [dataset[i] for i in range(min(len(dataset), max_samples or len(dataset)))]
         self.environment = environment
@@ -88,7 +92,14 @@ class Evaluator:
         was_training = self.model.training
         self.model.eval()
         try:
-            results = await self.engine.generate(self.requests, self.params, 1)
+            size = self.batch_size or max(len(self.requests), 1)
+            results = [
+                result
+                for start in range(0, len(self.requests), size)
+                for result in await self.engine.generate(
+                    self.requests[start : start + size], self.params, 1
+                )
+            ]
         finally:
             self.model.train(was_training)
         rewards: list[float] = []

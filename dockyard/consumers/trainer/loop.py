@@ -59,6 +59,7 @@ from dockyard.utils.checkpoint_manager import CheckpointManager
 from dockyard.utils.logging import get_logger
 from dockyard.utils.metrics import MetricsLogger
 from dockyard.utils.metrics.gpu_monitor import start_gpu_monitor
+from dockyard.utils.metrics.jsonl_backend import METRICS_FILE
 from dockyard.utils.status import StatusFile
 
 log = get_logger(__name__)
@@ -132,7 +133,9 @@ class TrainerLoop:
 
         cfg = self.config
         torch.manual_seed(cfg.grpo.seed)
-        self.model, self.tokenizer = load_policy(cfg.policy.model_name, cfg.policy.precision)
+        self.model, self.tokenizer = load_policy(
+            cfg.policy.model_name, cfg.policy.precision, tokenizer_name=cfg.policy.tokenizer.name
+        )
         self.trainer = PolicyTrainer(self.model, cfg)
         default_env = cfg.data.default_env
         self.train_data = build_dataset(cfg.data.train, default_env)
@@ -148,13 +151,14 @@ class TrainerLoop:
                 build_environment(env_name, context),
                 max_new_tokens=cfg.policy.generation.max_new_tokens,
                 max_samples=cfg.grpo.max_val_samples,
+                batch_size=cfg.grpo.val_batch_size,
             )
         self.checkpoints = (
-            CheckpointManager(cfg.checkpointing, self.run_dir / "checkpoints")
+            CheckpointManager(cfg.checkpointing, cfg.checkpointing.directory(self.run_dir))
             if cfg.checkpointing.enabled
             else None
         )
-        self.metrics = MetricsLogger(cfg.logger, self.run_dir)
+        self.metrics = MetricsLogger(cfg.logger, cfg.logger.directory(self.run_dir))
         self.gpu_monitor = start_gpu_monitor(cfg.logger)
         self.ledger = Ledger(trail=self.run_dir / LEDGER_FILE)
 
@@ -303,9 +307,9 @@ class TrainerLoop:
         left = self.ledger.record_open_at_end(reason)
         if left:
             log.info("trainer.open_at_end", groups=len(left), reason=reason)
-        metrics_file = self.run_dir / "metrics.jsonl"
-        if metrics_file.exists():
-            plot_run(metrics_file, self.run_dir / "progress.png")
+        log_dir = self.config.logger.directory(self.run_dir)
+        if (log_dir / METRICS_FILE).exists():
+            plot_run(log_dir / METRICS_FILE, log_dir / "progress.png")
         self.summary.steps = self.step
         self.status.update("finished", step=self.step)
 

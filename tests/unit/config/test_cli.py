@@ -92,8 +92,13 @@ def test_help_lists_subcommands():
 
 def test_an_unknown_dataset_stops_the_trainer_before_anything_starts(capsys, tmp_path):
     config = "configs/grpo_hle.yaml"  # a family config whose dataset is not built in here
-    one_device = "policy.dtensor_cfg.tensor_parallel_size=1"  # runnable here but for the data
-    assert main(["trainer", "--config", config, "--run-dir", str(tmp_path), one_device]) == 2
+    # runnable here but for the data: one device, no GPU
+    one_device = [
+        "policy.dtensor_cfg.tensor_parallel_size=1",
+        "cluster.gpus_per_node=0",
+        "cluster.num_nodes=1",
+    ]
+    assert main(["trainer", "--config", config, "--run-dir", str(tmp_path), *one_device]) == 2
     err = capsys.readouterr().err
     assert "data.train.name: unknown dataset 'hle'" in err
     assert "Traceback" not in err
@@ -122,9 +127,9 @@ def test_ignored_speed_settings_only_warn(tmp_path):
         ["policy.sequence_packing.enabled=true", "++policy.dtensor_cfg.cpu_offload=true"],
     )
     assert not_implemented(config) == []
-    assert [issue.path for issue in ignored(config)] == [
-        "policy.sequence_packing.enabled",
+    assert [issue.path for issue in ignored(config)] == [  # in the schema's key order
         "policy.dtensor_cfg.cpu_offload",
+        "policy.sequence_packing.enabled",
     ]
     turns = load_config("configs/quickstart.yaml", ["grpo.max_rollout_turns=3"])
     assert [issue.path for issue in not_implemented(turns)] == ["grpo.max_rollout_turns"]
@@ -158,9 +163,9 @@ def test_unbuilt_data_settings_refuse_and_unused_counts_warn():
         "configs/quickstart.yaml",
         ["data.default_processor=chat_template", "data.train.processor=chat_template"],
     )
-    assert [issue.path for issue in not_implemented(refused)] == [
-        "data.default_processor",
+    assert [issue.path for issue in not_implemented(refused)] == [  # the schema's key order
         "data.train.processor",
+        "data.default_processor",
     ]
     warned = load_config(
         "configs/quickstart.yaml",

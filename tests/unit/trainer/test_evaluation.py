@@ -55,3 +55,32 @@ def test_printed_samples_are_one_event_each_with_long_texts_cut_from_the_front()
     cut = printed[1]["response"]
     marker = f"[{2 * MAX_PRINTED_CHARS + 3} chars cut]…"
     assert cut == marker + long_answer[-MAX_PRINTED_CHARS:]
+
+
+async def test_val_batch_size_bounds_each_generation_batch_and_changes_no_answer():
+    # grpo.val_batch_size = 3 over 7 prompts: the engine sees batches of 3, 3 and 1, and the
+    # greedy answers are the ones a single batch of 7 gives.
+    model, tokenizer = build_arithmetic_policy(seed=0)
+    dataset = build_dataset(
+        DatasetConfig(
+            name="arithmetic",
+            split="validation",
+            params={"low": 10, "high": 99, "num_samples": 7, "seed": 2},
+        ),
+        "arithmetic",
+    )
+    environment = build_environment("arithmetic")
+    whole = await Evaluator(model, tokenizer, dataset, environment, max_new_tokens=4).evaluate()
+    batched = Evaluator(model, tokenizer, dataset, environment, max_new_tokens=4, batch_size=3)
+    sizes: list[int] = []
+    generate = batched.engine.generate
+
+    async def recording_generate(requests, params, num_samples):
+        sizes.append(len(requests))
+        return await generate(requests, params, num_samples)
+
+    batched.engine.generate = recording_generate  # type: ignore[method-assign]
+    result = await batched.evaluate()
+    assert sizes == [3, 3, 1]
+    assert [s.response for s in result.samples] == [s.response for s in whole.samples]
+    assert result.accuracy == whole.accuracy
