@@ -25,9 +25,10 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
+    from dockyard.algorithms.grpo import MasterConfig
     from dockyard.config.capabilities import key_table
 
-    sys.stdout.write(key_table())
+    sys.stdout.write(key_table(MasterConfig))
     return 0
 
 

@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from pydantic import BaseModel
+
 from dockyard.config.errors import ConfigIssue
-from dockyard.config.schema import matches, set_values
+from dockyard.config.schema import leaf_paths, matches, set_values
 
 if TYPE_CHECKING:
     from dockyard.algorithms.grpo import MasterConfig
@@ -335,14 +337,11 @@ def rules_for(path: str) -> list[Unsupported]:
     return [rule for rule in UNSUPPORTED if matches(rule.pattern, path)]
 
 
-def key_table() -> str:
-    """Every key of the schema and what this build does with it, as a Markdown table (what
-    ``dockyard config keys`` prints and docs/configuration.md carries)."""
-    from dockyard.algorithms.grpo import MasterConfig
-    from dockyard.config.schema import leaf_paths
-
+def key_table(schema: type[BaseModel]) -> str:
+    """Every key of ``schema`` (the ``MasterConfig``) and what this build does with it, as a
+    Markdown table (what ``dockyard config keys`` prints and docs/configuration.md carries)."""
     rows = ["| key | handling |", "| --- | --- |"]
-    for path in leaf_paths(MasterConfig):
+    for path in leaf_paths(schema):
         rules = rules_for(path)
         if not rules:
             handling = "takes effect"
