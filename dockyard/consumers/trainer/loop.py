@@ -14,7 +14,9 @@ the steps from ``g`` to the trainer's current version are at most
 ``max_trajectory_age_steps`` (async) or zero (sync), checked when it comes in and again after
 every step; older groups are dropped, counted and written to the ledger. Steps are counted
 along the lineage of versions (``lineage.py``), so a resume, which publishes the checkpoint's
-weights under a new number, does not age the groups it left behind.
+weights under a new number, does not age the groups it left behind, and a group of a lost step
+is judged at the step it is retrained at just as the crashed run judged it (the replay recomputes
+the same steps, so the versions published after the checkpoint keep their places).
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ class TrainerLoop:
         # at the checkpoint's place in the lineage (ages stay what they were).
         self.lineage = VersionLineage.from_dict(state.lineage)
         self.weight_version = max(published, state.weight_version) + 1
-        self.lineage.resumed(state.weight_version, published, self.weight_version)
+        self.lineage.resumed(state.weight_version, self.weight_version)
         log.info("trainer.resumed", step=self.step, checkpoint=str(latest.path))
         await self._publish_weights()
         return state.replay_from_seq
