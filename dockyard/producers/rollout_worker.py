@@ -34,7 +34,7 @@ from dockyard.producers.multimodal import ImageInputError, MultimodalLimits, gat
 from dockyard.producers.rollouts import build_rollout
 from dockyard.schemas import EngineInfo, PromptGroup, WeightVersion
 from dockyard.utils.logging import get_logger
-from dockyard.utils.status import STARTING, StatusFile
+from dockyard.utils.status import RUNNING, STARTING, StatusFile
 
 log = get_logger(__name__)
 
@@ -113,7 +113,7 @@ class RolloutWorker:
         consumer = self.messages.names.prompt_consumer
         await self._first_weights_or_stop()
         if not self.stopping.is_set():
-            self.status.update("running", detail="")
+            self.status.update(RUNNING, detail="")
         while not self.stopping.is_set():
             received = await self.messages.fetch(
                 consumer, PromptGroup, batch=self.fetch_batch, timeout_s=0.5

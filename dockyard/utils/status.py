@@ -12,6 +12,8 @@ from pathlib import Path
 #: A role's state until it can take work (its engine loaded, its first weights in): the
 #: trainer does not count its starvation time while a role it waits for says so.
 STARTING = "starting"
+#: A role's state while it takes work.
+RUNNING = "running"
 
 
 @dataclass

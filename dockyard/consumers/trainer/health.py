@@ -7,12 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard.broker.plane import DataPlane
-from dockyard.utils.status import STARTING, RoleStatus, read_statuses
+from dockyard.utils.status import RUNNING, STARTING, RoleStatus, read_statuses
 
 #: The roles whose work reaches the trainer (the dispatcher runs inside the trainer itself).
 AWAITED_ROLES = ("rollout", "scorer")
-#: The heartbeat state of a role that is taking work.
-READY = "running"
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ def readiness_of(statuses: list[RoleStatus]) -> FleetReadiness:
         name = f"{status.role}-{status.instance}"
         if status.state == STARTING:
             starting.append(name)
-        elif status.state == READY:
+        elif status.state == RUNNING:
             ready.append(name)
         else:
             other.append(f"{name} ({status.state})")
