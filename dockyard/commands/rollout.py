@@ -27,7 +27,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from dockyard.producers.multimodal import MultimodalLimits
     from dockyard.producers.rollout_worker import RolloutWorker
     from dockyard.schemas import EngineInfo
-    from dockyard.utils.status import StatusFile
+    from dockyard.utils.status import STARTING, StatusFile
 
     config = load_role_config(args)
     try:
@@ -36,6 +36,9 @@ async def _serve(args: argparse.Namespace) -> int:
         raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     status = StatusFile(args.status_dir, "rollout", worker_id)
+    # A real model's engine takes minutes to load: say so, or the trainer cannot tell this
+    # worker from one that is up and silent.
+    status.update(STARTING, detail=f"loading the {config.policy.generation.backend} engine")
     engine = create_engine(
         config.policy, cache_dir=os.path.join(tempfile.gettempdir(), "dockyard-models")
     )

@@ -17,10 +17,12 @@ async def _serve(args: argparse.Namespace) -> int:
     from dockyard.consumers.scorer import Scorer
     from dockyard.environments.base import EnvironmentContext
     from dockyard.models import load_tokenizer
-    from dockyard.utils.status import StatusFile
+    from dockyard.utils.status import STARTING, StatusFile
 
     config = load_role_config(args)
     scorer_id = args.scorer_id or f"{socket.gethostname()}-{os.getpid()}"
+    status = StatusFile(args.status_dir, "scorer", scorer_id)
+    status.update(STARTING, detail="loading the tokenizer")  # ready once it takes rollouts
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
     env_settings = getattr(config.env, args.env) if args.env else None
     consumer = config.data_plane.consumer if config.data_plane else None
@@ -35,7 +37,7 @@ async def _serve(args: argparse.Namespace) -> int:
             max_concurrency=env_settings.max_concurrency if env_settings else 8,
             max_deliver=consumer.max_deliver if consumer else 5,
             nak_delay_s=consumer.nak_delay_s if consumer else 1.0,
-            status=StatusFile(args.status_dir, "scorer", scorer_id),
+            status=status,
         )
         on_shutdown_signals(scorer.stop)
         await scorer.run()

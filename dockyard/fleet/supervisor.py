@@ -130,11 +130,20 @@ class Supervisor:
         return [self.trainer, *self.workers, *self.scorers]
 
     def start(self) -> None:
+        self._forget_previous_heartbeats()
         for role in self.roles:
             role.start(self.env)
             log.info(
                 "fleet.started", role=role.name, pid=role.process.pid if role.process else None
             )
+
+    def _forget_previous_heartbeats(self) -> None:
+        """A previous run in this directory left its roles' heartbeats behind. The trainer
+        reads them to tell starting roles from silent ones: a worker that was starting when
+        that run ended (or one this run does not have) would be waited for until
+        ``run.role_start_timeout_s``."""
+        for path in self.status_dir.glob("*.json"):
+            path.unlink(missing_ok=True)
 
     def check(self) -> int | None:
         """Restart dead helpers; the trainer's exit status once it has exited, else None."""

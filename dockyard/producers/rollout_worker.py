@@ -34,7 +34,7 @@ from dockyard.producers.multimodal import ImageInputError, MultimodalLimits, gat
 from dockyard.producers.rollouts import build_rollout
 from dockyard.schemas import EngineInfo, PromptGroup, WeightVersion
 from dockyard.utils.logging import get_logger
-from dockyard.utils.status import StatusFile
+from dockyard.utils.status import RUNNING, STARTING, StatusFile
 
 log = get_logger(__name__)
 
@@ -98,7 +98,9 @@ class RolloutWorker:
 
     async def run(self) -> None:
         follower = asyncio.create_task(self.follow_weights(), name="weight-follower")
-        self.status.update("running")
+        # Not ready until the first weights are in the engine: the trainer does not count its
+        # starvation time while a worker it waits for is still starting.
+        self.status.update(STARTING, detail="waiting for the first weights")
         try:
             await self.generation_loop()
         finally:
@@ -110,6 +112,8 @@ class RolloutWorker:
         consecutive_failures = 0
         consumer = self.messages.names.prompt_consumer
         await self._first_weights_or_stop()
+        if not self.stopping.is_set():
+            self.status.update(RUNNING, detail="")
         while not self.stopping.is_set():
             received = await self.messages.fetch(
                 consumer, PromptGroup, batch=self.fetch_batch, timeout_s=0.5

@@ -9,12 +9,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+#: A role's state until it can take work (its engine loaded, its first weights in): the
+#: trainer does not count its starvation time while a role it waits for says so.
+STARTING = "starting"
+#: A role's state while it takes work.
+RUNNING = "running"
+
 
 @dataclass
 class RoleStatus:
     role: str
     instance: str
-    state: str = "starting"  # starting | running | draining | stopped | unhealthy | failed
+    state: str = STARTING  # starting | running | draining | stopped | unhealthy | failed
     detail: str = ""
     counters: dict[str, float] = field(default_factory=dict)
     updated_at_unix_s: float = 0.0
@@ -26,7 +32,8 @@ class StatusFile:
 
     def __init__(self, directory: Path | str | None, role: str, instance: str) -> None:
         self.status = RoleStatus(role=role, instance=instance)
-        self.path = Path(directory) / f"{role}-{instance}.json" if directory else None
+        self.directory = Path(directory) if directory else None
+        self.path = self.directory / f"{role}-{instance}.json" if self.directory else None
 
     def update(
         self, state: str | None = None, detail: str | None = None, **counters: float

@@ -19,7 +19,12 @@ class RunConfig(Section):
     starvation_timeout_s: PositiveFloat = Field(
         600.0, description="no scored data for this long: end the run with the diagnosis"
     )
-    role_start_timeout_s: PositiveFloat = 120.0
+    role_start_timeout_s: PositiveFloat = Field(
+        1800.0,
+        description="no scored data for this long while a rollout worker or scorer still reports "
+        "itself starting (loading its engine, waiting for the first weights): end the run naming "
+        "it; starvation_timeout_s counts only once they are ready",
+    )
     simulated_latency_per_token_s: float = Field(
         0.0,
         ge=0.0,

@@ -1,10 +1,16 @@
-"""Saying which stage starves the trainer, instead of waiting silently."""
+"""Saying which stage starves the trainer, instead of waiting silently, and which of the roles
+it waits for are still starting (their heartbeats say so) rather than ready but silent."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from dockyard.broker.plane import DataPlane
+from dockyard.utils.status import RUNNING, STARTING, RoleStatus, read_statuses
+
+#: The roles whose work reaches the trainer (the dispatcher runs inside the trainer itself).
+AWAITED_ROLES = ("rollout", "scorer")
 
 
 @dataclass(frozen=True)
@@ -55,3 +61,49 @@ async def diagnose(plane: DataPlane) -> PipelineDiagnosis:
         scored_waiting=scored.backlog,
         dead_letters=dead,
     )
+
+
+@dataclass(frozen=True)
+class FleetReadiness:
+    """The awaited roles by their latest heartbeat; all empty when no heartbeats are read."""
+
+    starting: tuple[str, ...] = ()  # loading an engine, waiting for the first weights, ...
+    ready: tuple[str, ...] = ()
+    other: tuple[str, ...] = ()  # stopped, unhealthy, ... ("name (state)")
+
+    def describe(self) -> str:
+        if not (self.starting or self.ready or self.other):
+            return "no role heartbeats seen"
+        parts = [
+            f"still starting: {', '.join(self.starting) or 'none'}",
+            f"ready but silent: {', '.join(self.ready) or 'none'}",
+        ]
+        if self.other:
+            parts.append(f"neither: {', '.join(self.other)}")
+        return "; ".join(parts)
+
+
+def readiness_of(statuses: list[RoleStatus]) -> FleetReadiness:
+    starting: list[str] = []
+    ready: list[str] = []
+    other: list[str] = []
+    for status in statuses:
+        if status.role not in AWAITED_ROLES:
+            continue
+        name = f"{status.role}-{status.instance}"
+        if status.state == STARTING:
+            starting.append(name)
+        elif status.state == RUNNING:
+            ready.append(name)
+        else:
+            other.append(f"{name} ({status.state})")
+    return FleetReadiness(tuple(starting), tuple(ready), tuple(other))
+
+
+def fleet_readiness(status_dir: Path | None) -> FleetReadiness:
+    """From the heartbeat files the roles write next to the trainer's (``--status-dir``, which
+    ``dockyard run`` gives every role). Without one the trainer cannot tell a starting role from
+    a silent one, and counts them all as ready, as before heartbeats were read."""
+    if status_dir is None or not status_dir.exists():
+        return FleetReadiness()
+    return readiness_of(read_statuses(status_dir))

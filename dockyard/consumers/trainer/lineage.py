@@ -3,14 +3,21 @@
 Versions only go up, one per step, and a resumed trainer publishes its checkpoint's weights
 under a new number (the fleet must see a new version to refit). So version numbers alone
 overstate ages after a resume: the checkpoint's weights are version ``c`` and version ``V0`` at
-once, and a group generated with ``c`` is no older than one generated with ``V0``. Versions a
-crashed incarnation published after its last checkpoint belong to a branch of training that no
-longer exists: a group generated there is as far from the current weights as the path through
-the branch point (its steps on the lost branch plus the trainer's steps since).
+once, and a group generated with ``c`` is no older than one generated with ``V0``.
+
+Versions a crashed incarnation published after its last checkpoint keep their places on the
+line: the resumed trainer replays the scored stream from the checkpoint's position and
+recomputes the same steps from the same groups (the design's reproducibility invariant), so
+the weights it reaches again at step ``s`` are those the lost version of step ``s`` had. A
+group generated with a lost version is therefore judged at the step it is retrained at exactly
+as the crashed run judged it, and the lost steps are retrained from the groups they used
+instead of those groups being dropped as stale.
 
 Positions count steps from the first weights: a *segment* says that versions from
 ``first_version`` on sit at ``position + (version - first_version)``; a *lost branch* says that
-versions ``first..last`` were published after the checkpoint at ``branch_position``.
+versions ``first..last`` were published from weights no checkpoint holds, starting at
+``branch_position`` (a previous incarnation that left no checkpoint, whose own first version is
+unknown), and are as far from the current weights as the path through that point.
 """
 
 from __future__ import annotations
@@ -43,13 +50,11 @@ class VersionLineage:
         lost = [LostBranch(0, version - 1, 0)] if version > 0 else []
         return cls([Segment(version, 0)], lost)
 
-    def resumed(self, checkpoint_version: int, published: int, new_version: int) -> None:
-        """The checkpoint's weights are published again as ``new_version``; whatever was
-        published after the checkpoint (up to ``published``) is a lost branch."""
-        branch = self.position(checkpoint_version)
-        if published > checkpoint_version:
-            self.lost.append(LostBranch(checkpoint_version + 1, published, branch))
-        self.segments.append(Segment(new_version, branch))
+    def resumed(self, checkpoint_version: int, new_version: int) -> None:
+        """The checkpoint's weights are published again as ``new_version``. Versions published
+        after the checkpoint (before ``new_version``) keep their positions: the replay trains
+        their steps again, from the same groups, so they are not a branch that ended."""
+        self.segments.append(Segment(new_version, self.position(checkpoint_version)))
 
     def position(self, version: int) -> int:
         """Steps from the first weights to ``version`` on the live line of training."""

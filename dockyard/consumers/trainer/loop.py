@@ -14,7 +14,9 @@ the steps from ``g`` to the trainer's current version are at most
 ``max_trajectory_age_steps`` (async) or zero (sync), checked when it comes in and again after
 every step; older groups are dropped, counted and written to the ledger. Steps are counted
 along the lineage of versions (``lineage.py``), so a resume, which publishes the checkpoint's
-weights under a new number, does not age the groups it left behind.
+weights under a new number, does not age the groups it left behind, and a group of a lost step
+is judged at the step it is retrained at just as the crashed run judged it (the replay recomputes
+the same steps, so the versions published after the checkpoint keep their places).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from dockyard.broker.weights.base import WeightBlobStore
 from dockyard.consumers.trainer.batch import build_batch
 from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoint, write_checkpoint
 from dockyard.consumers.trainer.evaluation import Evaluator, log_val_samples
-from dockyard.consumers.trainer.health import diagnose
+from dockyard.consumers.trainer.health import diagnose, fleet_readiness
 from dockyard.consumers.trainer.ledger import Ledger
 from dockyard.consumers.trainer.lineage import VersionLineage
 from dockyard.consumers.trainer.plot import plot_run
@@ -72,7 +74,9 @@ _GROUP_MESSAGES = (PromptGroup.SCHEMA_NAME, Rollout.SCHEMA_NAME, ScoredRollout.S
 
 
 class TrainerStarved(RuntimeError):
-    """No scored data for ``run.starvation_timeout_s``: the run ends with the diagnosis."""
+    """No scored data for ``run.starvation_timeout_s`` while the roles it waits for were ready,
+    or for ``run.role_start_timeout_s`` while one was still starting: the run ends with the
+    diagnosis."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,11 @@ class TrainerLoop:
         self._next_dead_letter_check = 0.0
         self.zero_variance_this_step = 0
         self.stopping = asyncio.Event()
+        # Starvation: the clock runs from the later of the last data and the moment the last
+        # awaited role reported itself ready; warned once per silence.
+        self._fleet_ready_since = 0.0
+        self._starvation_warned = False
+        self._next_starting_log = 0.0
 
     def stop(self) -> None:
         self.stopping.set()
@@ -186,7 +195,7 @@ class TrainerLoop:
         # at the checkpoint's place in the lineage (ages stay what they were).
         self.lineage = VersionLineage.from_dict(state.lineage)
         self.weight_version = max(published, state.weight_version) + 1
-        self.lineage.resumed(state.weight_version, published, self.weight_version)
+        self.lineage.resumed(state.weight_version, self.weight_version)
         log.info("trainer.resumed", step=self.step, checkpoint=str(latest.path))
         await self._publish_weights()
         return state.replay_from_seq
@@ -245,7 +254,6 @@ class TrainerLoop:
         cfg = self.config
         per_step = cfg.grpo.num_prompts_per_step
         last_data = time.monotonic()
-        warned = False
         waiting_since = time.monotonic()
         while self.step < cfg.grpo.max_num_steps and not self.stopping.is_set():
             dispatched = await self.dispatcher.top_up(self.ledger.in_flight, self.weight_version)
@@ -262,7 +270,7 @@ class TrainerLoop:
             if time.monotonic() >= self._next_dead_letter_check:
                 await self._drop_dead_lettered_groups()
             if received:
-                last_data, warned = time.monotonic(), False
+                last_data, self._starvation_warned = time.monotonic(), False
             elif self.dispatcher.exhausted and self.ledger.in_flight <= len(self.pending):
                 # Everything still open is here, and less than a step's worth (or it would
                 # have been trained): the data is used up.
@@ -276,17 +284,7 @@ class TrainerLoop:
                 log.warning("trainer.dataset_exhausted", step=self.step)
                 break
             else:
-                idle = time.monotonic() - last_data
-                if idle > cfg.run.starvation_warning_s and not warned:
-                    diagnosis = await diagnose(self.plane)
-                    log.warning("trainer.starving", idle_s=round(idle), detail=diagnosis.describe())
-                    self.status.update(detail=diagnosis.describe())
-                    warned = True
-                    if diagnosis.nothing_in_flight and self.ledger.in_flight > len(self.pending):
-                        self._drop_lost_groups()
-                if idle > cfg.run.starvation_timeout_s:
-                    diagnosis = await diagnose(self.plane)
-                    raise TrainerStarved(f"no scored data for {idle:.0f}s; {diagnosis.describe()}")
+                await self._check_starvation(last_data)
             if len(self.pending) >= per_step:
                 wait_s = time.monotonic() - waiting_since
                 await self._train_step(self.pending[:per_step], wait_s)
@@ -312,6 +310,55 @@ class TrainerLoop:
             plot_run(log_dir / METRICS_FILE, log_dir / "progress.png")
         self.summary.steps = self.step
         self.status.update("finished", step=self.step)
+
+    async def _check_starvation(self, last_data: float) -> None:
+        """No scored data since ``last_data``: warn, then end the run with the diagnosis. A role
+        still loading its engine is not starving the trainer, it is late: starvation time counts
+        only while every role the trainer waits for reports itself ready (heartbeats), and a
+        role that never gets ready ends the run after the separate, longer
+        ``run.role_start_timeout_s``, named."""
+        run = self.config.run
+        now = time.monotonic()
+        readiness = fleet_readiness(self.status.directory)
+        if readiness.starting:
+            self._fleet_ready_since = now
+            waited = now - last_data
+            if now >= self._next_starting_log:
+                self._next_starting_log = now + run.starvation_warning_s
+                log.info(
+                    "trainer.waiting_for_roles",
+                    starting=list(readiness.starting),
+                    ready=list(readiness.ready),
+                    waited_s=round(waited),
+                )
+                self.status.update(detail=f"waiting for {', '.join(readiness.starting)} to start")
+            if waited > run.role_start_timeout_s:
+                diagnosis = await diagnose(self.plane)
+                raise TrainerStarved(
+                    f"no scored data for {waited:.0f}s, roles still starting after "
+                    f"run.role_start_timeout_s={run.role_start_timeout_s:g}; "
+                    f"{readiness.describe()}; {diagnosis.describe()}"
+                )
+            return
+        idle = now - max(last_data, self._fleet_ready_since)
+        if idle > run.starvation_warning_s and not self._starvation_warned:
+            diagnosis = await diagnose(self.plane)
+            log.warning(
+                "trainer.starving",
+                idle_s=round(idle),
+                detail=diagnosis.describe(),
+                roles=readiness.describe(),
+            )
+            self.status.update(detail=diagnosis.describe())
+            self._starvation_warned = True
+            if diagnosis.nothing_in_flight and self.ledger.in_flight > len(self.pending):
+                self._drop_lost_groups()
+        if idle > run.starvation_timeout_s:
+            diagnosis = await diagnose(self.plane)
+            raise TrainerStarved(
+                f"no scored data for {idle:.0f}s with the roles it waits for ready; "
+                f"{readiness.describe()}; {diagnosis.describe()}"
+            )
 
     def _take(self, scored: ScoredRollout, seq: int) -> None:
         self.last_seq = max(self.last_seq, seq)

@@ -20,6 +20,7 @@ from dockyard.engines.torch_engine import TorchEngine
 from dockyard.models import build_arithmetic_policy
 from dockyard.producers.rollout_worker import RolloutWorker
 from dockyard.schemas import EngineInfo, Rollout, WeightVersion, decode
+from dockyard.utils.status import STARTING, StatusFile, read_statuses
 from tests.integration.roles.factories import prompt_group
 
 
@@ -371,3 +372,35 @@ async def test_a_worker_stopped_before_any_weights_leaves_no_waiter_behind(data_
         await asyncio.wait_for(running, 20)
         await asyncio.sleep(0)  # one turn of the loop: cancelled waiters finish
         assert event_waiters() - before == set()
+
+
+async def test_a_worker_reports_itself_starting_until_its_first_weights_are_loaded(
+    data_plane_config, tmp_path
+):
+    # The trainer counts starvation only once the workers it waits for are ready: a worker
+    # without weights cannot take work, whatever its process is doing.
+    model, tokenizer = build_arithmetic_policy(seed=0)
+
+    async def state() -> str:
+        (status,) = read_statuses(tmp_path)
+        return status.state
+
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="test")
+        store = create_weight_store(plane)
+        status = StatusFile(tmp_path, "rollout", "w-test")
+        engine = engine_over(model, tokenizer)
+        async with running_worker(plane, store, engine, status=status) as worker:
+
+            async def waiting_for_weights() -> bool:
+                return tmp_path.joinpath("rollout-w-test.json").exists()
+
+            await wait_for(waiting_for_weights)
+            assert await state() == STARTING
+            await publish_weights(messages, store, 0, model.state_dict())
+
+            async def ready() -> bool:
+                return await state() == "running"
+
+            await wait_for(ready)
+            assert worker.refits == 1

@@ -1,19 +1,22 @@
 """The trainer's accounting of groups over a whole run: the real TrainerLoop, dispatcher and
-in-memory plane; the rollout worker and scorer are replaced by a stand-in that answers every
-prompt with a scored group at once (no model runs), stamped with a chosen weight version."""
+in-memory plane (or a real nats-server); the rollout worker and scorer are replaced by a
+stand-in that answers every prompt with a scored group at once (no model runs), stamped with a
+chosen weight version."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from dockyard.broker.memory import MemoryPlane
+from dockyard.broker.factory import create_data_plane
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.factory import create_weight_store
 from dockyard.config.loader import load_config
+from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.consumers.trainer.ledger import read_trail
 from dockyard.consumers.trainer.loop import TrainerLoop
 from dockyard.data.base import build_dataset
@@ -66,9 +69,15 @@ async def answer_prompts(messages: MessagePlane, versions_behind: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def trainer(run_dir: Path, *overrides: str, versions_behind: int = 0) -> AsyncIterator:
+async def trainer(
+    run_dir: Path,
+    *overrides: str,
+    versions_behind: int = 0,
+    data_plane: DataPlaneConfig | None = None,
+) -> AsyncIterator:
+    """The first incarnation of a trainer, on the in-memory plane unless ``data_plane``."""
     config = small_config(*overrides)
-    async with MemoryPlane() as plane:
+    async with create_data_plane(data_plane, client_name="trainer") as plane:
         messages = MessagePlane(plane, stage="trainer")
         dataset = build_dataset(config.data.train, config.data.default_env)
         dispatcher = Dispatcher(config, messages, dataset, TOKENIZER, run_id="acct")
@@ -80,6 +89,16 @@ async def trainer(run_dir: Path, *overrides: str, versions_behind: int = 0) -> A
             stand_in.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await stand_in
+
+
+def next_incarnation(first: TrainerLoop, run_dir: Path, *overrides: str) -> TrainerLoop:
+    """A new trainer on the same plane and run directory as ``first`` (as after a restart)."""
+    config = small_config(*overrides)
+    dataset = build_dataset(config.data.train, config.data.default_env)
+    dispatcher = Dispatcher(config, first.messages, dataset, TOKENIZER, run_id="acct")
+    return TrainerLoop(
+        config, first.messages, create_weight_store(first.plane), run_dir, dispatcher
+    )
 
 
 def step_metrics(run_dir: Path) -> list[dict]:
@@ -137,12 +156,8 @@ async def test_groups_settled_by_replay_before_being_dispatched_do_not_inflate_t
     # settles them) before its dispatcher re-issues their ids.
     async with trainer(tmp_path, "grpo.max_num_steps=3") as first:
         await first.run()
-        plane = first.plane
-        messages = first.messages
-        config = small_config("grpo.max_num_steps=6")
-        dataset = build_dataset(config.data.train, config.data.default_env)
-        dispatcher = Dispatcher(config, messages, dataset, TOKENIZER, run_id="acct")
-        second = TrainerLoop(config, messages, create_weight_store(plane), tmp_path, dispatcher)
+        second = next_incarnation(first, tmp_path, "grpo.max_num_steps=6")
+        dispatcher = second.dispatcher
         budgets: list[int] = []
         original = dispatcher.top_up
 
@@ -163,12 +178,7 @@ async def test_a_clean_resume_trains_the_groups_left_over_instead_of_dropping_th
     async with trainer(tmp_path, "grpo.max_num_steps=3", age_limit, *checkpointed) as first:
         await first.run()
         assert first.pending or first.ledger.in_flight  # work left over for the next one
-        config = small_config("grpo.max_num_steps=6", age_limit, *checkpointed)
-        dataset = build_dataset(config.data.train, config.data.default_env)
-        dispatcher = Dispatcher(config, first.messages, dataset, TOKENIZER, run_id="acct")
-        second = TrainerLoop(
-            config, first.messages, create_weight_store(first.plane), tmp_path, dispatcher
-        )
+        second = next_incarnation(first, tmp_path, "grpo.max_num_steps=6", age_limit, *checkpointed)
         await second.run()
     assert second.step == 6
     _, trained, dropped = settled(tmp_path)
@@ -198,3 +208,36 @@ async def test_a_dead_lettered_group_is_dropped_with_the_reason_not_left_open(tm
     _, trained, dropped = settled(tmp_path)
     assert group_id not in trained
     assert dropped[group_id] == "dead letter from trainer: corrupt_frame"
+
+
+def trained_by_step(run_dir: Path) -> dict[int, set[str]]:
+    steps: dict[int, set[str]] = {}
+    for group_id, step in settled(run_dir)[1].items():
+        steps.setdefault(step, set()).add(group_id)
+    return steps
+
+
+async def test_lost_steps_are_retrained_from_exactly_the_groups_they_used(
+    tmp_path, data_plane_config
+):
+    # Workers one refit late and an age limit of 1: every group of a step is one or two
+    # versions old when trained. The trainer dies after step 15 with its checkpoint at step 10.
+    async_on = ("grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1")
+    checkpoints = ("checkpointing.enabled=true", "checkpointing.save_period=10")
+    checkpoints += ("checkpointing.keep_top_k=null",)
+    run = ("grpo.max_num_steps=15", *async_on, *checkpoints)
+    async with trainer(tmp_path, *run, versions_behind=1, data_plane=data_plane_config) as first:
+        await first.run()
+        # The crash: nothing after step 10 was saved (the run's final save never happened).
+        shutil.rmtree(tmp_path / "checkpoints" / "step_15")
+        original = trained_by_step(tmp_path)
+        second = next_incarnation(first, tmp_path, *run)
+        await second.run()
+    assert second.step == 15
+    retrained = trained_by_step(tmp_path)
+    lost_steps = range(11, 16)
+    for step in lost_steps:
+        assert retrained[step] == original[step], f"step {step}"
+    _, _, dropped = settled(tmp_path)
+    lost_groups = set().union(*(original[step] for step in lost_steps))
+    assert not {g: dropped[g] for g in lost_groups if g in dropped}
