@@ -17,7 +17,6 @@ from typing import Generic, TypeVar
 from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import (
     DataPlane,
-    DataPlaneError,
     Delivery,
     OutgoingMessage,
     PublishAck,
@@ -40,8 +39,6 @@ from dockyard.utils.logging import get_logger
 log = get_logger(__name__)
 
 M = TypeVar("M", bound=Message)
-#: After a dead letter could not be published: when the refused message is tried again.
-_DEAD_LETTER_RETRY_S = 5.0
 
 
 @dataclass
@@ -163,27 +160,12 @@ class MessagePlane:
                     delivery.headers, delivery.data, limits=self.limits, expected=expected
                 )
             except CodecError as error:
-                try:
-                    await self.plane.dead_letter(
-                        delivery, error.reason.value, error.detail, stage=self.stage
-                    )
-                except DataPlaneError as failure:
-                    # Nothing is lost: it comes back (and is refused again) after the delay,
-                    # and the good messages of this batch still go to the role.
-                    log.error("dead_letter.failed", seq=delivery.seq, error=repr(failure))
-                    if not delivery.settled:
-                        with contextlib.suppress(DataPlaneError):
-                            await delivery.nak(_DEAD_LETTER_RETRY_S)
-                    continue
-                self.dead_lettered[error.reason.value] += 1
-                log.warning(
-                    "message.dead_lettered",
-                    stage=self.stage,
-                    subject=delivery.subject,
-                    seq=delivery.seq,
-                    reason=error.reason.value,
-                    detail=error.detail,
-                )
+                # When the dead letter cannot be published the delivery comes back later (and
+                # is refused again); the good messages of this batch still go to the role.
+                if await self.plane.refuse(
+                    delivery, error.reason.value, error.detail, stage=self.stage
+                ):
+                    self.dead_lettered[error.reason.value] += 1
                 continue
             out.append(Received(message, delivery))
         return out
