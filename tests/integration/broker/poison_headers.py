@@ -34,6 +34,8 @@ STORED_REF = "5" * 32
 STORED_CHUNK = b"ten bytes!"
 #: A ref no chunk was ever stored under.
 ABSENT_REF = "a" * 32
+#: Stands for the name of another message type than the one the subject carries.
+OTHER_SCHEMA = "<another type>"
 
 
 def reference(
@@ -58,6 +60,11 @@ class Poison:
     reason: str = BAD_HEADER
     #: A reference message (empty body, as chunking publishes it) rather than the good body.
     empty_body: bool = False
+    #: The reason a history reader gives, where it differs (it expects no particular type).
+    history_reason: str | None = None
+
+    def reason_in_history(self) -> str:
+        return self.history_reason or self.reason
 
 
 CORPUS: tuple[Poison, ...] = (
@@ -97,6 +104,12 @@ CORPUS: tuple[Poison, ...] = (
     ),
     Poison("schema unknown", {HEADER_SCHEMA: "nonsense"}, "unknown_schema"),
     Poison("schema empty", {HEADER_SCHEMA: ""}, "unknown_schema"),
+    Poison(
+        "schema of another type",
+        {HEADER_SCHEMA: OTHER_SCHEMA},
+        "unexpected_schema",
+        history_reason="header_mismatch",
+    ),
     Poison("schema version not the payload's", {HEADER_SCHEMA_VERSION: "9.0"}, "header_mismatch"),
     Poison("schema version not a version", {HEADER_SCHEMA_VERSION: "x"}, "header_mismatch"),
     Poison("codec unknown", {HEADER_CODEC: "gzip"}, "unsupported_codec"),
@@ -117,5 +130,8 @@ async def publish_poison(
     encoded = encode(good)
     headers = {k: v for k, v in encoded.headers.items() if k != "Nats-Msg-Id"}
     headers.update(poison.headers)
+    if headers.get(HEADER_SCHEMA) == OTHER_SCHEMA:
+        own = type(good).SCHEMA_NAME
+        headers[HEADER_SCHEMA] = "prompt_group" if own != "prompt_group" else "rollout"
     body = b"" if poison.empty_body else encoded.payload
     return await plane.publish(subject, body, msg_id=msg_id, headers=headers)
