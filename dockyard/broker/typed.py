@@ -20,6 +20,7 @@ from dockyard.broker.plane import (
     Delivery,
     OutgoingMessage,
     PublishAck,
+    StoredMessage,
 )
 from dockyard.schemas import (
     DEFAULT_LIMITS,
@@ -171,17 +172,31 @@ class MessagePlane:
         return out
 
     async def current_weight_version(self) -> WeightVersion | None:
+        """The newest weight-version event that decodes (None when there is none)."""
         stored = await self.plane.current_weight_event()
         if stored is None:
             return None
-        return decode(stored.headers, stored.data, limits=self.limits, expected=WeightVersion)
+        current = self._weight_version_in(stored)
+        if current is not None:
+            return current
+        # The newest event is poison: read back to the newest good one. Failing here instead
+        # would stop a trainer on every restart; taking "none" would publish versions again.
+        async for older in self.plane.replay(self.names.weight_events):
+            event = self._weight_version_in(older)
+            if event is not None:
+                current = event
+        return current
+
+    def _weight_version_in(self, stored: StoredMessage) -> WeightVersion | None:
+        try:
+            return decode(stored.headers, stored.data, limits=self.limits, expected=WeightVersion)
+        except CodecError as error:
+            log.error("weight_event.undecodable", seq=stored.seq, reason=error.reason.value)
+            return None
 
     async def weight_versions(self) -> AsyncIterator[WeightVersion]:
         """The current weight version, then every new one; undecodable events are skipped."""
         async for stored in self.plane.watch(self.names.weight_events):
-            try:
-                yield decode(
-                    stored.headers, stored.data, limits=self.limits, expected=WeightVersion
-                )
-            except CodecError as error:
-                log.error("weight_event.undecodable", seq=stored.seq, reason=error.reason.value)
+            event = self._weight_version_in(stored)
+            if event is not None:
+                yield event

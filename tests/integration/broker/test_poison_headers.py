@@ -201,6 +201,22 @@ async def test_the_weight_watch_passes_over_malformed_events(plane: DataPlane) -
     await versions.aclose()
 
 
+async def test_the_current_weight_version_is_the_newest_that_decodes(plane: DataPlane) -> None:
+    # What a trainer reads when it (re)starts: a poison event on top must neither stop it nor
+    # hide the versions already published (it would publish them again).
+    typed = MessagePlane(plane, stage="trainer")
+    names = plane.names
+    await store_chunks(plane)
+    await typed.publish(_weight_version(1))
+    await typed.publish(_weight_version(2))
+    for index, poison in enumerate(CORPUS):
+        await publish_poison(
+            plane, names.weight_events, _weight_version(100 + index), poison, f"w{index}"
+        )
+        current = await typed.current_weight_version()
+        assert current is not None and current.version == 2, poison.name
+
+
 async def test_poison_on_the_dead_letter_subject_is_shown_not_fatal(plane: DataPlane) -> None:
     # The trainer reads dead letters (to let their groups go) and ``replay requeue`` plans from
     # them: a malformed one is skipped as undecodable by both; the good one after it is not.
