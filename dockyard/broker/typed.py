@@ -196,7 +196,13 @@ class MessagePlane:
 
     async def weight_versions(self) -> AsyncIterator[WeightVersion]:
         """The current weight version, then every new one; undecodable events are skipped."""
+        first = True
         async for stored in self.plane.watch(self.names.weight_events):
             event = self._weight_version_in(stored)
+            if event is None and first:
+                # The newest event is poison: start from the newest good one rather than wait
+                # for the next version (a worker that starts now would have no weights).
+                event = await self.current_weight_version()
+            first = False
             if event is not None:
                 yield event

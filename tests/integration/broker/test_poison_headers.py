@@ -201,6 +201,24 @@ async def test_the_weight_watch_passes_over_malformed_events(plane: DataPlane) -
     await versions.aclose()
 
 
+async def test_a_weight_watch_started_on_a_poison_event_begins_with_the_newest_good_one(
+    plane: DataPlane,
+) -> None:
+    typed = MessagePlane(plane, stage="rollout")
+    names = plane.names
+    await store_chunks(plane)
+    await typed.publish(_weight_version(1))
+    await typed.publish(_weight_version(2))
+    for index, poison in enumerate(CORPUS):
+        await publish_poison(
+            plane, names.weight_events, _weight_version(100 + index), poison, f"w{index}"
+        )
+    versions = typed.weight_versions()
+    async with asyncio.timeout(10):
+        assert (await anext(versions)).version == 2
+    await versions.aclose()
+
+
 async def test_the_current_weight_version_is_the_newest_that_decodes(plane: DataPlane) -> None:
     # What a trainer reads when it (re)starts: a poison event on top must neither stop it nor
     # hide the versions already published (it would publish them again).
