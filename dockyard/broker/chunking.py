@@ -125,8 +125,7 @@ def _matching(headers: Mapping[str, str], name: str, pattern: re.Pattern[str], w
 def reference_of(headers: Mapping[str, str]) -> ChunkReference | None:
     """The chunk reference ``headers`` carry, None for an ordinary message; a
     :class:`PayloadError` when they are not exactly what :func:`split` writes."""
-    present = [name for name in CHUNK_HEADERS if name in headers]
-    if not present:
+    if not any(name in headers for name in CHUNK_HEADERS):
         return None
     missing = [name for name in CHUNK_HEADERS if name not in headers]
     if missing:
