@@ -19,6 +19,7 @@ from dockyard.broker.plane import (
     HEADER_ORIGINAL_SEQ,
     HEADER_ORIGINAL_STREAM,
     HEADER_ORIGINAL_SUBJECT,
+    PLANE_STAGE,
     OutgoingMessage,
     StoredMessage,
 )
@@ -26,8 +27,6 @@ from dockyard.schemas import DeadLetter, decode, encode
 
 # NATS header values are one line; long details are cut in the header, kept whole in the body.
 MAX_HEADER_DETAIL_CHARS = 512
-# The stage named in dead letters the plane raises itself (max deliveries, lost chunks).
-PLANE_STAGE = "data_plane"
 
 
 def _one_line(text: str) -> str:
@@ -47,7 +46,9 @@ def build_dead_letter(
         original_subject=original.subject,
         original_headers=dict(original.headers),
         original_payload=original.data,
-        original_message_id=original.headers.get(HEADER_MSG_ID),
+        # An empty id is no id: as an identity it would give every such message's dead letter
+        # the same Nats-Msg-Id, and all but the first would be dropped as duplicates.
+        original_message_id=original.headers.get(HEADER_MSG_ID) or None,
         original_stream_seq=original.seq,
         stage=stage,
         reason=reason[:64],

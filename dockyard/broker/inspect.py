@@ -1,7 +1,8 @@
 """Summaries of stored messages for people debugging a run (``dockyard replay``).
 
 Decoding goes through the codec; a message that does not decode is summarised as such, with
-the codec's reason, never skipped.
+the codec's reason (or the plane's, for one it could not read: ``HEADER_UNREADABLE``), never
+skipped.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from dockyard.broker.names import PlaneNames
-from dockyard.broker.plane import StoredMessage
+from dockyard.broker.plane import HEADER_UNREADABLE, StoredMessage
 from dockyard.schemas import (
     CodecError,
     DeadLetter,
@@ -56,6 +57,25 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+@dataclass(frozen=True)
+class Undecodable:
+    reason: str
+    detail: str
+
+
+def decode_stored(stored: StoredMessage) -> Message | Undecodable:
+    """The message, or why there is none: the plane's reason for a message it could not read
+    (its body is empty then, and the codec would only say so), else the codec's."""
+    unreadable = stored.headers.get(HEADER_UNREADABLE)
+    if unreadable is not None:
+        reason, _, detail = unreadable.partition(": ")
+        return Undecodable(reason, detail)
+    try:
+        return decode(stored.headers, stored.data)
+    except CodecError as error:
+        return Undecodable(error.reason.value, error.detail)
+
+
 @dataclass
 class MessageSummary:
     seq: int
@@ -94,11 +114,10 @@ def _rollout_fields(summary: MessageSummary, rollout: Rollout, current: int | No
 
 def summarise(stored: StoredMessage, current_version: int | None = None) -> MessageSummary:
     summary = MessageSummary(stored.seq, stored.timestamp, stored.subject, schema="")
-    try:
-        message = decode(stored.headers, stored.data)
-    except CodecError as error:
+    message = decode_stored(stored)
+    if isinstance(message, Undecodable):
         summary.schema = "<undecodable>"
-        summary.note = f"{error.reason.value}: {error.detail}"[:160]
+        summary.note = f"{message.reason}: {message.detail}"[:160]
         return summary
     summary.decoded = message
     summary.schema = type(message).SCHEMA_NAME
@@ -130,10 +149,9 @@ def export_record(stored: StoredMessage) -> dict[str, object]:
         "time": stored.timestamp.isoformat(),
         "headers": dict(stored.headers),
     }
-    try:
-        message = decode(stored.headers, stored.data)
-    except CodecError as error:
-        record["error"] = {"reason": error.reason.value, "detail": error.detail}
+    message = decode_stored(stored)
+    if isinstance(message, Undecodable):
+        record["error"] = {"reason": message.reason, "detail": message.detail}
         record["payload_base64"] = base64.b64encode(stored.data).decode()
         return record
     record["schema"] = type(message).SCHEMA_NAME

@@ -34,9 +34,7 @@ from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.broker.jetstream_pull import JetStreamDelivery, PullChannel, user_headers
 from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import (
-    HEADER_CHUNKS_MISSING,
     HEADER_MSG_ID,
-    REASON_CHUNKS_MISSING,
     ConsumerLag,
     DataPlane,
     DataPlaneError,
@@ -504,31 +502,26 @@ class JetStreamPlane(DataPlane):
         return deliveries
 
     async def _to_delivery(self, msg: Msg) -> Delivery | None:
+        """The delivery as published, or None when it was refused: its headers are input like
+        its payload, and one the plane cannot read (malformed, or chunks gone) is dead-lettered
+        with its reason here (``chunking.read``), so no consumer ever fails on it."""
         headers = user_headers(msg.headers)
-        reference = chunking.reference_of(headers)
-        if reference is None:
-            return JetStreamDelivery(msg, data=msg.data, headers=headers)
         try:
-            data = await self._reassemble(reference)
+            headers, data = await chunking.read(headers, msg.data, self._chunk)
         except PayloadError as error:
-            delivery = JetStreamDelivery(msg, data=b"", headers=headers)
-            await self.dead_letter(delivery, REASON_CHUNKS_MISSING, str(error))
+            raw = JetStreamDelivery(msg, data=msg.data, headers=headers)
+            await self.refuse(raw, error.reason, str(error))
             return None
-        return JetStreamDelivery(msg, data=data, headers=chunking.strip_chunk_headers(headers))
+        return JetStreamDelivery(msg, data=data, headers=headers)
 
-    async def _reassemble(self, reference: chunking.ChunkReference) -> bytes:
-        stream = self.names.chunks_stream.name
-
-        async def one(index: int) -> bytes:
-            subject = self.names.chunk_subject(reference.ref, index)
-            try:
-                raw = await self.js.get_msg(stream, subject=subject, direct=True)
-            except NotFoundError as error:
-                raise PayloadError(f"chunk {index} of {reference.ref} is gone") from error
-            return raw.data or b""
-
-        parts = await asyncio.gather(*(one(i) for i in range(reference.count)))
-        return chunking.join(reference, list(parts))
+    async def _chunk(self, ref: str, index: int) -> bytes | None:
+        """Chunk ``index`` of ``ref`` (a ``chunking.ChunkReader``), None when it is gone."""
+        subject = self.names.chunk_subject(ref, index)
+        try:
+            raw = await self.js.get_msg(self.names.chunks_stream.name, subject=subject, direct=True)
+        except NotFoundError:
+            return None
+        return raw.data or b""
 
     async def consumer_lag(self, consumer: ConsumerSpec) -> ConsumerLag:
         await self.ensure_consumer(consumer)
@@ -543,21 +536,14 @@ class JetStreamPlane(DataPlane):
 
     # -- reading history ---------------------------------------------------------------------
     async def _stored(self, stream: str, raw: api.RawStreamMsg) -> StoredMessage:
-        headers = user_headers(raw.headers)
-        data = raw.data or b""
-        reference = chunking.reference_of(headers)
-        if reference is not None:
-            try:
-                data = await self._reassemble(reference)
-            except PayloadError as error:
-                # History outlived its chunks (they age out of their own stream): the message
-                # is read as its empty reference, which no reader decodes, saying why.
-                log.warning("history.chunks_missing", stream=stream, seq=raw.seq, error=str(error))
-                headers = {**headers, HEADER_CHUNKS_MISSING: str(error)}
-            else:
-                headers = chunking.strip_chunk_headers(headers)
+        seq = int(raw.seq or 0)
+        # History outlives chunks (they age out of their own stream) and keeps what consumers
+        # refused: such a message is read empty, saying why (``chunking.read_stored``).
+        headers, data = await chunking.read_stored(
+            user_headers(raw.headers), raw.data or b"", self._chunk, seq=seq
+        )
         timestamp = raw.time if isinstance(raw.time, datetime) else datetime.now(UTC)
-        return StoredMessage(stream, raw.subject or "", int(raw.seq or 0), timestamp, headers, data)
+        return StoredMessage(stream, raw.subject or "", seq, timestamp, headers, data)
 
     async def get(self, stream: str, seq: int) -> StoredMessage:
         try:

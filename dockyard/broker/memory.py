@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from dockyard.broker import chunking
 from dockyard.broker.names import ConsumerSpec, Retention, StreamSpec, subject_matches
 from dockyard.broker.plane import (
     REASON_MAX_DELIVERIES,
     ConsumerLag,
     DataPlane,
     Delivery,
+    PayloadError,
     ProvisionReport,
     PublishAck,
     PublishError,
@@ -241,7 +244,7 @@ class MemoryPlane(DataPlane):
         deadline = time.monotonic() + timeout_s
         while True:
             version = self._version
-            deliveries = await self._collect(state, want)
+            deliveries = await self._readable(await self._collect(state, want))
             now = time.monotonic()
             if deliveries or now >= deadline:
                 return deliveries
@@ -252,6 +255,40 @@ class MemoryPlane(DataPlane):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, wake_at - now)):
                         await self._changed.wait()
+
+    async def _readable(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """The deliveries as published; one whose headers the plane cannot read is refused
+        (dead-lettered with its reason), as on JetStream: headers are input like payloads."""
+        out: list[Delivery] = []
+        for delivery in deliveries:
+            try:
+                delivery.headers, delivery.data = await chunking.read(
+                    delivery.headers, delivery.data, self._chunk
+                )
+            except PayloadError as error:
+                await self.refuse(delivery, error.reason, str(error))
+                continue
+            out.append(delivery)
+        return out
+
+    async def _chunk(self, ref: str, index: int) -> bytes | None:
+        """Chunk ``index`` of ``ref`` (a ``chunking.ChunkReader``): this plane never splits a
+        message, but reads a reference like JetStream does, so both refuse the same ones."""
+        stream = self._stream(self.names.chunks_stream.name)
+        subject = self.names.chunk_subject(ref, index)
+        for message in reversed(stream.messages.values()):
+            if message.subject == subject:
+                return message.data
+        return None
+
+    async def _stored(self, message: StoredMessage) -> StoredMessage:
+        """A stored message as history readers get it (``chunking.read_stored``)."""
+        headers, data = await chunking.read_stored(
+            message.headers, message.data, self._chunk, seq=message.seq
+        )
+        if headers is message.headers and data is message.data:
+            return message
+        return dataclasses.replace(message, headers=headers, data=data)
 
     def _next_events(self, state: _Consumer) -> list[float]:
         return [f.deadline for f in state.in_flight.values()] + list(state.ready_at.values())
@@ -337,15 +374,16 @@ class MemoryPlane(DataPlane):
     # -- reading history ---------------------------------------------------------------------
     async def get(self, stream: str, seq: int) -> StoredMessage:
         try:
-            return self._stream(stream).messages[seq]
+            message = self._stream(stream).messages[seq]
         except KeyError:
             raise KeyError(f"stream {stream} has no message {seq}") from None
+        return await self._stored(message)
 
     async def latest(self, subject: str) -> StoredMessage | None:
         stream = self._stream(self.names.stream_for_subject(subject).name)
         for message in reversed(stream.messages.values()):
             if subject_matches(subject, message.subject):
-                return message
+                return await self._stored(message)
         return None
 
     async def purge(self, subject: str) -> None:
@@ -372,7 +410,7 @@ class MemoryPlane(DataPlane):
                 continue
             if subject_matches(subject, message.subject):
                 count += 1
-                yield message
+                yield await self._stored(message)
 
     async def watch(
         self, subject: str, *, include_latest: bool = True
@@ -393,7 +431,7 @@ class MemoryPlane(DataPlane):
             if fresh:
                 for message in fresh:
                     position = message.seq
-                    yield message
+                    yield await self._stored(message)
                 continue
             position = max(position, stream.last_seq)
             async with self._changed:

@@ -10,6 +10,7 @@ and :class:`~dockyard.broker.memory.MemoryPlane` (one process, what ``data_plane
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,6 +18,9 @@ from types import TracebackType
 
 from dockyard.broker.names import ConsumerSpec, PlaneNames
 from dockyard.config.sections.data_plane import DataPlaneConfig
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
 
 HEADER_MSG_ID = "Nats-Msg-Id"
 # Oversized messages travel by reference to the chunk stream (see chunking.py).
@@ -24,8 +28,10 @@ HEADER_CHUNKS = "Dockyard-Chunks"
 HEADER_CHUNK_REF = "Dockyard-Chunk-Ref"
 HEADER_PAYLOAD_SIZE = "Dockyard-Payload-Size"
 HEADER_PAYLOAD_SHA256 = "Dockyard-Payload-Sha256"
-#: On a message read from history whose chunks are gone: why it holds no payload.
-HEADER_CHUNKS_MISSING = "Dockyard-Chunks-Missing"
+#: On a message read from history that the plane could not turn into its payload (chunks gone,
+#: malformed chunk headers): ``<reason code>: <detail>``, and why its body is empty. The plane
+#: sets it and never publishes it; one that arrives with a message is dropped on reading.
+HEADER_UNREADABLE = "Dockyard-Unreadable"
 # Set on every dead letter so it can be triaged without decoding its body.
 HEADER_DEAD_REASON = "Dockyard-Dead-Reason"
 HEADER_DEAD_DETAIL = "Dockyard-Dead-Detail"
@@ -36,6 +42,12 @@ HEADER_ORIGINAL_SEQ = "Dockyard-Original-Seq"
 # Reason codes the plane itself raises (the codec adds its own, e.g. ``schema_mismatch``).
 REASON_MAX_DELIVERIES = "max_deliveries"
 REASON_CHUNKS_MISSING = "chunks_missing"
+#: The plane's stage name in the dead letters it raises itself (max deliveries, lost chunks,
+#: malformed headers).
+PLANE_STAGE = "data_plane"
+#: After a dead letter could not be published: when the refused delivery comes back to be
+#: refused again (nothing is lost meanwhile).
+DEAD_LETTER_RETRY_S = 5.0
 
 
 class DataPlaneError(Exception):
@@ -59,7 +71,12 @@ class AlreadySettled(DataPlaneError):
 
 
 class PayloadError(DataPlaneError):
-    """A payload could not be reassembled or failed its integrity check."""
+    """A message the plane cannot turn into its payload: malformed chunk headers, chunks that
+    are gone or fail their integrity check. ``reason`` is the dead letter's reason code."""
+
+    def __init__(self, detail: str, *, reason: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -258,7 +275,7 @@ class DataPlane(abc.ABC):
     async def consumer_lag(self, consumer: ConsumerSpec) -> ConsumerLag: ...
 
     async def dead_letter(
-        self, delivery: Delivery, reason: str, detail: str, *, stage: str = "data_plane"
+        self, delivery: Delivery, reason: str, detail: str, *, stage: str = PLANE_STAGE
     ) -> PublishAck:
         """Move a delivery to the dead-letter stream with its reason, then ``term`` it."""
         ack = await self.publish_dead_letter(
@@ -271,13 +288,38 @@ class DataPlane(abc.ABC):
         await delivery.term(reason)
         return ack
 
+    async def refuse(
+        self, delivery: Delivery, reason: str, detail: str, *, stage: str = PLANE_STAGE
+    ) -> bool:
+        """Dead-letter a delivery that cannot be processed and carry on (invariant 5); True
+        when it was. When the dead letter cannot be published (the broker away), the delivery
+        is given back to come again after ``DEAD_LETTER_RETRY_S`` and be refused then: a
+        refusal never fails the fetch that found it, so the rest of a batch still goes on."""
+        try:
+            await self.dead_letter(delivery, reason, detail, stage=stage)
+        except DataPlaneError as failure:
+            log.error("dead_letter.failed", seq=delivery.seq, error=repr(failure))
+            if not delivery.settled:
+                with contextlib.suppress(DataPlaneError):
+                    await delivery.nak(DEAD_LETTER_RETRY_S)
+            return False
+        log.warning(
+            "message.dead_lettered",
+            stage=stage,
+            subject=delivery.subject,
+            seq=delivery.seq,
+            reason=reason,
+            detail=detail,
+        )
+        return True
+
     async def publish_dead_letter(
         self,
         original: StoredMessage,
         reason: str,
         detail: str,
         *,
-        stage: str = "data_plane",
+        stage: str = PLANE_STAGE,
         delivery_count: int = 0,
     ) -> PublishAck:
         from dockyard.broker.dead_letters import build_dead_letter

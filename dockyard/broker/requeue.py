@@ -19,7 +19,7 @@ from dockyard.broker.plane import (
     OutgoingMessage,
     StoredMessage,
 )
-from dockyard.schemas import CodecError
+from dockyard.schemas import CodecError, ReasonCode
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,10 @@ def requeue_of(stored: StoredMessage, names: PlaneNames) -> Requeue | Skipped:
         # What was dead-lettered is the reference to chunks that had aged out: sent back, it
         # would name the same missing chunks and come straight back here.
         return Skipped(stored.seq, "its chunks had aged out: only the reference was left")
+    if letter.reason == ReasonCode.BAD_HEADER:
+        # Sent back with the same malformed header, it would be refused the same way: no
+        # upgrade or fix downstream makes it readable.
+        return Skipped(stored.seq, "a malformed header: it would be refused again")
     try:
         names.stream_for_subject(letter.original_subject)
     except KeyError:

@@ -17,10 +17,10 @@ from typing import Generic, TypeVar
 from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import (
     DataPlane,
-    DataPlaneError,
     Delivery,
     OutgoingMessage,
     PublishAck,
+    StoredMessage,
 )
 from dockyard.schemas import (
     DEFAULT_LIMITS,
@@ -40,8 +40,6 @@ from dockyard.utils.logging import get_logger
 log = get_logger(__name__)
 
 M = TypeVar("M", bound=Message)
-#: After a dead letter could not be published: when the refused message is tried again.
-_DEAD_LETTER_RETRY_S = 5.0
 
 
 @dataclass
@@ -163,43 +161,48 @@ class MessagePlane:
                     delivery.headers, delivery.data, limits=self.limits, expected=expected
                 )
             except CodecError as error:
-                try:
-                    await self.plane.dead_letter(
-                        delivery, error.reason.value, error.detail, stage=self.stage
-                    )
-                except DataPlaneError as failure:
-                    # Nothing is lost: it comes back (and is refused again) after the delay,
-                    # and the good messages of this batch still go to the role.
-                    log.error("dead_letter.failed", seq=delivery.seq, error=repr(failure))
-                    if not delivery.settled:
-                        with contextlib.suppress(DataPlaneError):
-                            await delivery.nak(_DEAD_LETTER_RETRY_S)
-                    continue
-                self.dead_lettered[error.reason.value] += 1
-                log.warning(
-                    "message.dead_lettered",
-                    stage=self.stage,
-                    subject=delivery.subject,
-                    seq=delivery.seq,
-                    reason=error.reason.value,
-                    detail=error.detail,
-                )
+                # When the dead letter cannot be published the delivery comes back later (and
+                # is refused again); the good messages of this batch still go to the role.
+                if await self.plane.refuse(
+                    delivery, error.reason.value, error.detail, stage=self.stage
+                ):
+                    self.dead_lettered[error.reason.value] += 1
                 continue
             out.append(Received(message, delivery))
         return out
 
     async def current_weight_version(self) -> WeightVersion | None:
+        """The newest weight-version event that decodes (None when there is none)."""
         stored = await self.plane.current_weight_event()
         if stored is None:
             return None
-        return decode(stored.headers, stored.data, limits=self.limits, expected=WeightVersion)
+        current = self._weight_version_in(stored)
+        if current is not None:
+            return current
+        # The newest event is poison: read back to the newest good one. Failing here instead
+        # would stop a trainer on every restart; taking "none" would publish versions again.
+        async for older in self.plane.replay(self.names.weight_events):
+            event = self._weight_version_in(older)
+            if event is not None:
+                current = event
+        return current
+
+    def _weight_version_in(self, stored: StoredMessage) -> WeightVersion | None:
+        try:
+            return decode(stored.headers, stored.data, limits=self.limits, expected=WeightVersion)
+        except CodecError as error:
+            log.error("weight_event.undecodable", seq=stored.seq, reason=error.reason.value)
+            return None
 
     async def weight_versions(self) -> AsyncIterator[WeightVersion]:
         """The current weight version, then every new one; undecodable events are skipped."""
+        first = True
         async for stored in self.plane.watch(self.names.weight_events):
-            try:
-                yield decode(
-                    stored.headers, stored.data, limits=self.limits, expected=WeightVersion
-                )
-            except CodecError as error:
-                log.error("weight_event.undecodable", seq=stored.seq, reason=error.reason.value)
+            event = self._weight_version_in(stored)
+            if event is None and first:
+                # The newest event is poison: start from the newest good one rather than wait
+                # for the next version (a worker that starts now would have no weights).
+                event = await self.current_weight_version()
+            first = False
+            if event is not None:
+                yield event

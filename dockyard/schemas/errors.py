@@ -23,6 +23,9 @@ class ReasonCode(StrEnum):
     UNKNOWN_SCHEMA = "unknown_schema"
     UNSUPPORTED_VERSION = "unsupported_version"
     UNEXPECTED_SCHEMA = "unexpected_schema"
+    #: A header the transport reads is malformed (e.g. a chunk count that is not a number):
+    #: refused by the broker layer before anything is decoded.
+    BAD_HEADER = "bad_header"
     # Field validation.
     WRONG_TYPE = "wrong_type"
     MISSING_FIELD = "missing_field"

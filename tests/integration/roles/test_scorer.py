@@ -15,7 +15,8 @@ from dockyard.consumers.scorer import Scorer
 from dockyard.consumers.scoring import to_scored_rollout, to_scoring_group
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
-from dockyard.schemas import DeadLetter, Rollout, ScoredRollout, decode
+from dockyard.schemas import DeadLetter, Rollout, ScoredRollout, decode, encode
+from tests.integration.broker.poison_headers import CORPUS, publish_poison
 from tests.integration.roles.factories import TOKENIZER, prompt_group, rollout
 
 
@@ -117,6 +118,26 @@ async def test_a_poison_rollout_is_dead_lettered_and_the_scorer_continues(data_p
         assert letter.reason == "corrupt_frame"
         assert letter.stage == "scorer"
         assert letter.original_subject == plane.names.rollouts
+
+
+async def test_a_poison_header_is_dead_lettered_and_the_scorer_continues(data_plane_config):
+    # Issue #17: a well-formed rollout under a non-numeric Dockyard-Chunks header took the
+    # scorer down on every restart. The data plane refuses it (docs/wire-format.md,
+    # "Malformed headers"): the scorer never sees it and scores what comes next.
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="scorer")
+        poison = rollout(prompt_group("g-poison"), ["46", "40"])
+        await publish_poison(plane, plane.names.rollouts, poison, CORPUS[0], "poison")
+        await messages.publish(rollout(prompt_group("g-after"), ["46", "40"]))
+        async with running_scorer(messages):
+            await wait_for(lambda: _count(plane, plane.names.scored, 1))
+            await wait_for(lambda: _count(plane, plane.names.dead_letters, 1))
+        (scored,) = await stored(plane, plane.names.scored)
+        assert decode(scored.headers, scored.data, expected=ScoredRollout).group_id == "g-after"
+        (dead,) = await stored(plane, plane.names.dead_letters)
+        letter = decode(dead.headers, dead.data, expected=DeadLetter)
+        assert (letter.reason, letter.stage) == ("bad_header", "data_plane")
+        assert letter.original_payload == encode(poison).payload
 
 
 async def test_an_unknown_environment_is_a_dead_letter_not_a_retry(data_plane_config):

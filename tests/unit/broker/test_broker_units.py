@@ -15,7 +15,12 @@ from dockyard.broker.dead_letters import build_dead_letter, read_dead_letter
 from dockyard.broker.embedded import EmbeddedServerSettings, ServerUser, render_config
 from dockyard.broker.inspect import parse_since, resolve_subject
 from dockyard.broker.names import PlaneNames, Retention, subject_matches
-from dockyard.broker.plane import HEADER_DEAD_REASON, PayloadError, StoredMessage
+from dockyard.broker.plane import (
+    HEADER_DEAD_REASON,
+    OutgoingMessage,
+    PayloadError,
+    StoredMessage,
+)
 from dockyard.broker.security import role_grants
 from dockyard.broker.weights.base import BlobRef, prunable
 
@@ -135,6 +140,19 @@ def test_dead_letter_keeps_the_original_and_says_why() -> None:
     assert decoded.original_stream_seq == 7 and decoded.message == "line one\nline two"
 
 
+def test_messages_with_an_empty_id_get_dead_letters_of_their_own() -> None:
+    # An empty Nats-Msg-Id names nothing: the dead letter is identified by the stream position
+    # (docs/wire-format.md, the dead letter's Nats-Msg-Id), not by '' shared with every other.
+    def refused(seq: int) -> OutgoingMessage:
+        original = StoredMessage(
+            "run1_experience", NAMES.scored, seq, datetime.now(UTC), {"Nats-Msg-Id": ""}, b"x"
+        )
+        return build_dead_letter(NAMES, original, "bad_header", "poison")
+
+    assert refused(3).msg_id == f"dead_letter:data_plane:seq={NAMES.scored}#3"
+    assert refused(3).msg_id != refused(4).msg_id
+
+
 def test_since_parses_relative_and_absolute_times() -> None:
     now = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
     assert parse_since("10m", now) == now - timedelta(minutes=10)
@@ -200,17 +218,21 @@ def test_requeue_skips_what_it_cannot_send_back() -> None:
     elsewhere = letter(original_subject="otherns.experience.scored")
     # A chunked message whose chunks aged out: only its (empty) reference was dead-lettered.
     chunks_gone = letter(original_payload=b"", reason="chunks_missing", message="chunk 2 gone")
+    # Its header would be as malformed the second time (docs/wire-format.md, bad_header).
+    bad_header = letter(reason="bad_header", message="Dockyard-Chunks 'x' is not a number")
     outcomes = [
         requeue_of(stored_letter(5, by_reference), NAMES),
         requeue_of(stored_letter(6, elsewhere), NAMES),
         requeue_of(stored_letter(7, b"not a dead letter"), NAMES),
         requeue_of(stored_letter(8, chunks_gone), NAMES),
+        requeue_of(stored_letter(9, bad_header), NAMES),
     ]
     assert all(isinstance(o, Skipped) for o in outcomes)
     whys = [o.why for o in outcomes if isinstance(o, Skipped)]
     assert "not kept" in whys[0] and "not a subject of this plane" in whys[1]
     assert whys[2].startswith("undecodable dead letter")
     assert "chunks had aged out" in whys[3]
+    assert "malformed header" in whys[4]
 
 
 def test_replay_export_writes_a_group_one_object_per_sample() -> None:

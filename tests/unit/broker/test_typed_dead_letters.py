@@ -13,7 +13,7 @@ from tests.unit.schemas.schema_factories import make_prompt_group
 
 
 async def test_a_failed_dead_letter_publish_keeps_the_poison_for_later(monkeypatch):
-    monkeypatch.setattr("dockyard.broker.typed._DEAD_LETTER_RETRY_S", 0.0)
+    monkeypatch.setattr("dockyard.broker.plane.DEAD_LETTER_RETRY_S", 0.0)
     config = DataPlaneConfig(consumer={"ack_wait_s": 30})
     async with MemoryPlane(config) as plane:
         messages = MessagePlane(plane, stage="rollout")
