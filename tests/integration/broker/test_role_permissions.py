@@ -25,7 +25,16 @@ from dockyard.broker.connection import PermissionWatch
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.security import ROLE_API_PREFIX
+from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights import create_weight_store
+from dockyard.models import build_arithmetic_policy
+from dockyard.schemas import Rollout, decode
+from tests.integration.roles.factories import prompt_group
+from tests.integration.roles.test_rollout_worker import (
+    engine_over,
+    publish_weights,
+    running_worker,
+)
 
 ATTACKERS = ("rollout", "scorer", "trainer")
 #: The API as a role may try to reach it: the server's own prefix and its account's imports.
@@ -351,3 +360,32 @@ async def test_each_role_does_its_own_work_with_its_credential(
         await eventually(queue_is_empty, what="the acked and the exhausted prompt gone")
         (letter,) = await collect(admin, names.dead_letters)
         assert letter.headers["Dockyard-Original-Subject"] == names.prompts
+
+
+async def test_a_rollout_worker_runs_with_the_rollout_credential(
+    secured_broker: SecuredBroker,
+) -> None:
+    """The real worker: it follows the weights the trainer publishes, refits from their blobs
+    under a lease, pulls a prompt group and publishes its rollout."""
+    trained, tokenizer = build_arithmetic_policy(seed=1)
+    engine_model, _ = build_arithmetic_policy(seed=0)
+    names = secured_broker.names
+    async with (
+        JetStreamPlane(secured_broker.config("trainer")) as trainer,
+        JetStreamPlane(secured_broker.config("rollout")) as worker_plane,
+    ):
+        messages = MessagePlane(trainer, stage="trainer")
+        store = create_weight_store(trainer)
+        await publish_weights(messages, store, 0, trained.state_dict())
+        await messages.publish(prompt_group("g-1", generations=2))
+        worker_store = create_weight_store(worker_plane, reader_id="w-test")
+        engine = engine_over(engine_model, tokenizer)
+        async with running_worker(worker_plane, worker_store, engine) as worker:
+            (stored,) = await eventually(lambda: collect(trainer, names.rollouts), what="rollout")
+            assert decode(stored.headers, stored.data, expected=Rollout).group_id == "g-1"
+            await publish_weights(messages, store, 1, trained.state_dict())
+
+            async def refitted_twice() -> bool:
+                return worker.refits == 2
+
+            await eventually(refitted_twice, what="the refit to version 1")
