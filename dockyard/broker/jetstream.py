@@ -660,12 +660,24 @@ class JetStreamPlane(DataPlane):
             cursor = 0 if latest is None else latest.seq
             if latest is not None and include_latest:
                 yield latest
+            failures = 0
             while True:
                 await wake.wait()
                 wake.clear()
-                while (stored := await self.next_stored(stream, subject, cursor + 1)) is not None:
-                    cursor = stored.seq
-                    yield stored
+                try:
+                    while stored := await self.next_stored(stream, subject, cursor + 1):
+                        cursor = stored.seq
+                        yield stored
+                    failures = 0
+                except (*_RETRYABLE, APIError) as error:
+                    # The broker away, or just back with JetStream not ready yet: read on (from
+                    # the cursor, so nothing is skipped) once it answers, not at the next notice.
+                    if isinstance(error, APIError) and error.code not in _TRANSIENT_API_CODES:
+                        raise
+                    log.warning("watch.read_retry", subject=subject, error=repr(error))
+                    await asyncio.sleep(min(_MAX_BACKOFF_S, 0.05 * 2**failures))
+                    failures += 1
+                    wake.set()
         finally:
             self._events.on_reconnect.remove(on_reconnect)
             with contextlib.suppress(Exception):  # the connection may already be gone
