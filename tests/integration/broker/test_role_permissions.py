@@ -28,13 +28,14 @@ from dockyard.broker.security import ROLE_API_PREFIX
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights import create_weight_store
 from dockyard.models import build_arithmetic_policy
-from dockyard.schemas import Rollout, decode
-from tests.integration.roles.factories import prompt_group
+from dockyard.schemas import Rollout, ScoredRollout, decode
+from tests.integration.roles.factories import prompt_group, rollout
 from tests.integration.roles.test_rollout_worker import (
     engine_over,
     publish_weights,
     running_worker,
 )
+from tests.integration.roles.test_scorer import running_scorer
 
 ATTACKERS = ("rollout", "scorer", "trainer")
 #: The API as a role may try to reach it: the server's own prefix and its account's imports.
@@ -389,3 +390,23 @@ async def test_a_rollout_worker_runs_with_the_rollout_credential(
                 return worker.refits == 2
 
             await eventually(refitted_twice, what="the refit to version 1")
+
+
+async def test_a_scorer_runs_with_the_scorer_credential(secured_broker: SecuredBroker) -> None:
+    """The real scorer pulls what a rollout worker published and the trainer pulls its score."""
+    async with (
+        JetStreamPlane(secured_broker.config("rollout")) as worker,
+        JetStreamPlane(secured_broker.config("scorer")) as scorer_plane,
+        JetStreamPlane(secured_broker.config("trainer")) as trainer,
+    ):
+        group = prompt_group("g-1", 12, 34, generations=2)
+        await MessagePlane(worker, stage="rollout").publish(rollout(group, ["46", "45"]))
+        async with running_scorer(MessagePlane(scorer_plane, stage="scorer")):
+            (received,) = await eventually(
+                lambda: MessagePlane(trainer, stage="trainer").fetch(
+                    trainer.names.scored_consumer, ScoredRollout
+                ),
+                what="a scored rollout",
+            )
+        assert [s.reward for s in received.message.scores] == [1.0, 0.0]
+        await received.delivery.ack()
