@@ -147,8 +147,8 @@ def table(rows: list[Row]) -> list[str]:
 def write_docs(lines: list[str]) -> None:
     body = [
         f"`python benchmarks/bench_weights.py --write-docs` ({date.today()}): JetStream chunk "
-        "transport read with a callback-driven ordered consumer (SHA-256 verified while "
-        "reading) vs nats-py `ObjectStore.get` vs a plain asyncio loopback TCP copy, same "
+        "transport read chunk by chunk with direct gets (SHA-256 verified while reading) "
+        "vs nats-py `ObjectStore.get` vs a plain asyncio loopback TCP copy, same "
         "bytes, same server. Target: ≥ 5× `ObjectStore.get`.",
         "",
         *lines,

@@ -89,6 +89,8 @@ class PermissionWatch:
 
     nats-py reports a denied publish only to ``error_cb``; the publish itself would just time
     out. Publishers wait on :meth:`denied` next to their ack, so the denial surfaces at once.
+    nats-py lowercases the server's message, subject included, so subjects are compared
+    lowercased (``$JS.API.…`` or a namespace with capitals would otherwise never match).
     """
 
     waiters: dict[str, list[asyncio.Future[str]]] = field(default_factory=dict)
@@ -98,7 +100,7 @@ class PermissionWatch:
         match = _PERMISSION.search(message)
         if match is None:
             return False
-        subject = match.group(2)
+        subject = match.group(2).lower()
         self.last_denials[subject] = message
         for future in self.waiters.pop(subject, []):
             if not future.done():
@@ -107,15 +109,15 @@ class PermissionWatch:
 
     def denied(self, subject: str) -> asyncio.Future[str]:
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.waiters.setdefault(subject, []).append(future)
+        self.waiters.setdefault(subject.lower(), []).append(future)
         return future
 
     def forget(self, subject: str, future: asyncio.Future[str]) -> None:
-        waiting = self.waiters.get(subject)
+        waiting = self.waiters.get(subject.lower())
         if waiting and future in waiting:
             waiting.remove(future)
             if not waiting:
-                del self.waiters[subject]
+                del self.waiters[subject.lower()]
 
 
 @dataclass

@@ -52,6 +52,32 @@ class ServerUser:
 
 
 @dataclass(frozen=True)
+class AccountImport:
+    """A subject of another account that an account may use: a service (its requests reach
+    the other account and the answers come back) or a stream (the other account's messages,
+    to subscribe to). The other account exports exactly what is imported from it."""
+
+    account: str
+    subject: str
+    service: bool = True
+    #: Services only: the subject the importer sends to (None: ``subject`` itself).
+    local_subject: str | None = None
+    #: Services only: the answer is several messages (a pull request's deliveries).
+    streamed_response: bool = False
+
+
+@dataclass(frozen=True)
+class ServerAccount:
+    """An account: its users share a subject space that no other account can reach except
+    through the account's imports and exports."""
+
+    name: str
+    users: tuple[ServerUser, ...]
+    jetstream: bool = False
+    imports: tuple[AccountImport, ...] = ()
+
+
+@dataclass(frozen=True)
 class ServerTLS:
     cert_file: str
     key_file: str
@@ -67,6 +93,8 @@ class EmbeddedServerSettings:
     max_payload: int = 8 * 1024 * 1024
     max_pending: int = 64 * 1024 * 1024
     users: tuple[ServerUser, ...] = ()
+    #: Accounts with their users (``broker up --secure``); ``users`` are in the global account.
+    accounts: tuple[ServerAccount, ...] = ()
     tls: ServerTLS | None = None
     # Extra JetStream memory/disk caps; None lets the server choose from the machine.
     max_memory_store: int | None = None
@@ -111,6 +139,72 @@ def _conf_list(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(_conf_string(v) for v in values) + "]"
 
 
+def _user_entry(user: ServerUser) -> str:
+    permissions = []
+    if user.publish_allow or user.publish_deny:
+        parts = []
+        if user.publish_allow:
+            parts.append(f"allow: {_conf_list(user.publish_allow)}")
+        if user.publish_deny:
+            parts.append(f"deny: {_conf_list(user.publish_deny)}")
+        permissions.append(f"publish: {{ {', '.join(parts)} }}")
+    if user.subscribe_allow or user.subscribe_deny:
+        parts = []
+        if user.subscribe_allow:
+            parts.append(f"allow: {_conf_list(user.subscribe_allow)}")
+        if user.subscribe_deny:
+            parts.append(f"deny: {_conf_list(user.subscribe_deny)}")
+        permissions.append(f"subscribe: {{ {', '.join(parts)} }}")
+    if user.nkey:
+        # An nkey user proves possession of the seed; no password travels.
+        entry = f"nkey: {_conf_string(user.nkey)}"
+    else:
+        entry = f"user: {_conf_string(user.user)}, password: {_conf_string(user.password)}"
+    if permissions:
+        entry += f", permissions: {{ {', '.join(permissions)} }}"
+    return f"{{ {entry} }}"
+
+
+def _render_accounts(accounts: tuple[ServerAccount, ...]) -> list[str]:
+    """The ``accounts {}`` block; each account exports exactly what the others import from
+    it, to those importers only."""
+    exports: dict[str, dict[tuple[str, bool, bool], list[str]]] = {}
+    for account in accounts:
+        for imported in account.imports:
+            key = (imported.subject, imported.service, imported.streamed_response)
+            exports.setdefault(imported.account, {}).setdefault(key, []).append(account.name)
+    lines = ["accounts {"]
+    for account in accounts:
+        lines.append(f"  {_conf_string(account.name)}: {{")
+        if account.jetstream:
+            lines.append("    jetstream: enabled")
+        lines.append("    users: [")
+        lines.extend(f"      {_user_entry(user)}" for user in account.users)
+        lines.append("    ]")
+        lines.append("    exports: [")
+        for (subject, service, streamed), importers in exports.get(account.name, {}).items():
+            entry = f"{'service' if service else 'stream'}: {_conf_string(subject)}"
+            if streamed:
+                entry += ", response_type: stream"
+            lines.append(f"      {{ {entry}, accounts: {_conf_list(tuple(importers))} }}")
+        lines.append("    ]")
+        lines.append("    imports: [")
+        for imported in account.imports:
+            kind = "service" if imported.service else "stream"
+            source = (
+                f"{{ account: {_conf_string(imported.account)}, "
+                f"subject: {_conf_string(imported.subject)} }}"
+            )
+            entry = f"{kind}: {source}"
+            if imported.local_subject is not None:
+                entry += f", to: {_conf_string(imported.local_subject)}"
+            lines.append(f"      {{ {entry} }}")
+        lines.append("    ]")
+        lines.append("  }")
+    lines.append("}")
+    return lines
+
+
 def render_config(settings: EmbeddedServerSettings, port: int) -> str:
     lines = [
         f"host: {_conf_string(settings.host)}",
@@ -142,32 +236,11 @@ def render_config(settings: EmbeddedServerSettings, port: int) -> str:
     if settings.users:
         lines.append("authorization {")
         lines.append("  users: [")
-        for user in settings.users:
-            permissions = []
-            if user.publish_allow or user.publish_deny:
-                parts = []
-                if user.publish_allow:
-                    parts.append(f"allow: {_conf_list(user.publish_allow)}")
-                if user.publish_deny:
-                    parts.append(f"deny: {_conf_list(user.publish_deny)}")
-                permissions.append(f"publish: {{ {', '.join(parts)} }}")
-            if user.subscribe_allow or user.subscribe_deny:
-                parts = []
-                if user.subscribe_allow:
-                    parts.append(f"allow: {_conf_list(user.subscribe_allow)}")
-                if user.subscribe_deny:
-                    parts.append(f"deny: {_conf_list(user.subscribe_deny)}")
-                permissions.append(f"subscribe: {{ {', '.join(parts)} }}")
-            if user.nkey:
-                # An nkey user proves possession of the seed; no password travels.
-                entry = f"nkey: {_conf_string(user.nkey)}"
-            else:
-                entry = f"user: {_conf_string(user.user)}, password: {_conf_string(user.password)}"
-            if permissions:
-                entry += f", permissions: {{ {', '.join(permissions)} }}"
-            lines.append(f"    {{ {entry} }}")
+        lines.extend(f"    {_user_entry(user)}" for user in settings.users)
         lines.append("  ]")
         lines.append("}")
+    if settings.accounts:
+        lines.extend(_render_accounts(settings.accounts))
     for key, value in settings.extra.items():
         lines.append(f"{key}: {value}")
     return "\n".join(lines) + "\n"

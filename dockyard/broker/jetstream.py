@@ -194,6 +194,7 @@ class JetStreamPlane(DataPlane):
             ) from error
         self._js = _JetStream(
             self._nc,
+            prefix=self.config.api_prefix,
             timeout=self.config.publish.timeout_s,
             publish_async_max_pending=PENDING_PUBLISH_SLOTS,
         )
@@ -471,7 +472,12 @@ class JetStreamPlane(DataPlane):
         channel = self._channels.get(spec.durable)
         if channel is None:
             await self.ensure_consumer(spec)
-            channel = PullChannel(self.nc, spec, max_bytes=max(1, self.config.max_pending // 2))
+            channel = PullChannel(
+                self.nc,
+                spec,
+                api_prefix=self.config.api_prefix,
+                max_bytes=max(1, self.config.max_pending // 2),
+            )
             await channel.open()
             self._advisory_subs.append(await exhausted.watch(self, spec))
             if exhausted.is_work_queue(self, spec):
@@ -603,7 +609,9 @@ class JetStreamPlane(DataPlane):
         request = json.dumps({"start_time": since.astimezone(UTC).isoformat()}).encode()
         try:
             response = await self.nc.request(
-                f"$JS.API.DIRECT.GET.{stream}", request, timeout=self.config.publish.timeout_s
+                f"{self.config.api_prefix}.DIRECT.GET.{stream}",
+                request,
+                timeout=self.config.publish.timeout_s,
             )
         except nats.errors.TimeoutError:
             return 1
@@ -613,35 +621,52 @@ class JetStreamPlane(DataPlane):
     async def watch(
         self, subject: str, *, include_latest: bool = True
     ) -> AsyncIterator[StoredMessage]:
+        """Follow ``subject`` without a consumer of our own (a role may not create one: a push
+        consumer delivers wherever its creator says, into any stream's subjects too).
+
+        Streams announce each stored message on its ``stored_notice`` (headers only); a notice
+        only wakes the reader, which reads on from the last message it read by direct get, in
+        stream order. The notices are subscribed before the stream is first read, so nothing
+        stored in between is missed, and a reconnect wakes the reader too, for the notices
+        lost while disconnected.
+        """
         stream = self.names.stream_for_subject(subject).name
-        queue: asyncio.Queue[Msg] = asyncio.Queue(maxsize=1024)
+        wake = asyncio.Event()
 
-        async def on_message(msg: Msg) -> None:
-            await queue.put(msg)
+        async def on_notice(_: Msg) -> None:
+            wake.set()
 
-        subscription = await self.js.subscribe(
-            subject,
-            stream=stream,
-            cb=on_message,
-            ordered_consumer=True,
-            deliver_policy=(
-                api.DeliverPolicy.LAST_PER_SUBJECT if include_latest else api.DeliverPolicy.NEW
-            ),
-        )
+        async def on_reconnect() -> None:
+            wake.set()
+
+        subscription = await self.nc.subscribe(self.names.stored_notice(subject), cb=on_notice)
+        self._events.on_reconnect.append(on_reconnect)
         try:
+            latest = await self.latest(subject)
+            cursor = 0 if latest is None else latest.seq
+            if latest is not None and include_latest:
+                yield latest
+            failures = 0
             while True:
-                msg = await queue.get()
-                metadata = msg.metadata
-                raw = api.RawStreamMsg(
-                    subject=msg.subject,
-                    seq=metadata.sequence.stream,
-                    data=msg.data,
-                    headers=msg.headers,
-                    time=metadata.timestamp,
-                )
-                yield await self._stored(stream, raw)
+                await wake.wait()
+                wake.clear()
+                try:
+                    while stored := await self.next_stored(stream, subject, cursor + 1):
+                        cursor = stored.seq
+                        yield stored
+                    failures = 0
+                except (*_RETRYABLE, APIError) as error:
+                    # The broker away, or just back with JetStream not ready yet: read on (from
+                    # the cursor, so nothing is skipped) once it answers, not at the next notice.
+                    if isinstance(error, APIError) and error.code not in _TRANSIENT_API_CODES:
+                        raise
+                    log.warning("watch.read_retry", subject=subject, error=repr(error))
+                    await asyncio.sleep(min(_MAX_BACKOFF_S, 0.05 * 2**failures))
+                    failures += 1
+                    wake.set()
         finally:
-            with contextlib.suppress(Exception):
+            self._events.on_reconnect.remove(on_reconnect)
+            with contextlib.suppress(Exception):  # the connection may already be gone
                 await subscription.unsubscribe()
 
     async def streams(self) -> list[StreamState]:

@@ -75,12 +75,14 @@ def is_status(msg: Msg) -> bool:
 class PullChannel:
     """One durable's inbox: pull requests go out, deliveries and statuses come back."""
 
-    def __init__(self, nc: NatsClient, spec: ConsumerSpec, *, max_bytes: int) -> None:
+    def __init__(
+        self, nc: NatsClient, spec: ConsumerSpec, *, api_prefix: str, max_bytes: int
+    ) -> None:
         self._nc = nc
         self._spec = spec
         self._max_bytes = max_bytes
         self._prefix = nc.new_inbox()
-        self._request_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
+        self._request_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
         self._subscription: Subscription | None = None
         #: The subscription whose own queue we read (``open``), to account for what we take.

@@ -95,6 +95,17 @@ class PlaneNames:
         """Every reader's lease record on one blob."""
         return f"{self.namespace}.leases.{digest}.*"
 
+    @property
+    def stored_notices(self) -> str:
+        """Where every stream announces what it stored (headers only; see ``stored_notice``)."""
+        return f"{self.namespace}.stored.>"
+
+    def stored_notice(self, subject: str) -> str:
+        """The notice a stream republishes, headers only, once it stored a message on
+        ``subject``: watchers wake on it and read the message itself by direct get, so no role
+        needs a consumer of its own to follow a subject (creating one is the admin's alone)."""
+        return f"{self.namespace}.stored.{subject}"
+
     # -- streams -----------------------------------------------------------------------------
     @property
     def prompts_stream(self) -> StreamSpec:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
-from dockyard.broker.names import ConsumerSpec, Retention, StreamSpec
+from dockyard.broker.names import ConsumerSpec, PlaneNames, Retention, StreamSpec
 from dockyard.broker.plane import ProvisioningDrift
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
@@ -31,6 +31,7 @@ _MUTABLE_STREAM_FIELDS = (
     "discard",
     "num_replicas",
     "allow_direct",
+    "republish",
 )
 _CONSUMER_FIELDS = ("ack_wait", "max_deliver", "max_ack_pending", "filter_subject")
 
@@ -58,6 +59,11 @@ def stream_config(
         duplicate_window=limits.duplicate_window_s,
         discard=api.DiscardPolicy.NEW if spec.discard_new else api.DiscardPolicy.OLD,
         allow_direct=spec.allow_direct,
+        # Every stored message is announced (headers only) for watchers, which then read it by
+        # direct get: following a subject needs no consumer of the watcher's own.
+        republish=api.RePublish(
+            src=">", dest=PlaneNames(config.namespace).stored_notices, headers_only=True
+        ),
     )
 
 
@@ -75,6 +81,8 @@ def consumer_config(spec: ConsumerSpec, config: DataPlaneConfig) -> api.Consumer
 
 
 def _normalise(value: object) -> object:
+    if isinstance(value, api.RePublish):
+        return (value.src or ">", value.dest, bool(value.headers_only))
     value = getattr(value, "value", value)  # enums and their string forms compare equal
     if isinstance(value, float):
         return round(value, 6)

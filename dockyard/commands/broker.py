@@ -34,18 +34,18 @@ def _up(args: argparse.Namespace) -> int:
     config = plane_config(args)
     store = Path(args.store or config.embedded.store_dir or "dockyard-nats-store").resolve()
     names = PlaneNames(config.namespace)
-    users = ()
+    accounts = ()
     credential_files: dict[str, Path] = {}
     if args.secure:
         generated = generate_credentials(names, store / "credentials")
-        users, credential_files = generated.users, generated.files
+        accounts, credential_files = generated.accounts, generated.files
     settings = EmbeddedServerSettings(
         store_dir=store,
         host=args.host or config.embedded.host,
         port=args.port,
         max_payload=config.max_payload,
         max_pending=config.max_pending,
-        users=users,
+        accounts=accounts,
     )
     try:
         server = EmbeddedNatsServer(settings)

@@ -1,24 +1,20 @@
-"""Weight blobs as JetStream chunks, read by a callback-driven ordered consumer.
+"""Weight blobs as JetStream chunks, read chunk by chunk with direct gets.
 
 Layout in stream ``<ns>_blobs``: the chunks of a blob on ``<ns>.blobs.<hex>.data`` (in order),
 then its manifest (JSON: version, digest, nbytes, chunk count, chunk size, time) on
 ``<ns>.blobs.<hex>.meta``. The manifest goes last, so a manifest means a complete blob.
 
 nats-py's ``ObjectStore.get`` reads ≈50 MiB/s because its iterator subscription answers flow
-control on a poll; here an ordered push consumer with a callback copies every chunk into a
-preallocated buffer and hashes it as it arrives (≈10× faster, see docs/benchmarks.md).
+control on a poll; here each chunk is read by a direct get (``next_by_subj``) into a
+preallocated buffer and hashed as it arrives. A reader needs no consumer of its own, which a
+worker's credential may not create (a push consumer delivers wherever its creator says).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
-import time
-
-from nats.aio.msg import Msg
-from nats.js import api
 
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.plane import DataPlaneError, OutgoingMessage
@@ -109,52 +105,30 @@ class JetStreamBlobStore(WeightBlobStore):
             raise BlobNotFound(f"no blob {ref.digest} in stream {self.names.blobs_stream.name}")
         nbytes = int(manifest["nbytes"])  # type: ignore[call-overload]
         expected_chunks = int(manifest["chunks"])  # type: ignore[call-overload]
+        stream = self.names.blobs_stream.name
+        subject = self.names.blob_data_subject(ref.hex)
         buffer = bytearray(nbytes)
         hasher = hashlib.sha256()
-        progress = {"offset": 0, "chunks": 0, "at": time.monotonic()}
-        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        async def on_chunk(msg: Msg) -> None:
-            if finished.done():
-                return
-            offset = progress["offset"]
-            end = offset + len(msg.data)
+        offset, seq = 0, 1
+        for index in range(expected_chunks):
+            try:
+                async with asyncio.timeout(self.stall_timeout_s):
+                    chunk = await self.plane.next_stored(stream, subject, seq)
+            except TimeoutError:
+                raise DataPlaneError(
+                    f"blob {ref.digest}: no chunk for {self.stall_timeout_s:g}s after "
+                    f"{index}/{expected_chunks} chunks"
+                ) from None
+            if chunk is None:
+                break
+            end = offset + len(chunk.data)
             if end > nbytes:
-                finished.set_exception(
-                    DataPlaneError(f"blob {ref.digest} has more bytes than its manifest says")
-                )
-                return
-            buffer[offset:end] = msg.data
-            hasher.update(msg.data)
-            progress.update(offset=end, chunks=progress["chunks"] + 1, at=time.monotonic())
-            if progress["chunks"] == expected_chunks:
-                finished.set_result(None)
-
-        if expected_chunks == 0:
-            finished.set_result(None)
-        subscription = await self.plane.js.subscribe(
-            self.names.blob_data_subject(ref.hex),
-            stream=self.names.blobs_stream.name,
-            cb=on_chunk,
-            ordered_consumer=True,
-            deliver_policy=api.DeliverPolicy.ALL,
-        )
-        try:
-            while not finished.done():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(1.0):
-                        await asyncio.shield(finished)
-                if time.monotonic() - progress["at"] > self.stall_timeout_s:
-                    raise DataPlaneError(
-                        f"blob {ref.digest}: no chunk for {self.stall_timeout_s:g}s after "
-                        f"{progress['chunks']}/{expected_chunks} chunks"
-                    )
-            finished.result()
-        finally:
-            with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
-        if progress["offset"] != nbytes:
-            raise DataPlaneError(f"blob {ref.digest}: got {progress['offset']} of {nbytes} bytes")
+                raise DataPlaneError(f"blob {ref.digest} has more bytes than its manifest says")
+            buffer[offset:end] = chunk.data
+            hasher.update(chunk.data)
+            offset, seq = end, chunk.seq + 1
+        if offset != nbytes:
+            raise DataPlaneError(f"blob {ref.digest}: got {offset} of {nbytes} bytes")
         check_digest(ref.digest, DIGEST_PREFIX + hasher.hexdigest(), self.uri_for(ref.hex))
         return bytes(buffer)
 

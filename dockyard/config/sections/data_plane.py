@@ -121,6 +121,12 @@ class DataPlaneConfig(Section):
     consumer: ConsumerConfig = Field(default_factory=ConsumerConfig)
     publish: PublishConfig = Field(default_factory=PublishConfig)
     credentials: CredentialsConfig = Field(default_factory=CredentialsConfig)
+    api_prefix: str = Field(
+        "$JS.API",
+        pattern=r"^[^.\s*>]+(\.[^.\s*>]+)*$",
+        description="JetStream API subject prefix; `broker up --secure` role credentials set the "
+        "one under which their account imports the API calls it may make",
+    )
     tls: TLSConfig = Field(default_factory=TLSConfig)
     weight_transport: WeightTransportConfig = Field(default_factory=WeightTransportConfig)
     embedded: EmbeddedServerConfig = Field(default_factory=EmbeddedServerConfig)

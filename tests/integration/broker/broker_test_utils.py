@@ -5,10 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
-from dockyard.broker.names import ConsumerSpec
+import yaml
+
+from dockyard.broker.embedded import EmbeddedNatsServer
+from dockyard.broker.names import ConsumerSpec, PlaneNames
 from dockyard.broker.plane import DataPlane, Delivery, StoredMessage
+from dockyard.broker.security import GeneratedCredentials
+from dockyard.config.sections.data_plane import DataPlaneConfig
 
 T = TypeVar("T")
 
@@ -39,3 +45,23 @@ async def fetch_until(
 
 async def collect(plane: DataPlane, subject: str, **kwargs: object) -> list[StoredMessage]:
     return [message async for message in plane.replay(subject, **kwargs)]  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SecuredBroker:
+    """A server with the accounts and users of ``broker up --secure``, provisioned as the
+    admin (as ``broker up`` does); ``config(role)`` is that role's generated settings."""
+
+    server: EmbeddedNatsServer
+    names: PlaneNames
+    credentials: GeneratedCredentials
+    make_config: Callable[..., DataPlaneConfig]
+
+    def config(self, role: str, **overrides: object) -> DataPlaneConfig:
+        fields = yaml.safe_load(self.credentials.files[role].read_text())["data_plane"]
+        return self.make_config(
+            self.server.url,
+            namespace=self.names.namespace,
+            publish={"timeout_s": 5.0, "retries": 0},
+            **{**fields, **overrides},
+        )

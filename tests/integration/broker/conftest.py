@@ -10,11 +10,14 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from broker_test_utils import SecuredBroker
 
 from dockyard.broker.embedded import EmbeddedNatsServer
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.memory import MemoryPlane
+from dockyard.broker.names import PlaneNames
 from dockyard.broker.plane import DataPlane
+from dockyard.broker.security import generate_credentials
 from dockyard.config.sections.data_plane import DataPlaneConfig
 
 
@@ -76,3 +79,18 @@ async def blob_plane(
             yield plane
 
     yield open_plane
+
+
+@pytest.fixture
+async def secured_broker(
+    nats_server_factory: Callable[..., EmbeddedNatsServer],
+    data_plane_config_factory: Callable[..., DataPlaneConfig],
+    tmp_path: Path,
+) -> SecuredBroker:
+    names = PlaneNames("secured")
+    credentials = generate_credentials(names, tmp_path / "credentials")
+    server = nats_server_factory(accounts=credentials.accounts)
+    broker = SecuredBroker(server, names, credentials, data_plane_config_factory)
+    async with JetStreamPlane(broker.config("admin")):
+        pass  # start() provisions the streams and durables
+    return broker

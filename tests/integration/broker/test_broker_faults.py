@@ -8,25 +8,22 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 
 import nats
 import pytest
-from broker_test_utils import collect, eventually, fetch_until
+from broker_test_utils import SecuredBroker, collect, eventually, fetch_until
 from nats.aio.msg import Msg
 from structlog.testing import capture_logs
 
 from dockyard.broker.connection import ConnectError
 from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.jetstream import JetStreamPlane
-from dockyard.broker.names import PlaneNames
 from dockyard.broker.plane import (
     REASON_MAX_DELIVERIES,
     OutgoingMessage,
     PermissionDenied,
     PublishError,
 )
-from dockyard.broker.security import generate_credentials
 from dockyard.broker.weights import create_weight_store
 from dockyard.config.sections.data_plane import DataPlaneConfig
 
@@ -265,26 +262,9 @@ async def test_the_publish_window_is_bounded_in_bytes(
 
 
 async def test_a_rollout_credential_cannot_publish_a_weight_event(
-    nats_server_factory: Callable[..., object],
-    data_plane_config_factory: ConfigFactory,
-    tmp_path: Path,
+    secured_broker: SecuredBroker,
 ) -> None:
-    namespace = "secured"
-    credentials = generate_credentials(PlaneNames(namespace), tmp_path / "credentials")
-    server = nats_server_factory(users=credentials.users)
-    import yaml
-
-    def role_config(role: str) -> DataPlaneConfig:
-        fields = yaml.safe_load(credentials.files[role].read_text())["data_plane"]
-        return data_plane_config_factory(
-            server.url,  # type: ignore[attr-defined]
-            namespace=namespace,
-            credentials=fields["credentials"],
-            publish={"timeout_s": 5.0, "retries": 0},
-        )
-
-    async with JetStreamPlane(role_config("admin")):
-        pass  # provisions the streams
+    role_config = secured_broker.config
     async with JetStreamPlane(role_config("rollout")) as rollout:
         names = rollout.names
         ack = await rollout.publish(names.rollouts, b"a rollout", msg_id="ok")
@@ -303,12 +283,12 @@ async def test_a_rollout_credential_cannot_publish_a_weight_event(
         assert await worker_store.get_bytes(blob) == b"weights" * 100
         with pytest.raises(PermissionDenied, match=r"secured\.blobs\."):
             await rollout.publish(names.blob_data_subject(blob.hex), b"evil", msg_id="evil")
-    async with JetStreamPlane(role_config("dispatcher")) as dispatcher:
+    async with JetStreamPlane(role_config("trainer")) as trainer:
         # A role without lease permission still reads (under the grace period only).
-        reader = create_weight_store(dispatcher, reader_id="no-lease-role")
+        reader = create_weight_store(trainer, reader_id="no-lease-role")
         assert await reader.get_bytes(blob) == b"weights" * 100
         readers = {
-            m.subject.rsplit(".", 1)[1] async for m in dispatcher.replay(names.leases_of(blob.hex))
+            m.subject.rsplit(".", 1)[1] async for m in trainer.replay(names.leases_of(blob.hex))
         }
         assert readers == {"worker-1"}  # the refused lease was never written
 

@@ -112,11 +112,16 @@ def test_server_config_quotes_values_and_renders_permissions(tmp_path: Path) -> 
     assert 'publish: { allow: ["a.b"], deny: ["c.>"] }' in text
 
 
-def test_only_the_trainer_and_admin_publish_weight_events() -> None:
+def test_only_the_trainer_publishes_weight_events_and_no_role_changes_streams() -> None:
     grants = role_grants(NAMES)
     allowed = {role for role, grant in grants.items() if NAMES.weight_events in grant.publish}
     assert allowed == {"trainer"}
-    assert grants["admin"].publish == (">",)
+    # The admin is in the data account, unrestricted; every other role has a grant, and none
+    # creates, updates or deletes a stream or consumer.
+    assert set(grants) == {"dispatcher", "rollout", "scorer", "trainer"}
+    changes = ("STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "CONSUMER.CREATE")
+    changes += ("CONSUMER.DURABLE", "CONSUMER.DELETE", "STREAM.MSG.GET")
+    assert [call for g in grants.values() for call in g.api if call.startswith(changes)] == []
     assert NAMES.rollouts in grants["rollout"].publish
     # Workers lease the blobs they read; only the trainer writes blob data.
     assert "run1.leases.>" in grants["rollout"].publish
