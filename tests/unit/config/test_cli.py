@@ -93,7 +93,11 @@ def test_help_lists_subcommands():
 def test_an_unknown_dataset_stops_the_trainer_before_anything_starts(capsys, tmp_path):
     config = "configs/grpo_hle.yaml"  # a family config whose dataset is not built in here
     one_device = "policy.dtensor_cfg.tensor_parallel_size=1"  # runnable here but for the data
-    assert main(["trainer", "--config", config, "--run-dir", str(tmp_path), one_device]) == 2
+    # The family config leaves data_plane out (in-memory), which `dockyard trainer` alone
+    # refuses first: a broker is what a trainer started on its own meets the others through.
+    plane = "+data_plane.url=embedded"
+    argv = ["trainer", "--config", config, "--run-dir", str(tmp_path), one_device, plane]
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert "data.train.name: unknown dataset 'hle'" in err
     assert "Traceback" not in err
