@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,10 @@ from dockyard.commands._roles import (
 
 if TYPE_CHECKING:
     from dockyard.algorithms.grpo import MasterConfig
-    from dockyard.engines.base import GenerationEngine
+    from dockyard.broker.plane import DataPlane
+    from dockyard.commands._roles import TrainerInputs
+    from dockyard.engines.base import GenerationEngine, SamplingParams
+    from dockyard.fleet.inprocess import InProcessFleet
     from dockyard.fleet.progress import ProgressDisplay
 
 #: The one log file of an in-process run, under ``<run dir>/logs``.
@@ -45,45 +49,21 @@ async def run_in_process(config: MasterConfig, run_dir: Path, progress: Progress
     ends the run with a :class:`CliError` naming it."""
     from dockyard.broker.factory import create_data_plane
     from dockyard.consumers.trainer.loop import TrainerStarved
-    from dockyard.fleet.inprocess import InProcessFleet, RoleFailed, RoleTask
+    from dockyard.fleet.inprocess import RoleFailed
     from dockyard.utils.logging import logging_to_file
 
-    status_dir = run_dir / "status"
     log_file = run_dir / "logs" / LOG_FILE
     inputs = prepare_trainer(config)  # the launch checks, before any model loads
     params = prepare_rollout(config)
+    _one_compute_thread_per_role()
     engines: list[GenerationEngine] = []
     with logging_to_file(log_file):
         try:
             for index in range(config.run.num_rollout_workers):
                 engines.append(await _load_engine(config, f"rollout-{index}"))
-            # The only plane of this run: every role below gets this instance.
+            # The only plane of this run: every role gets this instance.
             async with create_data_plane(None) as plane:
-                trainer = build_trainer(
-                    config, inputs, plane, run_dir=run_dir, status_dir=status_dir
-                )
-                workers = [
-                    build_rollout_worker(
-                        config, plane, engine, params, worker_id=f"w{i}", status_dir=status_dir
-                    )
-                    for i, engine in enumerate(engines)
-                ]
-                scorers = [
-                    build_scorer(config, plane, scorer_id=f"s{i}", status_dir=status_dir)
-                    for i in range(config.run.num_scorers)
-                ]
-                fleet = InProcessFleet(
-                    RoleTask("trainer-0", trainer.run, trainer.stop),
-                    [
-                        *(
-                            RoleTask(
-                                f"rollout-{i}", functools.partial(serve_rollout_worker, w), w.stop
-                            )
-                            for i, w in enumerate(workers)
-                        ),
-                        *(RoleTask(f"scorer-{i}", s.run, s.stop) for i, s in enumerate(scorers)),
-                    ],
-                )
+                fleet = _fleet(config, plane, inputs, params, engines, run_dir)
                 on_shutdown_signals(fleet.request_stop)
                 with progress:
                     summary = await fleet.run(progress.refresh, REFRESH_S)
@@ -96,6 +76,52 @@ async def run_in_process(config: MasterConfig, run_dir: Path, progress: Progress
                 await engine.shutdown()
     print(describe_trainer_summary(summary))
     return EXIT_INTERRUPTED if fleet.stop_requested else 0
+
+
+def _fleet(
+    config: MasterConfig,
+    plane: DataPlane,
+    inputs: TrainerInputs,
+    params: SamplingParams,
+    engines: list[GenerationEngine],
+    run_dir: Path,
+) -> InProcessFleet:
+    """The trainer, one rollout worker per engine and ``run.num_scorers`` scorers over
+    ``plane``, named as the multi-process run names its role processes."""
+    from dockyard.fleet.inprocess import InProcessFleet, RoleTask
+
+    status_dir = run_dir / "status"
+    trainer = build_trainer(config, inputs, plane, run_dir=run_dir, status_dir=status_dir)
+    workers = [
+        build_rollout_worker(
+            config, plane, engine, params, worker_id=f"w{i}", status_dir=status_dir
+        )
+        for i, engine in enumerate(engines)
+    ]
+    scorers = [
+        build_scorer(config, plane, scorer_id=f"s{i}", status_dir=status_dir)
+        for i in range(config.run.num_scorers)
+    ]
+    return InProcessFleet(
+        RoleTask("trainer-0", trainer.run, trainer.stop),
+        [
+            *(
+                RoleTask(f"rollout-{i}", functools.partial(serve_rollout_worker, w), w.stop)
+                for i, w in enumerate(workers)
+            ),
+            *(RoleTask(f"scorer-{i}", s.run, s.stop) for i, s in enumerate(scorers)),
+        ],
+    )
+
+
+def _one_compute_thread_per_role() -> None:
+    """As the multi-process run gives each role ``OMP_NUM_THREADS=1`` (unless set): the roles'
+    threads compute at the same time, and kernels whose threads contend for a core spin-wait
+    (fleet/supervisor.py). Threads started later inherit the setting."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(1)
 
 
 async def _load_engine(config: MasterConfig, role: str) -> GenerationEngine:
