@@ -5,8 +5,10 @@ Runs ``dockyard run --config configs/quickstart.yaml`` (or reads an existing run
 the SFT warm start), at the end, and averaged over the last three evaluations (the evaluation
 set has 200 problems: one evaluation has ≈3.4 points of standard error), plus the wall clock.
 The target: +20 points over GRPO's own starting value, under 5 minutes on 2 cores.
+``--in-process`` runs it with ``data_plane=null`` (every role in one process over the in-memory
+plane) and reports it in its own subsection, next to the JetStream run.
 
-    python benchmarks/bench_quickstart.py [--run-dir DIR] [--write-docs]
+    python benchmarks/bench_quickstart.py [--run-dir DIR] [--in-process] [--write-docs]
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def accuracies(run_dir: Path) -> tuple[list[tuple[int, float]], dict[str, float]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, help="report an existing run instead")
+    parser.add_argument(
+        "--in-process", action="store_true", help="data_plane=null: every role in one process"
+    )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     wall = None
@@ -55,6 +60,7 @@ def main() -> int:
                 "run",
                 "--config",
                 "configs/quickstart.yaml",
+                *(["data_plane=null"] if args.in_process else []),
                 "--run-dir",
                 str(run_dir),
             ],
@@ -71,13 +77,26 @@ def main() -> int:
     last_three = [acc for _, acc in history[-3:]]
     mean_last = sum(last_three) / len(last_three)
     curve = ", ".join(f"{step}: {acc:.2f}" for step, acc in history[::4])
+    if args.in_process:
+        heading = ["### In one process (`data_plane: null`)"]
+        what = (
+            f"`python benchmarks/bench_quickstart.py --in-process --write-docs` ({date.today()}, "
+            "2 cores): `dockyard run --config configs/quickstart.yaml data_plane=null` — the "
+            "same roles as tasks of one process over one in-memory plane, no broker; the same "
+            "SFT warm start and 200 async GRPO steps."
+        )
+    else:
+        heading = ["## The main job (quickstart)"]
+        what = (
+            f"`python benchmarks/bench_quickstart.py --write-docs` ({date.today()}, 2 cores): "
+            "`dockyard run --config configs/quickstart.yaml` — embedded nats-server, trainer, "
+            "one rollout worker, one scorer as separate processes; SFT warm start until dev "
+            "accuracy ≥ 0.3, then 200 async GRPO steps of 32 prompts × 16 samples."
+        )
     lines = [
-        "## The main job (quickstart)",
+        *heading,
         "",
-        f"`python benchmarks/bench_quickstart.py --write-docs` ({date.today()}, 2 cores): "
-        "`dockyard run --config configs/quickstart.yaml` — embedded nats-server, trainer, one "
-        "rollout worker, one scorer as separate processes; SFT warm start until dev accuracy "
-        "≥ 0.3, then 200 async GRPO steps of 32 prompts × 16 samples.",
+        what,
         "",
         "| SFT steps | SFT s | val acc at GRPO start | final | mean of last 3 | gain (mean) "
         "| wall clock |",
@@ -90,7 +109,8 @@ def main() -> int:
     ]
     print("\n".join(lines))
     if args.write_docs:
-        replace_section("quickstart", lines)
+        # The in-process run is a subsection: rewriting the JetStream run's lead keeps it.
+        replace_section("quickstart", lines, subsection=heading[0] if args.in_process else None)
     return 0
 
 

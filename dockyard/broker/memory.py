@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from dockyard.broker import chunking
 from dockyard.broker.names import ConsumerSpec, Retention, StreamSpec, subject_matches
@@ -33,6 +34,9 @@ from dockyard.broker.plane import (
 )
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
+
+if TYPE_CHECKING:
+    from dockyard.broker.weights.base import BlobRef
 
 log = get_logger(__name__)
 
@@ -114,6 +118,10 @@ class MemoryPlane(DataPlane):
         self._changed = asyncio.Condition()
         self._version = 0  # bumped on every change, so a fetcher never misses a wake-up
         self._started = False
+        # The weight blobs of this plane (digest -> ref, bytes): the bucket every
+        # ``create_weight_store(plane)`` of the process shares, as JetStream blobs are the
+        # broker's and not a role's (``broker/weights/memory.py``).
+        self.weight_blobs: dict[str, tuple[BlobRef, bytes]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:

@@ -1,43 +1,60 @@
-"""``dockyard run --config PATH [overrides]``: the whole pipeline on this machine."""
+"""``dockyard run --config PATH [overrides]``: the whole pipeline on this machine.
+
+With a ``data_plane`` section the roles are separate processes over JetStream (an embedded
+``nats-server`` for ``url: embedded``); with ``data_plane: null`` they are tasks of this process
+over one in-memory plane (``_inprocess.py``). Both write the same run directory and show the
+same progress display.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from dockyard.cli import CliError, CommandRegistrar, add_config_arguments
 from dockyard.commands._common import load_role_config
 
+if TYPE_CHECKING:
+    from dockyard.algorithms.grpo import MasterConfig
+    from dockyard.fleet.progress import ProgressDisplay
+
 POLL_S = 0.5
-PLAIN_PROGRESS_EVERY_S = 10.0
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.live import Live
-
-    from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
-    from dockyard.fleet.progress import render, summary_line
-    from dockyard.fleet.supervisor import Supervisor
+    from dockyard.commands._inprocess import run_in_process
+    from dockyard.fleet.progress import ProgressDisplay
 
     config = load_role_config(args)
-    if config.data_plane is None:
-        raise CliError(
-            "dockyard run starts separate processes, which need a data plane: set "
-            "data_plane.url (embedded or nats://...); data_plane: null is for one process",
-            exit_code=2,
-        )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / f"{config.run.name}-{stamp}")
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = run_dir / "config.yaml"
     resolved.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    progress = ProgressDisplay(run_dir / "status", config.grpo.max_num_steps)
+    try:
+        if config.data_plane is None:
+            return asyncio.run(run_in_process(config, run_dir, progress))
+        return _run_processes(config, resolved, run_dir, progress)
+    finally:
+        print(progress.summary(), file=sys.stderr)
+        print(f"run directory: {run_dir}")
 
+
+def _run_processes(
+    config: MasterConfig, resolved: Path, run_dir: Path, progress: ProgressDisplay
+) -> int:
+    from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
+    from dockyard.fleet.supervisor import Supervisor
+
+    assert config.data_plane is not None  # the caller runs data_plane: null in-process
     server = None
     overrides: list[str] = []
     if config.data_plane.is_embedded:
@@ -59,33 +76,15 @@ def _run(args: argparse.Namespace) -> int:
         num_rollout_workers=config.run.num_rollout_workers,
         num_scorers=config.run.num_scorers,
     )
-    console = Console(stderr=True)
-    started = time.time()
     # SIGTERM (a scheduler, `kill`) stops the fleet the same way Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     code: int | None = None
     try:
         supervisor.start()
-        if console.is_terminal:
-            with Live(
-                render(supervisor.status_dir, started, config.grpo.max_num_steps),
-                console=console,
-                refresh_per_second=2,
-            ) as live:
-                while (code := supervisor.check()) is None:
-                    time.sleep(POLL_S)
-                    live.update(render(supervisor.status_dir, started, config.grpo.max_num_steps))
-        else:
-            last_line = 0.0
+        with progress:
             while (code := supervisor.check()) is None:
                 time.sleep(POLL_S)
-                if time.time() - last_line >= PLAIN_PROGRESS_EVERY_S:
-                    print(
-                        summary_line(supervisor.status_dir, started, config.grpo.max_num_steps),
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    last_line = time.time()
+                progress.refresh()
     except KeyboardInterrupt:
         print("dockyard run: interrupted, stopping every role", file=sys.stderr)
         code = 130
@@ -93,8 +92,6 @@ def _run(args: argparse.Namespace) -> int:
         supervisor.stop()
         if server is not None:
             server.stop()
-    print(summary_line(supervisor.status_dir, started, config.grpo.max_num_steps), file=sys.stderr)
-    print(f"run directory: {run_dir}")
     if code not in (0, 130):
         raise CliError(f"the trainer exited with status {code}; see {run_dir / 'logs'}", code)
     return code
@@ -103,7 +100,8 @@ def _run(args: argparse.Namespace) -> int:
 def register(registrar: CommandRegistrar) -> None:
     parser = registrar.add(
         "run",
-        help="Run the whole pipeline on this machine: broker, trainer, rollout workers, scorers",
+        help="Run the whole pipeline on this machine: trainer, rollout workers, scorers (and "
+        "a broker); with data_plane: null, all in this process",
     )
     add_config_arguments(parser)
     parser.add_argument("--run-dir", default=None, help="default: <run.output_dir>/<name>-<time>")

@@ -9,36 +9,20 @@ import socket
 
 from dockyard.cli import CommandRegistrar, add_config_arguments
 from dockyard.commands._common import add_status_argument, load_role_config, on_shutdown_signals
+from dockyard.commands._roles import build_scorer, refuse_in_memory_plane, starting_status
 
 
 async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.factory import create_data_plane
-    from dockyard.broker.typed import MessagePlane
-    from dockyard.consumers.scorer import Scorer
-    from dockyard.environments.base import EnvironmentContext
-    from dockyard.models import load_tokenizer
-    from dockyard.utils.status import STARTING, StatusFile
 
     config = load_role_config(args)
+    refuse_in_memory_plane(config, "score")
     scorer_id = args.scorer_id or f"{socket.gethostname()}-{os.getpid()}"
-    status = StatusFile(args.status_dir, "scorer", scorer_id)
-    status.update(STARTING, detail="loading the tokenizer")  # ready once it takes rollouts
-    tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
-    env_settings = getattr(config.env, args.env) if args.env else None
-    consumer = config.data_plane.consumer if config.data_plane else None
+    # ready once it takes rollouts
+    status = starting_status(args.status_dir, "scorer", scorer_id, "loading the tokenizer")
     plane = create_data_plane(config.data_plane, client_name=f"scorer-{scorer_id}")
     async with plane:
-        scorer = Scorer(
-            MessagePlane(plane, stage="scorer"),
-            EnvironmentContext(env=config.env, distillation=config.on_policy_distillation),
-            tokenizer,
-            scorer_id=scorer_id,
-            only_env=args.env,
-            max_concurrency=env_settings.max_concurrency if env_settings else 8,
-            max_deliver=consumer.max_deliver if consumer else 5,
-            nak_delay_s=consumer.nak_delay_s if consumer else 1.0,
-            status=status,
-        )
+        scorer = build_scorer(config, plane, scorer_id=scorer_id, status=status, only_env=args.env)
         on_shutdown_signals(scorer.stop)
         await scorer.run()
     return 0

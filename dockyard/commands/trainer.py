@@ -8,56 +8,33 @@ from pathlib import Path
 
 from dockyard.cli import CliError, CommandRegistrar, add_config_arguments
 from dockyard.commands._common import add_status_argument, load_role_config, on_shutdown_signals
+from dockyard.commands._roles import (
+    EXIT_STARVED,
+    build_trainer,
+    describe_trainer_summary,
+    prepare_trainer,
+    refuse_in_memory_plane,
+)
 
 
 async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.factory import create_data_plane
-    from dockyard.broker.typed import MessagePlane
-    from dockyard.broker.weights.factory import create_weight_store
-    from dockyard.consumers.trainer.loop import TrainerLoop, TrainerStarved
-    from dockyard.data.base import UnknownDatasetError, build_dataset
-    from dockyard.environments.registry import available_environments
-    from dockyard.models import load_tokenizer
-    from dockyard.producers.dispatcher import Dispatcher
-    from dockyard.utils.status import StatusFile
+    from dockyard.consumers.trainer.loop import TrainerStarved
 
     config = load_role_config(args)
+    refuse_in_memory_plane(config, "trainer")
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / config.run.name)
     run_dir.mkdir(parents=True, exist_ok=True)
-    try:  # before any server or model starts
-        dataset = build_dataset(config.data.train, config.data.default_env)
-    except UnknownDatasetError as error:
-        raise CliError(f"data.train.name: {error}", exit_code=2) from None
-    if config.data.default_env not in available_environments():
-        raise CliError(
-            f"data.default_env: unknown environment {config.data.default_env!r} "
-            f"(known: {', '.join(available_environments())})",
-            exit_code=2,
-        )
-    tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
+    inputs = prepare_trainer(config)  # before any server or model starts
     plane = create_data_plane(config.data_plane, client_name="trainer")
     async with plane:
-        messages = MessagePlane(plane, stage="trainer")
-        # The trainer process hosts the dispatcher; the two meet here, not in each other's code.
-        dispatcher = Dispatcher(config, messages, dataset, tokenizer, run_id=config.run.name)
-        loop = TrainerLoop(
-            config,
-            messages,
-            create_weight_store(plane),
-            run_dir,
-            dispatcher,
-            status=StatusFile(args.status_dir, "trainer", "0"),
-        )
+        loop = build_trainer(config, inputs, plane, run_dir=run_dir, status_dir=args.status_dir)
         on_shutdown_signals(loop.stop)
         try:
             summary = await loop.run()
         except TrainerStarved as error:
-            raise CliError(str(error), exit_code=3) from None
-    print(
-        f"trained {summary.steps} steps; validation accuracy "
-        f"{summary.val_accuracy_start} -> {summary.val_accuracy_end}; "
-        f"dropped stale {summary.dropped_stale}, duplicates skipped {summary.duplicates}"
-    )
+            raise CliError(str(error), exit_code=EXIT_STARVED) from None
+    print(describe_trainer_summary(summary))
     return 0
 
 

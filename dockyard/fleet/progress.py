@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
+from types import TracebackType
 
+from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
 from dockyard.utils.status import RoleStatus, read_statuses
 
 STALE_AFTER_S = 30.0
+#: Without a terminal (a log file, CI), one summary line this often instead of the live table.
+PLAIN_PROGRESS_EVERY_S = 10.0
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -69,3 +75,46 @@ def summary_line(status_dir: Path, started_at: float, max_steps: int) -> str:
         f"reward {_fmt(counters.get('reward'))} val_acc {_fmt(counters.get('val_accuracy'))} "
         f"staleness {_fmt(counters.get('staleness'), 2)} | {roles}"
     )
+
+
+class ProgressDisplay:
+    """The run's progress on stderr, from the roles' status files: a live table on a terminal,
+    a summary line every ``PLAIN_PROGRESS_EVERY_S`` otherwise. Whoever watches the roles calls
+    :meth:`refresh` as often as it looks at them (both ways of running a fleet use this)."""
+
+    def __init__(self, status_dir: Path, max_steps: int) -> None:
+        self.status_dir = status_dir
+        self.max_steps = max_steps
+        self.started_at = time.time()
+        self.console = Console(stderr=True)
+        self._live: Live | None = None
+        self._last_line = 0.0
+
+    def __enter__(self) -> ProgressDisplay:
+        if self.console.is_terminal:
+            self._live = Live(self._table(), console=self.console, refresh_per_second=2)
+            self._live.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._live is not None:
+            self._live.__exit__(kind, error, traceback)
+            self._live = None
+
+    def refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._table())
+        elif time.time() - self._last_line >= PLAIN_PROGRESS_EVERY_S:
+            print(self.summary(), file=sys.stderr, flush=True)
+            self._last_line = time.time()
+
+    def summary(self) -> str:
+        return summary_line(self.status_dir, self.started_at, self.max_steps)
+
+    def _table(self) -> Table:
+        return render(self.status_dir, self.started_at, self.max_steps)

@@ -6,8 +6,11 @@ bridged through structlog's ``ProcessorFormatter`` so every line of a process ha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
 
 import structlog
@@ -31,36 +34,62 @@ def configure_logging(log_format: LogFormat = "auto", level: int | str = logging
     if _configured == (resolved, numeric_level):
         return
 
-    shared: list[structlog.types.Processor] = [
+    structlog.configure(
+        processors=[*_shared_processors(), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_formatter(resolved))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(numeric_level)
+    _configured = (resolved, numeric_level)
+
+
+def _shared_processors() -> list[structlog.types.Processor]:
+    return [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),
     ]
-    renderer: structlog.types.Processor
-    if resolved == "json":
-        renderer = structlog.processors.JSONRenderer()
-        shared.append(structlog.processors.format_exc_info)
-    else:
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
 
-    structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=False,
-    )
-    formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=shared,
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-    )
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter)
+
+def _formatter(resolved: Literal["console", "json"]) -> logging.Formatter:
+    """The last step of every line, structlog's and stdlib's alike (event dict -> text)."""
+    pre_chain = _shared_processors()
+    final: list[structlog.types.Processor] = [
+        structlog.stdlib.ProcessorFormatter.remove_processors_meta
+    ]
+    if resolved == "json":
+        # Here rather than in structlog's chain, so a JSON file handler renders tracebacks
+        # whatever the console's format (the console renderer prints exc_info itself).
+        pre_chain.append(structlog.processors.format_exc_info)
+        final += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+    else:
+        final.append(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
+    return structlog.stdlib.ProcessorFormatter(foreign_pre_chain=pre_chain, processors=final)
+
+
+@contextlib.contextmanager
+def logging_to_file(path: Path) -> Iterator[None]:
+    """Every log line of this process goes to ``path`` (JSON lines, appended) instead of
+    stderr while the block runs: for ``dockyard run`` in one process, whose stderr is the
+    progress display, as each role process of a fleet logs to its own file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(_formatter("json"))
     root = logging.getLogger()
+    previous = root.handlers
     root.handlers = [handler]
-    root.setLevel(numeric_level)
-    _configured = (resolved, numeric_level)
+    try:
+        yield
+    finally:
+        root.handlers = previous
+        handler.close()
 
 
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:

@@ -47,6 +47,8 @@ def create_weight_store(plane: DataPlane, *, reader_id: str | None = None) -> We
             stall_timeout_s=transport.fetch_stall_timeout_s,
             **retention,
         )
+    from dockyard.broker.memory import MemoryPlane
     from dockyard.broker.weights.memory import MemoryBlobStore
 
-    return MemoryBlobStore(**retention)
+    shared = plane.weight_blobs if isinstance(plane, MemoryPlane) else None
+    return MemoryBlobStore(blobs=shared, **retention)

@@ -1,4 +1,8 @@
-"""Blobs for the in-memory plane (one process): a dict, with the same verification."""
+"""Blobs for the in-memory plane (one process): a dict, with the same verification.
+
+The dict belongs to the plane (``MemoryPlane.weight_blobs``), as a JetStream plane's blobs live
+in the broker: every role of the process makes its own store over the one plane (its own
+leases, its own reader id) and they all see the blobs the trainer puts."""
 
 from __future__ import annotations
 
@@ -16,9 +20,17 @@ from dockyard.broker.weights.leases import BlobLeases
 
 
 class MemoryBlobStore(WeightBlobStore):
-    def __init__(self, *, keep_last: int, grace_s: float, leases: BlobLeases | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        keep_last: int,
+        grace_s: float,
+        leases: BlobLeases | None = None,
+        blobs: dict[str, tuple[BlobRef, bytes]] | None = None,
+    ) -> None:
+        """``blobs``: the shared bucket (digest -> ref, bytes); a private one when None."""
         super().__init__(keep_last=keep_last, grace_s=grace_s, leases=leases)
-        self._blobs: dict[str, tuple[BlobRef, bytes]] = {}
+        self._blobs: dict[str, tuple[BlobRef, bytes]] = {} if blobs is None else blobs
 
     async def put(self, version: int, source: BlobSource) -> BlobRef:
         data = source_to_bytes(source)

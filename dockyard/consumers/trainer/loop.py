@@ -237,7 +237,9 @@ class TrainerLoop:
 
     # -- the loop ----------------------------------------------------------------------------
     async def run(self) -> TrainerSummary:
-        self._build()
+        # Model loading takes seconds to minutes: off the event loop, which may be shared
+        # with other roles (``dockyard run`` with ``data_plane: null``).
+        await asyncio.to_thread(self._build)
         try:
             replay_from = await self._resume_or_start()
             self.status.update("running", step=self.step, weight_version=self.weight_version)
@@ -296,7 +298,7 @@ class TrainerLoop:
         if self.config.grpo.val_at_end and not validated_now:  # same weights: same answers
             final = await self._validate(self.step)
         if self.checkpoints is not None:
-            self._save_checkpoint(final)
+            await asyncio.to_thread(self._save_checkpoint, final)
         reason = (
             "the trainer was stopped"
             if self.stopping.is_set()
@@ -529,7 +531,7 @@ class TrainerLoop:
             tokens_per_s=metrics["train/tokens_per_s"],
         )
         if self.checkpoints is not None and self.step % cfg.checkpointing.save_period == 0:
-            self._save_checkpoint(metrics)
+            await asyncio.to_thread(self._save_checkpoint, metrics)
 
     async def _validate(self, step: int, *, log_now: bool = True) -> dict[str, float]:
         if self.evaluator is None:
@@ -568,6 +570,8 @@ class TrainerLoop:
         await self.weights.prune()
 
     def _save_checkpoint(self, metrics: dict[str, float] | None = None) -> None:
+        """Blocking (a thread of its own): nothing else changes the trainer while it is
+        awaited."""
         assert self.checkpoints is not None
         # Everything from here on may be lost with the steps after this checkpoint: replay it.
         replay_from = min((p.seq for p in self.pending), default=self.last_seq + 1)

@@ -46,6 +46,15 @@ async def test_tensors_and_files_round_trip(store: WeightBlobStore, tmp_path: Pa
     assert again.digest == ref.digest  # content-addressed: same bytes, same name
 
 
+async def test_a_store_of_another_role_reads_what_the_trainer_put(blob_plane) -> None:
+    # Every role makes its own store over the plane (its own reader id and leases); on the
+    # in-memory plane that is each role of one process, sharing the one MemoryPlane.
+    async with blob_plane(keep_last_versions=2, retention_grace_s=60.0) as plane:
+        ref = await make_store(plane).put(1, b"weights" * 100)
+        worker_store = make_store(plane, reader_id="worker-1")
+        assert await worker_store.get_bytes(ref) == b"weights" * 100
+
+
 async def test_a_blob_that_does_not_match_its_digest_is_refused(store: WeightBlobStore) -> None:
     ref = await store.put(1, b"genuine weights" * 1000)
     forged = BlobRef(ref.version, "sha256:" + "0" * 64, ref.nbytes, ref.uri, ref.created_at_unix_s)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from dockyard.utils.status import read_statuses
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -35,6 +38,23 @@ def run_dockyard(*args: str, timeout: float = 600) -> subprocess.CompletedProces
         timeout=timeout,
         cwd=ROOT,
     )
+
+
+def trainer_step(status_dir: Path) -> int:
+    """The step the trainer last reported in its status file (0 before it has one)."""
+    for status in read_statuses(status_dir) if status_dir.exists() else []:
+        if status.role == "trainer":
+            return int(status.counters.get("step", 0))
+    return 0
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    """Poll a run's own records (status files) until ``predicate`` holds."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
 
 
 @pytest.fixture

