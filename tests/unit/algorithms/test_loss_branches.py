@@ -314,18 +314,23 @@ ZERO_PROB_PREV = [[-1.1, -0.4, -2.0]]
 ZERO_PROB_GEN = [[-1.1, -math.inf, -2.0]]
 
 
+def zero_prob_and_agreeing_rows() -> LossCase:
+    """Row 1: the zero-probability token; row 2: the same lp/prev with gen = prev; A = 1."""
+    return LossCase(
+        t(ZERO_PROB_LP * 2),
+        t([1.0, 1.0]),
+        prev=t(ZERO_PROB_PREV * 2),
+        gen=t(ZERO_PROB_GEN + ZERO_PROB_PREV),
+    )
+
+
 def test_seq_mask_tis_drops_a_sequence_with_a_non_finite_log_ratio():
     # Row 1 holds the zero-probability token: its geometric-mean ratio is not finite, which lies
     # outside [0.5, 2] → dropped (loss 0 there, no gradient). Row 2 has the same lp/prev but
     # gen = prev: geometric mean 1, kept with token weights 1. r = exp(lp − prev) =
     # [e^0.1, e^-0.1, 1] (inside the clip range), A = 1 → row 2 gives −(e^0.1 + e^-0.1 + 1).
     # Token level over 6 valid tokens. (Counting the inf as agreement kept row 1: ≈ −0.70 alone.)
-    case = LossCase(
-        t(ZERO_PROB_LP * 2),
-        t([1.0, 1.0]),
-        prev=t(ZERO_PROB_PREV * 2),
-        gen=t(ZERO_PROB_GEN + ZERO_PROB_PREV),
-    )
+    case = zero_prob_and_agreeing_rows()
     loss, m, grad = case.run(
         use_importance_sampling_correction=True,
         truncated_importance_sampling_type="seq-mask-tis",
@@ -358,12 +363,7 @@ def test_gspo_sequence_weight_is_zero_for_a_non_finite_log_ratio():
     # GSPO: r_seq = exp(mean(lp − prev)) = exp((0.1 − 0.1 + 0) / 3) = 1, A = 1 → L = −1 per
     # token. Row 1's IS weight has a non-finite log-ratio → sequence weight 0; row 2 (gen = prev)
     # has weight 1. Sequence level over 2 sequences: (0 + (−1)) / 2.
-    case = LossCase(
-        t(ZERO_PROB_LP * 2),
-        t([1.0, 1.0]),
-        prev=t(ZERO_PROB_PREV * 2),
-        gen=t(ZERO_PROB_GEN + ZERO_PROB_PREV),
-    )
+    case = zero_prob_and_agreeing_rows()
     loss, m, grad = case.run(
         use_importance_sampling_correction=True,
         sequence_level_importance_ratios=True,

@@ -16,16 +16,20 @@ from dockyard.environments.registry import build_environment
 from dockyard.models import build_arithmetic_policy
 
 
-async def test_the_result_keeps_each_answer_with_the_reward_it_got():
-    model, tokenizer = build_arithmetic_policy(seed=0)
-    dataset = build_dataset(
+def validation_set(num_samples: int):
+    return build_dataset(
         DatasetConfig(
             name="arithmetic",
             split="validation",
-            params={"low": 10, "high": 99, "num_samples": 5, "seed": 2},
+            params={"low": 10, "high": 99, "num_samples": num_samples, "seed": 2},
         ),
         "arithmetic",
     )
+
+
+async def test_the_result_keeps_each_answer_with_the_reward_it_got():
+    model, tokenizer = build_arithmetic_policy(seed=0)
+    dataset = validation_set(5)
     evaluator = Evaluator(
         model, tokenizer, dataset, build_environment("arithmetic"), max_new_tokens=4
     )
@@ -61,14 +65,7 @@ async def test_val_batch_size_bounds_each_generation_batch_and_changes_no_answer
     # grpo.val_batch_size = 3 over 7 prompts: the engine sees batches of 3, 3 and 1, and the
     # greedy answers are the ones a single batch of 7 gives.
     model, tokenizer = build_arithmetic_policy(seed=0)
-    dataset = build_dataset(
-        DatasetConfig(
-            name="arithmetic",
-            split="validation",
-            params={"low": 10, "high": 99, "num_samples": 7, "seed": 2},
-        ),
-        "arithmetic",
-    )
+    dataset = validation_set(7)
     environment = build_environment("arithmetic")
     whole = await Evaluator(model, tokenizer, dataset, environment, max_new_tokens=4).evaluate()
     batched = Evaluator(model, tokenizer, dataset, environment, max_new_tokens=4, batch_size=3)
