@@ -23,13 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
-from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
 from dockyard.broker import chunking, exhausted
-from dockyard.broker.connection import ConnectionEvents, connect, server_urls
+from dockyard.broker.connection import (
+    ConnectionEvents,
+    DockyardClient,
+    connect,
+    server_urls,
+)
 from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.broker.jetstream_pull import JetStreamDelivery, PullChannel, user_headers
 from dockyard.broker.names import ConsumerSpec
@@ -88,12 +92,13 @@ class _JetStream(JetStreamContext):
     (the outbound buffer full while reconnecting, a closed connection, a cancellation), the
     future is never returned, nothing completes it, and the slot stays taken for good — after
     enough failures every pipelined publish would stall for a timeout. The context therefore
-    sees the connection through :class:`_UnsentAcks`, which cancels such a future at once (its
-    done-callback gives the slot back).
+    listens to its client's unsent publishes (:class:`DockyardClient`) and cancels such a
+    future at once (its done-callback gives the slot back).
     """
 
-    def __init__(self, conn: NatsClient, **kwargs: Any) -> None:
-        super().__init__(_UnsentAcks(conn, self), **kwargs)  # type: ignore[arg-type]
+    def __init__(self, conn: DockyardClient, **kwargs: Any) -> None:
+        super().__init__(conn, **kwargs)
+        conn.unsent_listeners.append(self.forget_unsent)
 
     def forget_unsent(self, reply: str) -> None:
         """Cancel the ack future waiting on ``reply`` (a pipelined publish that never went out)."""
@@ -117,32 +122,6 @@ class _JetStream(JetStreamContext):
                 future.set_exception(error)
 
 
-class _UnsentAcks:
-    """The connection as :class:`_JetStream` uses it: the same client, except that a publish
-    that raises before it went out tells the context, which drops the ack it waits for."""
-
-    def __init__(self, nc: NatsClient, context: _JetStream) -> None:
-        self._nc = nc
-        self._context = context
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._nc, name)
-
-    async def publish(
-        self,
-        subject: str,
-        payload: bytes = b"",
-        reply: str = "",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        try:
-            await self._nc.publish(subject, payload, reply=reply, headers=headers)
-        except BaseException:
-            if reply:
-                self._context.forget_unsent(reply)
-            raise
-
-
 class JetStreamPlane(DataPlane):
     def __init__(
         self, config: DataPlaneConfig, *, provision: bool = True, client_name: str = "dockyard"
@@ -151,7 +130,7 @@ class JetStreamPlane(DataPlane):
         self._provision_on_start = provision
         self._client_name = client_name
         self._events = ConnectionEvents()
-        self._nc: NatsClient | None = None
+        self._nc: DockyardClient | None = None
         self._js: JetStreamContext | None = None
         self._embedded: EmbeddedNatsServer | None = None
         self._channels: dict[str, PullChannel] = {}
@@ -161,7 +140,7 @@ class JetStreamPlane(DataPlane):
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
-    def nc(self) -> NatsClient:
+    def nc(self) -> DockyardClient:
         if self._nc is None:
             raise DataPlaneError("the JetStream plane is not started (use `async with plane`)")
         return self._nc

@@ -88,6 +88,50 @@ async def _value(value: bool) -> bool:
 
 
 @pytest.mark.slow
+async def test_an_ordered_consumer_reset_after_a_restart_keeps_its_own_deliveries(
+    nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
+) -> None:
+    # The restarted server has lost the ordered consumer, so its heartbeats stop and nats-py
+    # resets it onto a new subscription id taken from the client's counter. That id must not
+    # be handed out again: a later subscription on it took over the ordered consumer's
+    # deliveries (the weight watch and blob reads of issue #17).
+    server = nats_server_factory()
+    config = data_plane_config_factory(server.url)  # type: ignore[attr-defined]
+    async with JetStreamPlane(config) as plane:
+        names = plane.names
+        watched: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_event(msg: Msg) -> None:
+            watched.put_nowait(msg.data)
+
+        await plane.js.subscribe(
+            names.weight_events,
+            stream=names.stream_for_subject(names.weight_events).name,
+            cb=on_event,
+            ordered_consumer=True,
+            idle_heartbeat=0.5,  # nats-py's 5 s default only makes the reset come later
+        )
+        await plane.publish(names.weight_events, b"before", msg_id="before")
+        assert await asyncio.wait_for(watched.get(), 10) == b"before"
+
+        server.kill()  # type: ignore[attr-defined]
+        await asyncio.to_thread(server.restart)  # type: ignore[attr-defined]
+        await eventually(lambda: _value(plane.reconnects >= 1), what="the reconnect")
+        await plane.publish(names.weight_events, b"after", msg_id="after")
+        # Only a reset consumer delivers this one: the restarted server has no other.
+        assert await asyncio.wait_for(watched.get(), 30) == b"after"
+
+        # New subscriptions after the reset: the pull channel's inbox and its advisory watch.
+        assert await plane.fetch(names.rollout_consumer, 1, timeout_s=0.1) == []
+        await plane.publish(names.weight_events, b"event", msg_id="event")
+        await plane.publish(names.rollouts, b"rollout", msg_id="rollout")
+        assert await asyncio.wait_for(watched.get(), 10) == b"event"
+        fetched = await fetch_until(plane, names.rollout_consumer, 1)
+        assert [delivery.data for delivery in fetched] == [b"rollout"]
+        assert watched.empty()
+
+
+@pytest.mark.slow
 async def test_messages_held_by_a_dead_consumer_are_redelivered_then_dead_lettered(
     nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
 ) -> None:
