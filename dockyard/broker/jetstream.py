@@ -17,7 +17,7 @@ import contextlib
 import json
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,8 @@ _TRANSIENT_API_CODES = frozenset({429, 503})
 #: nats-py's bound on pipelined publishes awaiting an ack on one connection, all windows
 #: together (its default); past it a publish waits for a free slot, at most ``publish.timeout_s``.
 PENDING_PUBLISH_SLOTS = 4000
+#: Idle heartbeat of ordered consumers (seconds): a lost one is reset after two are missed.
+ORDERED_HEARTBEAT_S = 1.0
 
 
 class _JetStream(JetStreamContext):
@@ -603,6 +605,27 @@ class JetStreamPlane(DataPlane):
         sequence = (response.headers or {}).get("Nats-Sequence")
         return int(sequence) if sequence else 1
 
+    async def subscribe_ordered(
+        self,
+        subject: str,
+        cb: Callable[[Msg], Awaitable[None]],
+        *,
+        deliver_policy: api.DeliverPolicy,
+    ) -> JetStreamContext.PushSubscription:
+        """nats-py's ordered consumer of ``subject``: every message once, in stream order, also
+        across a broker restart (it resumes after the last message it delivered)."""
+        return await self.js.subscribe(
+            subject,
+            stream=self.names.stream_for_subject(subject).name,
+            cb=cb,
+            ordered_consumer=True,
+            deliver_policy=deliver_policy,
+            # A restarted broker has lost the consumer; nats-py notices only when two
+            # heartbeats are missing, then resets it. Its 5 s default kept the weight watch
+            # silent for 10-20 s after every restart (the rollout worker waited for weights).
+            idle_heartbeat=ORDERED_HEARTBEAT_S,
+        )
+
     async def watch(
         self, subject: str, *, include_latest: bool = True
     ) -> AsyncIterator[StoredMessage]:
@@ -612,11 +635,9 @@ class JetStreamPlane(DataPlane):
         async def on_message(msg: Msg) -> None:
             await queue.put(msg)
 
-        subscription = await self.js.subscribe(
+        subscription = await self.subscribe_ordered(
             subject,
-            stream=stream,
-            cb=on_message,
-            ordered_consumer=True,
+            on_message,
             deliver_policy=(
                 api.DeliverPolicy.LAST_PER_SUBJECT if include_latest else api.DeliverPolicy.NEW
             ),

@@ -132,12 +132,8 @@ class JetStreamBlobStore(WeightBlobStore):
 
         if expected_chunks == 0:
             finished.set_result(None)
-        subscription = await self.plane.js.subscribe(
-            self.names.blob_data_subject(ref.hex),
-            stream=self.names.blobs_stream.name,
-            cb=on_chunk,
-            ordered_consumer=True,
-            deliver_policy=api.DeliverPolicy.ALL,
+        subscription = await self.plane.subscribe_ordered(
+            self.names.blob_data_subject(ref.hex), on_chunk, deliver_policy=api.DeliverPolicy.ALL
         )
         try:
             while not finished.done():

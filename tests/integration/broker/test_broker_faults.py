@@ -14,6 +14,7 @@ import nats
 import pytest
 from broker_test_utils import collect, eventually, fetch_until
 from nats.aio.msg import Msg
+from nats.js import api
 from structlog.testing import capture_logs
 
 from dockyard.broker.connection import ConnectError
@@ -104,12 +105,8 @@ async def test_an_ordered_consumer_reset_after_a_restart_keeps_its_own_deliverie
         async def on_event(msg: Msg) -> None:
             watched.put_nowait(msg.data)
 
-        await plane.js.subscribe(
-            names.weight_events,
-            stream=names.stream_for_subject(names.weight_events).name,
-            cb=on_event,
-            ordered_consumer=True,
-            idle_heartbeat=0.5,  # nats-py's 5 s default only makes the reset come later
+        await plane.subscribe_ordered(
+            names.weight_events, on_event, deliver_policy=api.DeliverPolicy.ALL
         )
         await plane.publish(names.weight_events, b"before", msg_id="before")
         assert await asyncio.wait_for(watched.get(), 10) == b"before"
