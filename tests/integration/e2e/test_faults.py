@@ -108,21 +108,25 @@ def test_the_run_survives_killed_roles_and_a_broker_restart(
 
 
 #: Steps of the restart run, the step at which the broker is killed, and how long it stays down.
-SPEED_STEPS = 36
-KILL_AT_STEP = 12
+#: The steps are small (a tenth of a second each): medians of a dozen steps or more on either
+#: side of the outage, measured seconds apart, share the machine's load.
+SPEED_STEPS = 48
+KILL_AT_STEP = 16
 OUTAGE_S = 5.0
-#: Steps right after a restart that may still be slow (reconnect, redeliveries, a refit).
+#: Steps right after a restart that may still be slow (reconnect, redeliveries, a refit), and
+#: by when after the restart they must be done: the roles are back within seconds.
 SETTLING_STEPS = 3
+RECOVERY_S = 8.0
 
 
-def step_seconds(run_dir: Path) -> dict[int, float]:
-    """Wall time of each training step: from the previous step's metrics record to its own."""
+def step_times(run_dir: Path) -> dict[int, float]:
+    """When each training step ended (its metrics record)."""
     stamps = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         if "train/reward_mean" in record["metrics"]:
             stamps[record["step"]] = record["time"]
-    return {step: stamps[step] - stamps[step - 1] for step in stamps if step - 1 in stamps}
+    return stamps
 
 
 def test_after_a_broker_restart_every_role_is_back_to_its_speed(
@@ -147,6 +151,7 @@ def test_after_a_broker_restart_every_role_is_back_to_its_speed(
         server.kill()
         time.sleep(OUTAGE_S)  # the outage itself, not synchronisation
         server.restart()
+        restarted_at = time.time()
         back_at_step = trainer_step(status_dir)
         finish(process, 150)
     finally:
@@ -155,9 +160,12 @@ def test_after_a_broker_restart_every_role_is_back_to_its_speed(
             process.communicate()
     assert metric_steps(run_dir)[-1] == SPEED_STEPS
     assert len(assert_exactly_once(run_dir)) == SPEED_STEPS * 4
-    seconds = step_seconds(run_dir)
-    # The first steps wait for the first weights and warm up; the restart's own steps are slow.
+    ended = step_times(run_dir)
+    seconds = {step: ended[step] - ended[step - 1] for step in ended if step - 1 in ended}
+    settled = back_at_step + SETTLING_STEPS
+    assert ended[settled] - restarted_at <= RECOVERY_S, (back_at_step, seconds)
+    # The first steps wait for the first weights and warm up.
     before = [seconds[step] for step in range(3, KILL_AT_STEP + 1)]
-    after = [seconds[step] for step in seconds if step > back_at_step + SETTLING_STEPS]
-    assert len(after) >= 10, (back_at_step, sorted(seconds))
+    after = [seconds[step] for step in seconds if step > settled]
+    assert len(after) >= 12, (back_at_step, seconds)
     assert statistics.median(after) <= 1.5 * statistics.median(before), (before, after)
