@@ -174,6 +174,33 @@ async def _at_least(items: object, count: int) -> object:
     return values if len(values) >= count else None
 
 
+@pytest.mark.parametrize("settle", ["ack", "nak", "term", "in_progress"])
+async def test_a_settle_that_cannot_reach_the_broker_is_logged_and_the_message_comes_back(
+    nats_server_factory: Callable[..., object],
+    data_plane_config_factory: ConfigFactory,
+    settle: str,
+) -> None:
+    # Issue #17: a scorer whose ack met a closed connection died of ConnectionClosedError.
+    server = nats_server_factory()
+    config = data_plane_config_factory(server.url)  # type: ignore[attr-defined]
+    async with JetStreamPlane(config) as survivor:
+        names = survivor.names
+        await survivor.publish(names.rollouts, b"work", msg_id="work")
+        async with JetStreamPlane(config) as closing:
+            (delivery,) = await fetch_until(closing, names.rollout_consumer, 1)
+            await closing.nc.close()  # gone between the delivery and its settle
+            with capture_logs() as events:
+                await getattr(delivery, settle)()
+        warnings = [e for e in events if e["event"] == "settle.unreachable"]
+        assert [(w["settle"], w["subject"], w["seq"]) for w in warnings] == [
+            (settle, names.rollouts, delivery.seq)
+        ]
+        assert "ConnectionClosedError" in warnings[0]["error"]
+        # The broker never heard of the settle: the message comes back after the ack wait.
+        (again,) = await fetch_until(survivor, names.rollout_consumer, 1)
+        assert (again.data, again.num_delivered) == (b"work", 2)
+
+
 async def test_publishing_while_the_broker_is_down_fails_clearly_with_bounded_buffer(
     nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
 ) -> None:
