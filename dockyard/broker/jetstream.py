@@ -62,6 +62,7 @@ from dockyard.broker.provisioning import (
 )
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
+from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)
 
@@ -301,6 +302,10 @@ class JetStreamPlane(DataPlane):
                     # Immediate failures (buffer full, reconnecting) back off; timeouts already
                     # waited a whole timeout.
                     await asyncio.sleep(min(_MAX_BACKOFF_S, 0.05 * 2**attempt))
+            except nats.errors.ConnectionClosedError as error:
+                # Closed for good (the plane is closing): no retry can succeed. A DataPlaneError,
+                # so that roles treat it like any other broker failure.
+                raise PublishError(f"publish to {subject}: the connection is closed") from error
             except APIError as error:
                 if error.code not in _TRANSIENT_API_CODES:
                     raise PublishError(
@@ -332,7 +337,10 @@ class JetStreamPlane(DataPlane):
         try:
             done, _ = await asyncio.wait({publishing, denied}, return_when=asyncio.FIRST_COMPLETED)
             if denied in done:
-                publishing.cancel()
+                if not publishing.cancel() and not publishing.cancelled():
+                    # It ended at the same moment; its outcome is moot next to the denial, but
+                    # retrieved, so that asyncio does not report it as lost.
+                    publishing.exception()
                 raise PermissionDenied(
                     f"not allowed to publish to {subject} with these credentials: {denied.result()}"
                 )
@@ -460,7 +468,9 @@ class JetStreamPlane(DataPlane):
             if exhausted.is_work_queue(self, spec):
                 # Exhausted messages an outage left behind (advisories nobody heard).
                 await exhausted.sweep_now(self, spec)
-                self._sweepers.append(asyncio.create_task(exhausted.sweep_periodically(self, spec)))
+                self._sweepers.append(
+                    spawn(exhausted.sweep_periodically(self, spec), name=f"sweep-{spec.durable}")
+                )
             self._channels[spec.durable] = channel
         return channel
 
