@@ -513,7 +513,7 @@ class JetStreamPlane(DataPlane):
         async def one(index: int) -> bytes:
             subject = self.names.chunk_subject(reference.ref, index)
             try:
-                raw = await self.js.get_msg(stream, subject=subject, direct=True)
+                raw = await self._direct_get(stream, subject=subject)
             except NotFoundError as error:
                 raise PayloadError(f"chunk {index} of {reference.ref} is gone") from error
             return raw.data or b""
@@ -533,6 +533,38 @@ class JetStreamPlane(DataPlane):
         )
 
     # -- reading history ---------------------------------------------------------------------
+    async def _direct_get(
+        self,
+        stream: str,
+        seq: int | None = None,
+        *,
+        subject: str | None = None,
+        at_or_after: bool = False,
+    ) -> api.RawStreamMsg:
+        """A direct get (with ``at_or_after``: the first message on ``subject`` at or after
+        ``seq``) that rides out a broker outage as a publish does: an attempt that
+        times out (its request lost with the old connection, or the broker away longer than
+        the timeout) is tried again once the connection is back, ``publish.retries`` times.
+        A read that gave up at its first timeout killed the trainer when a broker restart met
+        its weight publish."""
+        settings = self.config.publish
+        last_error: BaseException | None = None
+        for attempt in range(settings.retries + 1):
+            try:
+                return await self.js.get_msg(
+                    stream, seq, subject=subject, direct=True, next=at_or_after
+                )
+            except _RETRYABLE as error:
+                last_error = error
+                log.warning("read.retry", stream=stream, attempt=attempt + 1, error=repr(error))
+                with contextlib.suppress(TimeoutError):  # wait for the reconnect, do not spin
+                    async with asyncio.timeout(settings.timeout_s):
+                        await self._events.connected.wait()
+        raise DataPlaneError(
+            f"reading stream {stream} failed after {settings.retries + 1} attempts "
+            f"({settings.timeout_s:g}s each); last error {last_error!r}"
+        ) from last_error
+
     async def _stored(self, stream: str, raw: api.RawStreamMsg) -> StoredMessage:
         headers = user_headers(raw.headers)
         data = raw.data or b""
@@ -552,7 +584,7 @@ class JetStreamPlane(DataPlane):
 
     async def get(self, stream: str, seq: int) -> StoredMessage:
         try:
-            raw = await self.js.get_msg(stream, seq, direct=True)
+            raw = await self._direct_get(stream, seq)
         except NotFoundError:
             raise KeyError(f"stream {stream} has no message {seq}") from None
         return await self._stored(stream, raw)
@@ -560,7 +592,7 @@ class JetStreamPlane(DataPlane):
     async def next_stored(self, stream: str, subject: str, from_seq: int) -> StoredMessage | None:
         """The first message on ``subject`` at or after ``from_seq``, or None."""
         try:
-            raw = await self.js.get_msg(stream, from_seq, subject=subject, direct=True, next=True)
+            raw = await self._direct_get(stream, from_seq, subject=subject, at_or_after=True)
         except NotFoundError:
             return None
         return await self._stored(stream, raw)
@@ -568,7 +600,7 @@ class JetStreamPlane(DataPlane):
     async def latest(self, subject: str) -> StoredMessage | None:
         stream = self.names.stream_for_subject(subject).name
         try:
-            raw = await self.js.get_msg(stream, subject=subject, direct=True)
+            raw = await self._direct_get(stream, subject=subject)
         except NotFoundError:
             return None
         return await self._stored(stream, raw)
@@ -594,7 +626,7 @@ class JetStreamPlane(DataPlane):
         count = 0
         while limit is None or count < limit:
             try:
-                raw = await self.js.get_msg(stream, seq, subject=subject, direct=True, next=True)
+                raw = await self._direct_get(stream, seq, subject=subject, at_or_after=True)
             except NotFoundError:
                 return
             message = await self._stored(stream, raw)

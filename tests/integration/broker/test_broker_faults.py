@@ -174,6 +174,35 @@ async def _at_least(items: object, count: int) -> object:
     return values if len(values) >= count else None
 
 
+@pytest.mark.slow
+async def test_a_read_while_the_broker_restarts_returns_once_it_is_back(
+    nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
+) -> None:
+    # The trainer reads the blob manifest of every weight version it publishes; such a read
+    # during a broker restart raised nats' TimeoutError and killed the trainer.
+    server = nats_server_factory()
+    config = data_plane_config_factory(
+        server.url,  # type: ignore[attr-defined]
+        publish={"timeout_s": 0.5, "retries": 40},
+    )
+    async with JetStreamPlane(config) as plane:
+        subject = plane.names.weight_events
+        await plane.publish(subject, b"v1", msg_id="v1")
+        server.kill()  # type: ignore[attr-defined]
+        with capture_logs() as events:
+            reading = asyncio.ensure_future(plane.latest(subject))
+            # The read outlives its first timeout while the broker is away...
+            await eventually(
+                lambda: _value(any(e["event"] == "read.retry" for e in events) or reading.done()),
+                what="a retried read",
+            )
+            assert not reading.done()
+            await asyncio.to_thread(server.restart)  # type: ignore[attr-defined]
+            # ...and returns what the restarted broker still holds.
+            latest = await asyncio.wait_for(reading, 30)
+        assert latest is not None and latest.data == b"v1"
+
+
 @pytest.mark.parametrize("settle", ["ack", "nak", "term", "in_progress"])
 async def test_a_settle_that_cannot_reach_the_broker_is_logged_and_the_message_comes_back(
     nats_server_factory: Callable[..., object],
