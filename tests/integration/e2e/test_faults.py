@@ -17,7 +17,11 @@ import pytest
 
 from dockyard.utils.status import read_statuses
 from tests.integration.e2e.conftest import QUICKSTART, ROOT
-from tests.integration.e2e.ledger_checks import assert_exactly_once, metric_steps
+from tests.integration.e2e.ledger_checks import (
+    assert_every_group_accounted,
+    assert_exactly_once,
+    metric_steps,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -160,6 +164,7 @@ def test_after_a_broker_restart_every_role_is_back_to_its_speed(
             process.communicate()
     assert metric_steps(run_dir)[-1] == SPEED_STEPS
     assert len(assert_exactly_once(run_dir)) == SPEED_STEPS * 4
+    assert_every_group_accounted(run_dir)
     ended = step_times(run_dir)
     seconds = {step: ended[step] - ended[step - 1] for step in ended if step - 1 in ended}
     settled = back_at_step + SETTLING_STEPS
