@@ -152,6 +152,23 @@ class ConnectionEvents:
     closing: bool = False  # a disconnect we asked for is not worth a warning
     reconnects: int = 0
     on_reconnect: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    _drop: asyncio.Future[None] | None = field(default=None, repr=False)
+
+    def next_drop(self) -> asyncio.Future[None]:
+        """Resolves when the connection in use drops (while disconnected: the next one).
+
+        A request that went out on a connection that dropped is never answered: the reply
+        went to the old connection, or the broker died with the request. Waiting for it
+        alongside this, a publish or read is retried right after the reconnect instead of
+        after its whole timeout.
+        """
+        if self._drop is None or self._drop.done():
+            self._drop = asyncio.get_running_loop().create_future()
+        return self._drop
+
+    def dropped(self) -> None:
+        if self._drop is not None and not self._drop.done():
+            self._drop.set_result(None)
 
 
 def server_urls(config: DataPlaneConfig, embedded_url: str | None = None) -> list[str]:
@@ -180,6 +197,7 @@ async def connect(
 
     async def on_disconnect() -> None:
         events.connected.clear()
+        events.dropped()
         if not events.closing:
             log.warning("nats.disconnected", servers=urls)
 

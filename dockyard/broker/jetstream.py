@@ -66,7 +66,13 @@ from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)
 
+
+class _AnswerLost(Exception):
+    """The connection a request went out on dropped before its answer came."""
+
+
 _RETRYABLE = (
+    _AnswerLost,
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
     nats.errors.ConnectionReconnectingError,
@@ -329,13 +335,16 @@ class JetStreamPlane(DataPlane):
         self, subject: str, payload: bytes, headers: dict[str, str]
     ) -> PublishAck:
         denied = self._events.permissions.denied(subject)
+        dropped = self._events.next_drop()
         publishing = asyncio.ensure_future(
             self.js.publish(
                 subject, payload, timeout=self.config.publish.timeout_s, headers=headers
             )
         )
         try:
-            done, _ = await asyncio.wait({publishing, denied}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {publishing, denied, dropped}, return_when=asyncio.FIRST_COMPLETED
+            )
             if denied in done:
                 if not publishing.cancel() and not publishing.cancelled():
                     # It ended at the same moment; its outcome is moot next to the denial, but
@@ -344,6 +353,8 @@ class JetStreamPlane(DataPlane):
                 raise PermissionDenied(
                     f"not allowed to publish to {subject} with these credentials: {denied.result()}"
                 )
+            if publishing not in done:
+                raise _AnswerLost(f"the connection dropped before the ack of {subject}")
             ack = publishing.result()
         finally:
             self._events.permissions.forget(subject, denied)
@@ -375,7 +386,7 @@ class JetStreamPlane(DataPlane):
                 # One wait for the whole window (a wait_for per future costs a task each).
                 waiting = [future for future in futures if future is not None]
                 if waiting:
-                    await asyncio.wait(waiting, timeout=timeout)
+                    await self._acks_or_drop(waiting, timeout)
             except BaseException:
                 # Cancelled mid-window: a future left waiting would hold one of nats-py's
                 # pending slots until an ack that may never come (one lost in a reconnect).
@@ -411,6 +422,23 @@ class JetStreamPlane(DataPlane):
                     message.subject, message.payload, msg_id=message.msg_id, headers=message.headers
                 )
         return [r for r in results if r is not None]
+
+    async def _acks_or_drop(self, acks: list[asyncio.Future[api.PubAck]], timeout: float) -> None:
+        """Wait for a window's acks, at most ``timeout``; when the connection drops first, the
+        acks still missing are cancelled at once (they cannot come) and so fall back to the
+        retrying path after the reconnect, not after the timeout."""
+        dropped = self._events.next_drop()
+
+        def cancel_missing(_: asyncio.Future[None]) -> None:
+            for ack in acks:
+                if not ack.done():
+                    ack.cancel()
+
+        dropped.add_done_callback(cancel_missing)
+        try:
+            await asyncio.wait(acks, timeout=timeout)
+        finally:
+            dropped.remove_done_callback(cancel_missing)
 
     async def _publish_pipelined(
         self, message: OutgoingMessage, timeout: float
@@ -550,16 +578,24 @@ class JetStreamPlane(DataPlane):
         settings = self.config.publish
         last_error: BaseException | None = None
         for attempt in range(settings.retries + 1):
+            dropped = self._events.next_drop()
+            reading = asyncio.ensure_future(
+                self.js.get_msg(stream, seq, subject=subject, direct=True, next=at_or_after)
+            )
             try:
-                return await self.js.get_msg(
-                    stream, seq, subject=subject, direct=True, next=at_or_after
-                )
+                await asyncio.wait({reading, dropped}, return_when=asyncio.FIRST_COMPLETED)
+                if not reading.done():
+                    raise _AnswerLost(f"the connection dropped before the answer from {stream}")
+                return reading.result()
             except _RETRYABLE as error:
                 last_error = error
                 log.warning("read.retry", stream=stream, attempt=attempt + 1, error=repr(error))
                 with contextlib.suppress(TimeoutError):  # wait for the reconnect, do not spin
                     async with asyncio.timeout(settings.timeout_s):
                         await self._events.connected.wait()
+            finally:
+                if not reading.done():
+                    reading.cancel()
         raise DataPlaneError(
             f"reading stream {stream} failed after {settings.retries + 1} attempts "
             f"({settings.timeout_s:g}s each); last error {last_error!r}"
@@ -754,6 +790,6 @@ def _why_not_acked(future: asyncio.Future[api.PubAck], timeout_s: float) -> str:
         future.cancel()
         return f"no ack within {timeout_s:g}s"
     if future.cancelled():
-        return "cancelled"
+        return "cancelled (not sent, or the connection dropped before its ack)"
     error = future.exception()
     return str(error) or repr(error)

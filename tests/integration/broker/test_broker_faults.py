@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -172,6 +173,50 @@ async def test_messages_held_by_a_dead_consumer_are_redelivered_then_dead_letter
 async def _at_least(items: object, count: int) -> object:
     values = await items  # type: ignore[misc]
     return values if len(values) >= count else None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("request_kind", ["publish", "pipelined", "read"])
+async def test_a_request_lost_with_a_killed_broker_is_retried_once_it_is_back(
+    nats_server_factory: Callable[..., object],
+    data_plane_config_factory: ConfigFactory,
+    request_kind: str,
+) -> None:
+    # A request that went out just before the broker died is never answered. It used to wait
+    # for its whole timeout (10 s by default) before the retry: after a restart every role
+    # stalled that long on whatever it had in flight.
+    server = nats_server_factory()
+    timeout_s = 30.0
+    config = data_plane_config_factory(
+        server.url,  # type: ignore[attr-defined]
+        publish={"timeout_s": timeout_s, "retries": 2},
+    )
+    async with JetStreamPlane(config) as plane:
+        subject = plane.names.weight_events
+        await plane.publish(subject, b"v1", msg_id="v1")
+        requests = {
+            "publish": lambda: plane.publish(subject, b"v2", msg_id="v2"),
+            "pipelined": lambda: plane.publish_many([OutgoingMessage(subject, b"v2", "v2", {})]),
+            "read": lambda: plane.latest(subject),
+        }
+        os.kill(server.pid, signal.SIGSTOP)  # type: ignore[attr-defined]
+        try:
+            sent_before = plane.nc.stats["out_msgs"]
+            request = asyncio.ensure_future(requests[request_kind]())
+
+            async def handed_to_the_socket() -> bool:  # never to be answered by this process
+                return plane.nc.stats["out_msgs"] > sent_before and not plane.nc.pending_data_size
+
+            await eventually(handed_to_the_socket, what="the request sent")
+            assert not request.done()
+        finally:
+            server.kill()  # type: ignore[attr-defined]
+        started = time.monotonic()
+        await asyncio.to_thread(server.restart)  # type: ignore[attr-defined]
+        answer = await asyncio.wait_for(request, timeout_s / 3)
+        assert time.monotonic() - started < timeout_s / 3
+    if request_kind == "read":
+        assert answer is not None and answer.data == b"v1"  # type: ignore[union-attr]
 
 
 @pytest.mark.slow
