@@ -35,14 +35,41 @@ _SPACE_IN_NAME = re.compile(
 )
 
 
-class FastHeadersClient(NatsClient):
-    """nats-py's client with a faster header parser of the same result.
+class DockyardClient(NatsClient):
+    """nats-py's client with a faster header parser of the same result, and a hook for
+    publishes that never went out.
 
     nats-py tests each character of each header name with a Python generator
     (``any(c.isspace() for c in key)``); with the four headers of every dockyard message that
     was a tenth of a consumer's transport time. Here one regular expression tests the name
     (``tests/unit/broker/test_connection_headers.py`` compares both parsers).
+
+    A publish that raises before it went out (the outbound buffer full while reconnecting, a
+    closed connection, a cancellation) is reported to ``unsent_listeners`` with its reply
+    subject: JetStream's pipelined publishes wait on that subject for an ack that can never
+    come (see ``jetstream._JetStream``). A subclass, not a wrapper around the client: nats-py
+    writes to its client's own state (an ordered consumer's reset takes the next subscription
+    id), and a wrapper that forwarded attribute reads kept those writes to itself (issue #17).
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsent_listeners: list[Callable[[str], None]] = []
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        reply: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        try:
+            await super().publish(subject, payload, reply=reply, headers=headers)
+        except BaseException:
+            if reply:
+                for listener in self.unsent_listeners:
+                    listener(reply)
+            raise
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
@@ -59,8 +86,8 @@ class FastHeadersClient(NatsClient):
         return out
 
 
-async def _open(options: dict[str, object]) -> NatsClient:
-    client = FastHeadersClient()
+async def _open(options: dict[str, object]) -> DockyardClient:
+    client = DockyardClient()
     await client.connect(**options)  # type: ignore[arg-type]
     return client
 
@@ -127,6 +154,23 @@ class ConnectionEvents:
     closing: bool = False  # a disconnect we asked for is not worth a warning
     reconnects: int = 0
     on_reconnect: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    _drop: asyncio.Future[None] | None = field(default=None, repr=False)
+
+    def next_drop(self) -> asyncio.Future[None]:
+        """Resolves when the connection in use drops (while disconnected: the next one).
+
+        A request that went out on a connection that dropped is never answered: the reply
+        went to the old connection, or the broker died with the request. Waiting for it
+        alongside this, a publish or read is retried right after the reconnect instead of
+        after its whole timeout.
+        """
+        if self._drop is None or self._drop.done():
+            self._drop = asyncio.get_running_loop().create_future()
+        return self._drop
+
+    def dropped(self) -> None:
+        if self._drop is not None and not self._drop.done():
+            self._drop.set_result(None)
 
 
 def server_urls(config: DataPlaneConfig, embedded_url: str | None = None) -> list[str]:
@@ -139,7 +183,7 @@ def server_urls(config: DataPlaneConfig, embedded_url: str | None = None) -> lis
 
 async def connect(
     config: DataPlaneConfig, urls: list[str], events: ConnectionEvents, *, name: str
-) -> NatsClient:
+) -> DockyardClient:
     credentials = config.credentials
 
     loop = asyncio.get_running_loop()
@@ -155,6 +199,7 @@ async def connect(
 
     async def on_disconnect() -> None:
         events.connected.clear()
+        events.dropped()
         if not events.closing:
             log.warning("nats.disconnected", servers=urls)
 

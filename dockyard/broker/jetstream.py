@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import tempfile
 import time
@@ -23,13 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
-from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
 from dockyard.broker import chunking, exhausted
-from dockyard.broker.connection import ConnectionEvents, connect, server_urls
+from dockyard.broker.connection import (
+    ConnectionEvents,
+    DockyardClient,
+    connect,
+    server_urls,
+)
 from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.broker.jetstream_pull import JetStreamDelivery, PullChannel, user_headers
 from dockyard.broker.names import ConsumerSpec
@@ -56,10 +61,17 @@ from dockyard.broker.provisioning import (
 )
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
+from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)
 
+
+class _AnswerLost(Exception):
+    """The connection a request went out on dropped before its answer came."""
+
+
 _RETRYABLE = (
+    _AnswerLost,
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
     nats.errors.ConnectionReconnectingError,
@@ -86,12 +98,13 @@ class _JetStream(JetStreamContext):
     (the outbound buffer full while reconnecting, a closed connection, a cancellation), the
     future is never returned, nothing completes it, and the slot stays taken for good — after
     enough failures every pipelined publish would stall for a timeout. The context therefore
-    sees the connection through :class:`_UnsentAcks`, which cancels such a future at once (its
-    done-callback gives the slot back).
+    listens to its client's unsent publishes (:class:`DockyardClient`) and cancels such a
+    future at once (its done-callback gives the slot back).
     """
 
-    def __init__(self, conn: NatsClient, **kwargs: Any) -> None:
-        super().__init__(_UnsentAcks(conn, self), **kwargs)  # type: ignore[arg-type]
+    def __init__(self, conn: DockyardClient, **kwargs: Any) -> None:
+        super().__init__(conn, **kwargs)
+        conn.unsent_listeners.append(self.forget_unsent)
 
     def forget_unsent(self, reply: str) -> None:
         """Cancel the ack future waiting on ``reply`` (a pipelined publish that never went out)."""
@@ -115,32 +128,6 @@ class _JetStream(JetStreamContext):
                 future.set_exception(error)
 
 
-class _UnsentAcks:
-    """The connection as :class:`_JetStream` uses it: the same client, except that a publish
-    that raises before it went out tells the context, which drops the ack it waits for."""
-
-    def __init__(self, nc: NatsClient, context: _JetStream) -> None:
-        self._nc = nc
-        self._context = context
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._nc, name)
-
-    async def publish(
-        self,
-        subject: str,
-        payload: bytes = b"",
-        reply: str = "",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        try:
-            await self._nc.publish(subject, payload, reply=reply, headers=headers)
-        except BaseException:
-            if reply:
-                self._context.forget_unsent(reply)
-            raise
-
-
 class JetStreamPlane(DataPlane):
     def __init__(
         self, config: DataPlaneConfig, *, provision: bool = True, client_name: str = "dockyard"
@@ -149,7 +136,7 @@ class JetStreamPlane(DataPlane):
         self._provision_on_start = provision
         self._client_name = client_name
         self._events = ConnectionEvents()
-        self._nc: NatsClient | None = None
+        self._nc: DockyardClient | None = None
         self._js: JetStreamContext | None = None
         self._embedded: EmbeddedNatsServer | None = None
         self._channels: dict[str, PullChannel] = {}
@@ -159,7 +146,7 @@ class JetStreamPlane(DataPlane):
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
-    def nc(self) -> NatsClient:
+    def nc(self) -> DockyardClient:
         if self._nc is None:
             raise DataPlaneError("the JetStream plane is not started (use `async with plane`)")
         return self._nc
@@ -319,6 +306,10 @@ class JetStreamPlane(DataPlane):
                     # Immediate failures (buffer full, reconnecting) back off; timeouts already
                     # waited a whole timeout.
                     await asyncio.sleep(min(_MAX_BACKOFF_S, 0.05 * 2**attempt))
+            except nats.errors.ConnectionClosedError as error:
+                # Closed for good (the plane is closing): no retry can succeed. A DataPlaneError,
+                # so that roles treat it like any other broker failure.
+                raise PublishError(f"publish to {subject}: the connection is closed") from error
             except APIError as error:
                 if error.code not in _TRANSIENT_API_CODES:
                     raise PublishError(
@@ -342,18 +333,26 @@ class JetStreamPlane(DataPlane):
         self, subject: str, payload: bytes, headers: dict[str, str]
     ) -> PublishAck:
         denied = self._events.permissions.denied(subject)
+        dropped = self._events.next_drop()
         publishing = asyncio.ensure_future(
             self.js.publish(
                 subject, payload, timeout=self.config.publish.timeout_s, headers=headers
             )
         )
         try:
-            done, _ = await asyncio.wait({publishing, denied}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {publishing, denied, dropped}, return_when=asyncio.FIRST_COMPLETED
+            )
             if denied in done:
-                publishing.cancel()
+                if not publishing.cancel() and not publishing.cancelled():
+                    # It ended at the same moment; its outcome is moot next to the denial, but
+                    # retrieved, so that asyncio does not report it as lost.
+                    publishing.exception()
                 raise PermissionDenied(
                     f"not allowed to publish to {subject} with these credentials: {denied.result()}"
                 )
+            if publishing not in done:
+                raise _AnswerLost(f"the connection dropped before the ack of {subject}")
             ack = publishing.result()
         finally:
             self._events.permissions.forget(subject, denied)
@@ -385,7 +384,7 @@ class JetStreamPlane(DataPlane):
                 # One wait for the whole window (a wait_for per future costs a task each).
                 waiting = [future for future in futures if future is not None]
                 if waiting:
-                    await asyncio.wait(waiting, timeout=timeout)
+                    await self._acks_or_drop(waiting, timeout)
             except BaseException:
                 # Cancelled mid-window: a future left waiting would hold one of nats-py's
                 # pending slots until an ack that may never come (one lost in a reconnect).
@@ -421,6 +420,23 @@ class JetStreamPlane(DataPlane):
                     message.subject, message.payload, msg_id=message.msg_id, headers=message.headers
                 )
         return [r for r in results if r is not None]
+
+    async def _acks_or_drop(self, acks: list[asyncio.Future[api.PubAck]], timeout: float) -> None:
+        """Wait for a window's acks, at most ``timeout``; when the connection drops first, the
+        acks still missing are cancelled at once (they cannot come) and so fall back to the
+        retrying path after the reconnect, not after the timeout."""
+        dropped = self._events.next_drop()
+
+        def cancel_missing(_: asyncio.Future[None]) -> None:
+            for ack in acks:
+                if not ack.done():
+                    ack.cancel()
+
+        dropped.add_done_callback(cancel_missing)
+        try:
+            await asyncio.wait(acks, timeout=timeout)
+        finally:
+            dropped.remove_done_callback(cancel_missing)
 
     async def _publish_pipelined(
         self, message: OutgoingMessage, timeout: float
@@ -483,7 +499,9 @@ class JetStreamPlane(DataPlane):
             if exhausted.is_work_queue(self, spec):
                 # Exhausted messages an outage left behind (advisories nobody heard).
                 await exhausted.sweep_now(self, spec)
-                self._sweepers.append(asyncio.create_task(exhausted.sweep_periodically(self, spec)))
+                self._sweepers.append(
+                    spawn(exhausted.sweep_periodically(self, spec), name=f"sweep-{spec.durable}")
+                )
             self._channels[spec.durable] = channel
         return channel
 
@@ -524,7 +542,7 @@ class JetStreamPlane(DataPlane):
         """Chunk ``index`` of ``ref`` (a ``chunking.ChunkReader``), None when it is gone."""
         subject = self.names.chunk_subject(ref, index)
         try:
-            raw = await self.js.get_msg(self.names.chunks_stream.name, subject=subject, direct=True)
+            raw = await self._direct_get(self.names.chunks_stream.name, subject=subject)
         except NotFoundError:
             return None
         return raw.data or b""
@@ -541,6 +559,47 @@ class JetStreamPlane(DataPlane):
         )
 
     # -- reading history ---------------------------------------------------------------------
+    async def _direct_get(
+        self,
+        stream: str,
+        seq: int | None = None,
+        *,
+        subject: str | None = None,
+        at_or_after: bool = False,
+    ) -> api.RawStreamMsg:
+        """A direct get (with ``at_or_after``: the first message on ``subject`` at or after
+        ``seq``) that rides out a broker outage as a publish does: an attempt whose connection
+        drops (its answer cannot come) or that times out (the broker away longer than the
+        timeout) is tried again once the connection is back, ``publish.retries`` times. A read
+        that gave up at its first timeout killed the trainer when a broker restart met its
+        weight publish."""
+        settings = self.config.publish
+        last_error: BaseException | None = None
+        for attempt in range(settings.retries + 1):
+            dropped = self._events.next_drop()
+            try:
+                # Cut short when the connection drops (its answer cannot come): a timeout, then
+                # the retry. Cheaper than racing a task per read against the drop.
+                async with asyncio.timeout(None) as deadline:
+                    on_drop = functools.partial(_expire_now, deadline)
+                    dropped.add_done_callback(on_drop)
+                    try:
+                        return await self.js.get_msg(
+                            stream, seq, subject=subject, direct=True, next=at_or_after
+                        )
+                    finally:
+                        dropped.remove_done_callback(on_drop)
+            except _RETRYABLE as error:
+                last_error = error
+                log.warning("read.retry", stream=stream, attempt=attempt + 1, error=repr(error))
+                with contextlib.suppress(TimeoutError):  # wait for the reconnect, do not spin
+                    async with asyncio.timeout(settings.timeout_s):
+                        await self._events.connected.wait()
+        raise DataPlaneError(
+            f"reading stream {stream} failed after {settings.retries + 1} attempts "
+            f"({settings.timeout_s:g}s each); last error {last_error!r}"
+        ) from last_error
+
     async def _stored(self, stream: str, raw: api.RawStreamMsg) -> StoredMessage:
         seq = int(raw.seq or 0)
         # History outlives chunks (they age out of their own stream) and keeps what consumers
@@ -553,7 +612,7 @@ class JetStreamPlane(DataPlane):
 
     async def get(self, stream: str, seq: int) -> StoredMessage:
         try:
-            raw = await self.js.get_msg(stream, seq, direct=True)
+            raw = await self._direct_get(stream, seq)
         except NotFoundError:
             raise KeyError(f"stream {stream} has no message {seq}") from None
         return await self._stored(stream, raw)
@@ -561,7 +620,7 @@ class JetStreamPlane(DataPlane):
     async def next_stored(self, stream: str, subject: str, from_seq: int) -> StoredMessage | None:
         """The first message on ``subject`` at or after ``from_seq``, or None."""
         try:
-            raw = await self.js.get_msg(stream, from_seq, subject=subject, direct=True, next=True)
+            raw = await self._direct_get(stream, from_seq, subject=subject, at_or_after=True)
         except NotFoundError:
             return None
         return await self._stored(stream, raw)
@@ -569,7 +628,7 @@ class JetStreamPlane(DataPlane):
     async def latest(self, subject: str) -> StoredMessage | None:
         stream = self.names.stream_for_subject(subject).name
         try:
-            raw = await self.js.get_msg(stream, subject=subject, direct=True)
+            raw = await self._direct_get(stream, subject=subject)
         except NotFoundError:
             return None
         return await self._stored(stream, raw)
@@ -595,7 +654,7 @@ class JetStreamPlane(DataPlane):
         count = 0
         while limit is None or count < limit:
             try:
-                raw = await self.js.get_msg(stream, seq, subject=subject, direct=True, next=True)
+                raw = await self._direct_get(stream, seq, subject=subject, at_or_after=True)
             except NotFoundError:
                 return
             message = await self._stored(stream, raw)
@@ -717,12 +776,18 @@ def monotonic_deadline(seconds: float) -> float:
     return time.monotonic() + seconds
 
 
+def _expire_now(deadline: asyncio.Timeout, _: object) -> None:
+    """Done-callback of a connection drop: the read under ``deadline`` times out now."""
+    with contextlib.suppress(RuntimeError):  # the read ended before this callback ran
+        deadline.reschedule(asyncio.get_running_loop().time())
+
+
 def _why_not_acked(future: asyncio.Future[api.PubAck], timeout_s: float) -> str:
     """Why a pipelined publish gets no ack (and stops being waited for)."""
     if not future.done():
         future.cancel()
         return f"no ack within {timeout_s:g}s"
     if future.cancelled():
-        return "cancelled"
+        return "cancelled (not sent, or the connection dropped before its ack)"
     error = future.exception()
     return str(error) or repr(error)

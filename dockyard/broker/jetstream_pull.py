@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
+import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -43,6 +45,17 @@ def user_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in (headers or {}).items() if k not in _SERVER_HEADERS}
 
 
+#: nats-py's errors for a message that did not go out: the connection is closed (the plane is
+#: closing), draining, or its outbound buffer is full while reconnecting.
+_UNREACHABLE = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+)
+
+
 class JetStreamDelivery(Delivery):
     def __init__(self, msg: Msg, *, data: bytes, headers: Mapping[str, str]) -> None:
         metadata = msg.metadata
@@ -56,16 +69,37 @@ class JetStreamDelivery(Delivery):
         self.data = data
 
     async def _ack(self) -> None:
-        await self._msg.ack()
+        await self._settle("ack", self._msg.ack)
 
     async def _nak(self, delay_s: float | None) -> None:
-        await self._msg.nak(delay=delay_s)
+        await self._settle("nak", functools.partial(self._msg.nak, delay=delay_s))
 
     async def _term(self, reason: str) -> None:
-        await self._msg.term()
+        await self._settle("term", self._msg.term)
 
     async def _in_progress(self) -> None:
-        await self._msg.in_progress()
+        await self._settle("in_progress", self._msg.in_progress)
+
+    async def _settle(self, how: str, send: Callable[[], Awaitable[None]]) -> None:
+        """Send a settle; one that cannot reach the broker is left to redelivery.
+
+        While nats-py reconnects it buffers the settle and sends it on reconnection; it raises
+        only when the connection is closed for good (no retry can succeed) or that buffer is
+        full (the broker has been away long). Either way the broker still holds the message and
+        redelivers it after the ack wait (consumers are idempotent): the role carries on.
+        """
+        try:
+            await send()
+        except _UNREACHABLE as error:
+            log.warning(
+                "settle.unreachable",
+                settle=how,
+                stream=self.stream,
+                subject=self.subject,
+                seq=self.seq,
+                error=repr(error),
+                outcome="left to redelivery after the ack wait",
+            )
 
 
 def is_status(msg: Msg) -> bool:

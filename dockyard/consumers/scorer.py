@@ -29,6 +29,7 @@ from dockyard.environments.timeouts import score_with_timeout
 from dockyard.schemas import Rollout
 from dockyard.utils.logging import get_logger
 from dockyard.utils.status import StatusFile
+from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)
 
@@ -103,11 +104,13 @@ class Scorer:
                     continue
                 received = await self.messages.fetch(consumer, Rollout, batch=free, timeout_s=0.5)
                 for item in received:
-                    task = asyncio.create_task(self.score_one(item))
+                    task = spawn(self.score_one(item), name=f"score-seq-{item.delivery.seq}")
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
             if tasks:
-                await asyncio.gather(*tasks)  # drain what is in hand
+                # Drain what is in hand. A group whose scoring failed is logged by its task and
+                # left unsettled (it comes back after its ack wait): it must not stop the scorer.
+                await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             for environment in self.environments.values():
                 await environment.aclose()

@@ -35,6 +35,7 @@ from dockyard.producers.rollouts import build_rollout
 from dockyard.schemas import EngineInfo, PromptGroup, WeightVersion
 from dockyard.utils.logging import get_logger
 from dockyard.utils.status import RUNNING, STARTING, StatusFile
+from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)
 
@@ -97,7 +98,7 @@ class RolloutWorker:
         self.stopping.set()
 
     async def run(self) -> None:
-        follower = asyncio.create_task(self.follow_weights(), name="weight-follower")
+        follower = spawn(self.follow_weights(), name="weight-follower")
         # Not ready until the first weights are in the engine: the trainer does not count its
         # starvation time while a worker it waits for is still starting.
         self.status.update(STARTING, detail="waiting for the first weights")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import nats
 import pytest
 from broker_test_utils import SecuredBroker, collect, eventually, fetch_until
 from nats.aio.msg import Msg
+from nats.js import api
 from structlog.testing import capture_logs
 
 from dockyard.broker.connection import ConnectError
@@ -85,6 +87,53 @@ async def _value(value: bool) -> bool:
 
 
 @pytest.mark.slow
+async def test_an_ordered_consumer_reset_after_a_restart_keeps_its_own_deliveries(
+    nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
+) -> None:
+    # The restarted server has lost the ordered consumer, so its heartbeats stop and nats-py
+    # resets it onto a new subscription id taken from the client's counter. That id must not
+    # be handed out again: a later subscription on it took over the ordered consumer's
+    # deliveries (the weight watch and blob reads of issue #17).
+    server = nats_server_factory()
+    config = data_plane_config_factory(server.url)  # type: ignore[attr-defined]
+    async with JetStreamPlane(config) as plane:
+        names = plane.names
+        watched: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_event(msg: Msg) -> None:
+            watched.put_nowait(msg.data)
+
+        # nats-py's own ordered consumer (dockyard's roles create none: they follow subjects by
+        # direct get), with a short heartbeat so the reset comes quickly.
+        await plane.js.subscribe(
+            names.weight_events,
+            stream=names.stream_for_subject(names.weight_events).name,
+            cb=on_event,
+            ordered_consumer=True,
+            deliver_policy=api.DeliverPolicy.ALL,
+            idle_heartbeat=1.0,
+        )
+        await plane.publish(names.weight_events, b"before", msg_id="before")
+        assert await asyncio.wait_for(watched.get(), 10) == b"before"
+
+        server.kill()  # type: ignore[attr-defined]
+        await asyncio.to_thread(server.restart)  # type: ignore[attr-defined]
+        await eventually(lambda: _value(plane.reconnects >= 1), what="the reconnect")
+        await plane.publish(names.weight_events, b"after", msg_id="after")
+        # Only a reset consumer delivers this one: the restarted server has no other.
+        assert await asyncio.wait_for(watched.get(), 30) == b"after"
+
+        # New subscriptions after the reset: the pull channel's inbox and its advisory watch.
+        assert await plane.fetch(names.rollout_consumer, 1, timeout_s=0.1) == []
+        await plane.publish(names.weight_events, b"event", msg_id="event")
+        await plane.publish(names.rollouts, b"rollout", msg_id="rollout")
+        assert await asyncio.wait_for(watched.get(), 10) == b"event"
+        fetched = await fetch_until(plane, names.rollout_consumer, 1)
+        assert [delivery.data for delivery in fetched] == [b"rollout"]
+        assert watched.empty()
+
+
+@pytest.mark.slow
 async def test_messages_held_by_a_dead_consumer_are_redelivered_then_dead_lettered(
     nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
 ) -> None:
@@ -128,6 +177,106 @@ async def test_messages_held_by_a_dead_consumer_are_redelivered_then_dead_letter
 async def _at_least(items: object, count: int) -> object:
     values = await items  # type: ignore[misc]
     return values if len(values) >= count else None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("request_kind", ["publish", "pipelined", "read"])
+async def test_a_request_lost_with_a_killed_broker_is_retried_once_it_is_back(
+    nats_server_factory: Callable[..., object],
+    data_plane_config_factory: ConfigFactory,
+    request_kind: str,
+) -> None:
+    # A request that went out just before the broker died is never answered. It used to wait
+    # for its whole timeout (10 s by default) before the retry: after a restart every role
+    # stalled that long on whatever it had in flight.
+    server = nats_server_factory()
+    timeout_s = 30.0
+    config = data_plane_config_factory(
+        server.url,  # type: ignore[attr-defined]
+        publish={"timeout_s": timeout_s, "retries": 2},
+    )
+    async with JetStreamPlane(config) as plane:
+        subject = plane.names.weight_events
+        await plane.publish(subject, b"v1", msg_id="v1")
+        requests = {
+            "publish": lambda: plane.publish(subject, b"v2", msg_id="v2"),
+            "pipelined": lambda: plane.publish_many([OutgoingMessage(subject, b"v2", "v2", {})]),
+            "read": lambda: plane.latest(subject),
+        }
+        os.kill(server.pid, signal.SIGSTOP)  # type: ignore[attr-defined]
+        try:
+            sent_before = plane.nc.stats["out_msgs"]
+            request = asyncio.ensure_future(requests[request_kind]())
+
+            async def handed_to_the_socket() -> bool:  # never to be answered by this process
+                return plane.nc.stats["out_msgs"] > sent_before and not plane.nc.pending_data_size
+
+            await eventually(handed_to_the_socket, what="the request sent")
+            assert not request.done()
+        finally:
+            server.kill()  # type: ignore[attr-defined]
+        started = time.monotonic()
+        await asyncio.to_thread(server.restart)  # type: ignore[attr-defined]
+        answer = await asyncio.wait_for(request, timeout_s / 3)
+        assert time.monotonic() - started < timeout_s / 3
+    if request_kind == "read":
+        assert answer is not None and answer.data == b"v1"  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+async def test_a_read_while_the_broker_restarts_returns_once_it_is_back(
+    nats_server_factory: Callable[..., object], data_plane_config_factory: ConfigFactory
+) -> None:
+    # The trainer reads the blob manifest of every weight version it publishes; such a read
+    # during a broker restart raised nats' TimeoutError and killed the trainer.
+    server = nats_server_factory()
+    config = data_plane_config_factory(
+        server.url,  # type: ignore[attr-defined]
+        publish={"timeout_s": 0.5, "retries": 40},
+    )
+    async with JetStreamPlane(config) as plane:
+        subject = plane.names.weight_events
+        await plane.publish(subject, b"v1", msg_id="v1")
+        server.kill()  # type: ignore[attr-defined]
+        with capture_logs() as events:
+            reading = asyncio.ensure_future(plane.latest(subject))
+            # The read outlives its first timeout while the broker is away...
+            await eventually(
+                lambda: _value(any(e["event"] == "read.retry" for e in events) or reading.done()),
+                what="a retried read",
+            )
+            assert not reading.done()
+            await asyncio.to_thread(server.restart)  # type: ignore[attr-defined]
+            # ...and returns what the restarted broker still holds.
+            latest = await asyncio.wait_for(reading, 30)
+        assert latest is not None and latest.data == b"v1"
+
+
+@pytest.mark.parametrize("settle", ["ack", "nak", "term", "in_progress"])
+async def test_a_settle_that_cannot_reach_the_broker_is_logged_and_the_message_comes_back(
+    nats_server_factory: Callable[..., object],
+    data_plane_config_factory: ConfigFactory,
+    settle: str,
+) -> None:
+    # Issue #17: a scorer whose ack met a closed connection died of ConnectionClosedError.
+    server = nats_server_factory()
+    config = data_plane_config_factory(server.url)  # type: ignore[attr-defined]
+    async with JetStreamPlane(config) as survivor:
+        names = survivor.names
+        await survivor.publish(names.rollouts, b"work", msg_id="work")
+        async with JetStreamPlane(config) as closing:
+            (delivery,) = await fetch_until(closing, names.rollout_consumer, 1)
+            await closing.nc.close()  # gone between the delivery and its settle
+            with capture_logs() as events:
+                await getattr(delivery, settle)()
+        warnings = [e for e in events if e["event"] == "settle.unreachable"]
+        assert [(w["settle"], w["subject"], w["seq"]) for w in warnings] == [
+            (settle, names.rollouts, delivery.seq)
+        ]
+        assert "ConnectionClosedError" in warnings[0]["error"]
+        # The broker never heard of the settle: the message comes back after the ack wait.
+        (again,) = await fetch_until(survivor, names.rollout_consumer, 1)
+        assert (again.data, again.num_delivered) == (b"work", 2)
 
 
 async def test_publishing_while_the_broker_is_down_fails_clearly_with_bounded_buffer(

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import nats
 import pytest
 from broker_test_utils import collect, eventually, fetch_until
+from nats.aio.client import Client as NatsClient
 from structlog.testing import capture_logs
 
 from dockyard.broker import exhausted, jetstream
@@ -230,17 +231,18 @@ async def test_a_pipelined_publish_that_never_goes_out_gives_its_slot_back(
     config = data_plane_config_factory(nats_server.url, publish={"window": 4, "timeout_s": 5})
     async with JetStreamPlane(config) as plane:
         subject = plane.names.scored
-        real_publish = plane.nc.publish
+        real_publish = NatsClient.publish
         failures = 2
 
-        async def failing_publish(*args: object, **kwargs: object) -> None:
+        async def failing_publish(client: NatsClient, *args: object, **kwargs: object) -> None:
             nonlocal failures
             if failures:
                 failures -= 1
                 raise nats.errors.OutboundBufferLimitError
-            await real_publish(*args, **kwargs)  # type: ignore[arg-type]
+            await real_publish(client, *args, **kwargs)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(plane.nc, "publish", failing_publish)
+        # nats-py's own publish fails, as it does while reconnecting with a full buffer.
+        monkeypatch.setattr(NatsClient, "publish", failing_publish)
         first = [OutgoingMessage(subject, b"%d" % i, f"unsent-{i}", {}) for i in range(2)]
         with capture_logs() as events:
             acks = await plane.publish_many(first)  # both fall back to the retrying path

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
+
+import pytest
+from structlog.testing import capture_logs
 
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.typed import MessagePlane
 from dockyard.config.sections.env import EnvConfig
 from dockyard.consumers.scorer import Scorer
 from dockyard.consumers.scoring import to_scored_rollout, to_scoring_group
-from dockyard.environments.base import EnvironmentContext
+from dockyard.environments.base import EnvironmentContext, InvalidScoringInput
 from dockyard.environments.registry import build_environment
 from dockyard.schemas import DeadLetter, Rollout, ScoredRollout, decode, encode
+from tests.integration.broker.broker_test_utils import fetch_until
 from tests.integration.broker.poison_headers import CORPUS, publish_poison
 from tests.integration.roles.factories import TOKENIZER, prompt_group, rollout
 
@@ -221,3 +226,59 @@ async def test_a_failed_publish_of_the_score_naks_the_group_for_later(data_plane
         scored = await stored(plane, plane.names.scored)
         assert len(scored) == 1
         assert await stored(plane, plane.names.dead_letters) == []
+
+
+async def _score_anyway(group):
+    return await build_environment("arithmetic").score(group)
+
+
+async def _refuse(group):
+    raise InvalidScoringInput("missing_ground_truth", "stand-in for an unusable group")
+
+
+@pytest.mark.parametrize(
+    ("then", "reported_as"),
+    [
+        (_score_anyway, "settle.unreachable"),  # the score cannot be sent; nor the nak after it
+        (_refuse, "task.failed"),  # the dead letter cannot be sent: the task itself fails
+    ],
+)
+async def test_a_scorer_that_loses_its_connection_mid_task_runs_on(
+    data_plane_config, then, reported_as
+):
+    # Issue #17: a scorer whose settle met a closed connection died of an exception in a task
+    # nobody awaited ("Task exception was never retrieved") and exited 1.
+    unobserved: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    previous_handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: unobserved.append(context))
+    try:
+        async with (
+            JetStreamPlane(data_plane_config) as plane,
+            JetStreamPlane(data_plane_config) as scorer_plane,
+        ):
+
+            async def lose_the_connection(group):
+                await scorer_plane.nc.close()
+                return await then(group)
+
+            environment = f"closing-for-test-{then.__name__}"
+            registered_environment(environment, lose_the_connection)
+            group = prompt_group("g-closing").model_copy(update={"environment": environment})
+            await MessagePlane(plane, stage="test").publish(rollout(group, ["46", "46"]))
+            with capture_logs() as events:
+                async with running_scorer(MessagePlane(scorer_plane, stage="scorer")) as scorer:
+                    await wait_for(lambda: _logged(events, reported_as))
+                    # Nothing lost: the broker gives the group to the next scorer that asks.
+                    (again,) = await fetch_until(plane, plane.names.rollout_consumer, 1)
+                    assert again.num_delivered == 2
+                    assert not scorer.stopping.is_set()
+                # running_scorer stops it and waits: the scorer ran on and stops cleanly.
+        gc.collect()  # a failed task nobody awaited is reported when it is collected
+        assert unobserved == []
+    finally:
+        loop.set_exception_handler(previous_handler)
+
+
+async def _logged(events: list[dict[str, object]], name: str) -> bool:
+    return any(event["event"] == name for event in events)

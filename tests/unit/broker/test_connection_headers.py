@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.client import Client as NatsClient
 
-from dockyard.broker.connection import FastHeadersClient
+from dockyard.broker.connection import DockyardClient
 
 # Bytes a header block can hold, weighted towards the ones that matter to the parser:
 # separators, every kind of ASCII whitespace, non-ASCII bytes, and invalid UTF-8.
@@ -21,7 +21,7 @@ _BLOCKS = st.lists(
 
 @given(_BLOCKS)
 def test_same_headers_as_nats_py(raw):
-    assert FastHeadersClient._parse_header_lines(raw) == NatsClient._parse_header_lines(raw)
+    assert DockyardClient._parse_header_lines(raw) == NatsClient._parse_header_lines(raw)
 
 
 def test_dockyard_headers():
@@ -30,7 +30,7 @@ def test_dockyard_headers():
         b"Dockyard-Schema-Version: 3.0\r\nDockyard-Codec: msgpack+zstd\r\n"
         b"Bad Name: skipped\r\nCaf\xc3\xa9: skipped too\r\nnot a header\r\n\r\n"
     )
-    assert FastHeadersClient._parse_header_lines(raw) == {
+    assert DockyardClient._parse_header_lines(raw) == {
         "Nats-Msg-Id": "scored_rollout:g-1:0",
         "Dockyard-Schema": "scored_rollout",
         "Dockyard-Schema-Version": "3.0",
