@@ -77,7 +77,11 @@ def _run_unittest(checkout, paths, collect):
         loader.discover(os.path.join(checkout, path), top_level_dir=checkout) for path in paths
     )
     if collect:
-        return {test.id(): "collected" for test in _leaves(suite)}
+        # A module that failed to import is collected as a stand-in test: report it as failed.
+        return {
+            test.id(): FAILED if isinstance(test, unittest.loader._FailedTest) else "collected"
+            for test in _leaves(suite)
+        }
     recorder = Recorder()
     suite.run(recorder)
     return recorder.outcomes
@@ -94,7 +98,11 @@ def _run_pytest(checkout, paths, collect):
 
         def pytest_collection_finish(self, session):
             if collect:
-                self.outcomes = {item.nodeid: "collected" for item in session.items}
+                self.outcomes.update({item.nodeid: "collected" for item in session.items})
+
+        def pytest_collectreport(self, report):
+            if report.failed:
+                self.outcomes[report.nodeid] = FAILED
 
         def pytest_runtest_logreport(self, report):
             if self.outcomes.get(report.nodeid) == FAILED:

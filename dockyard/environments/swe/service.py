@@ -125,6 +125,10 @@ class SWEJobRunner:
                 raise SandboxUnavailableError(
                     f"repo {repo}: collecting its tests failed: {error}; {_tail(run)}"
                 ) from None
+        broken = sorted(test for test, outcome in collected.items() if outcome == "failed")
+        if broken:
+            # Tests that cannot be collected from the snapshot could never be counted.
+            raise SandboxUnavailableError(f"repo {repo}: tests fail to collect: {broken}")
         tests = frozenset(test for test in collected if nonce not in test)
         if len(tests) == len(collected) or not tests:
             raise SandboxUnavailableError(

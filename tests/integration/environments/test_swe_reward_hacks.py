@@ -16,6 +16,7 @@ import pytest
 from swe_repo import BUGGY, TESTS, diff, make_calc
 
 from dockyard.config.sections.env import SandboxLimits
+from dockyard.environments.sandbox import SandboxUnavailableError
 from dockyard.environments.swe.policy import RepoPolicy, ServicePolicy
 from dockyard.environments.swe.protocol import SWEJobRequest, SWEJobResult
 from dockyard.environments.swe.service import SWEJobRunner
@@ -170,3 +171,11 @@ def test_pytest_repos_resist_shadowing_and_forging(runner: SWEJobRunner, tmp_pat
     patched = "import unittest\nunittest.TestCase.assertEqual = lambda *args, **kwargs: None\n"
     result = _product(pytest_runner, patched + BUGGY)
     assert result.status == "integrity_violation", result
+
+
+def test_a_snapshot_whose_tests_do_not_import_is_refused_at_start(tmp_path: Path) -> None:
+    # Its tests could never be counted: the service says so instead of scoring every patch 0.
+    repos = make_calc(tmp_path, {"test_broken.py": "import no_such_module\n"})
+    policy = ServicePolicy(repos={"calc": RepoPolicy(framework="unittest")})
+    with pytest.raises(SandboxUnavailableError, match=r"tests fail to collect: .*test_broken"):
+        SWEJobRunner(repos, SandboxLimits(wall_time_s=60), policy)
