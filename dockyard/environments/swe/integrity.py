@@ -41,8 +41,19 @@ _FILE_HEADER = re.compile(r'^(?:---|\+\+\+) "?(.+?)"?(?:\t.*)?$')
 _RENAME_COPY = re.compile(r"^(?:rename|copy) (?:from|to) (.+)$")
 
 
+def _unquote(path: str) -> str:
+    """Git's C-style quoting (``"t\\145sts/x"`` is ``tests/x``), undone as ``git apply`` does."""
+    if "\\" not in path:
+        return path
+    try:
+        raw = path.encode("latin-1", "backslashreplace").decode("unicode_escape")
+        return raw.encode("latin-1").decode("utf-8", "replace")
+    except (UnicodeError, ValueError):
+        return path
+
+
 def _strip_prefix(path: str) -> str | None:
-    path = path.strip()
+    path = _unquote(path.strip().strip('"'))
     if path == "/dev/null":
         return None
     if path.startswith(("a/", "b/")):

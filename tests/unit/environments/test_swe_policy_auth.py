@@ -10,6 +10,11 @@ from dockyard.config.sections.env import SWEEnvConfig
 from dockyard.environments import InvalidScoringInput, SampleInput, ScoringGroup
 from dockyard.environments.swe.auth import TOKEN_ENV, TokenError, is_loopback, read_token
 from dockyard.environments.swe.environment import SWEEnvironment
+from dockyard.environments.swe.integrity import (
+    DEFAULT_PROTECTED_PATHS,
+    integrity_problems,
+    touched_paths,
+)
 from dockyard.environments.swe.policy import PolicyError, RepoPolicy, load_policy
 
 TOKEN = "0123456789abcdef-token"
@@ -115,3 +120,15 @@ def test_the_client_refuses_an_unusable_token_file(tmp_path: Path) -> None:
     path = _token_file(tmp_path, TOKEN, 0o644)
     with pytest.raises(ValueError, match=r"env\.swe\.sandbox_token_file: .*readable by others"):
         SWEEnvironment(SWEEnvConfig(sandbox_token_file=str(path)))
+
+
+def test_the_early_header_check_reads_quoted_paths_as_git_does() -> None:
+    # git writes (and git apply reads) unusual names C-quoted with octal escapes: \145 is "e".
+    name = r"t\145sts/t\145st_calc.py"
+    patch = f'diff --git "a/{name}" "b/{name}"\n--- "a/{name}"\n+++ "b/{name}"\n@@ -1 +1 @@\n'
+    assert touched_paths(patch) == {"tests/test_calc.py"}
+    assert integrity_problems(patch, DEFAULT_PROTECTED_PATHS) == [
+        "tests/test_calc.py is a test or test-runner file"
+    ]
+    utf8 = 'diff --git "a/caf\\303\\251.py" "b/caf\\303\\251.py"\n'
+    assert touched_paths(utf8) == {"café.py"}
