@@ -11,6 +11,8 @@ from dockyard.cli import CliError, CommandRegistrar, add_subcommands
 def _serve(args: argparse.Namespace) -> int:
     from dockyard.config.sections.env import SandboxLimits
     from dockyard.environments.sandbox import SandboxUnavailableError
+    from dockyard.environments.swe.auth import TokenError, read_token
+    from dockyard.environments.swe.policy import PolicyError, load_policy
     from dockyard.environments.swe.service import SandboxHTTPServer, SWEJobRunner
     from dockyard.utils.logging import get_logger
 
@@ -26,11 +28,12 @@ def _serve(args: argparse.Namespace) -> int:
             max_processes=args.max_processes,
             python_executable=args.python,
         )
-        runner = SWEJobRunner(repos, limits)
-    except (ValueError, SandboxUnavailableError) as error:
+        token = read_token(args.token_file)
+        policy = load_policy(Path(args.policy) if args.policy else None)
+        runner = SWEJobRunner(repos, limits, policy)
+        server = SandboxHTTPServer((args.host, args.port), runner, args.max_jobs, token)
+    except (ValueError, TokenError, PolicyError, SandboxUnavailableError) as error:
         raise CliError(str(error)) from None
-    try:
-        server = SandboxHTTPServer((args.host, args.port), runner, max_jobs=args.max_jobs)
     except OSError as error:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {error}") from None
     # One line on stdout that launchers (and the tests) read to learn the bound port.
@@ -40,6 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
         url=server.url,
         repos=runner.repositories(),
         python=runner.sandbox.python,
+        token_required=token is not None,
     )
     try:
         server.serve_forever()
@@ -63,5 +67,17 @@ def register(registrar: CommandRegistrar) -> None:
     serve.add_argument("--memory-mb", type=int, default=2048)
     serve.add_argument("--max-output-bytes", type=int, default=1_000_000)
     serve.add_argument("--max-processes", type=int, default=64)
-    serve.add_argument("--python", default=None, help="interpreter for {python} in test commands")
+    serve.add_argument("--python", default=None, help="interpreter the tests run under")
+    serve.add_argument(
+        "--policy",
+        default=None,
+        help="YAML scoring policy: framework, test paths, protected paths per repo "
+        "(default: pytest, tests/, the built-in protected set)",
+    )
+    serve.add_argument(
+        "--token-file",
+        default=None,
+        help="file (mode 0600) holding the bearer token clients must send; else "
+        "$DOCKYARD_SANDBOX_TOKEN; required unless --host is a loopback address",
+    )
     serve.set_defaults(handler=_serve)

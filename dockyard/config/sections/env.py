@@ -69,14 +69,24 @@ class CodeEnvConfig(EnvSettings):
 
 class SWEEnvConfig(EnvSettings):
     reward_mode: Literal["binary", "fraction"] = "binary"
-    integrity_check: bool = Field(True, description="refuse patches that touch tests/runner")
+    integrity_check: bool = Field(
+        True,
+        description="refuse, before sending, patches whose diff headers name a test/runner "
+        "path (the sandbox service enforces its own policy on what git apply changes anyway)",
+    )
     sandbox_urls: list[str] = Field(default_factory=list)
+    sandbox_token_file: str | None = Field(
+        None,
+        description="file (mode 0600) with the sandbox service's bearer token; unset = "
+        "$DOCKYARD_SANDBOX_TOKEN if set, else no token",
+    )
     connect_retries: PositiveInt = Field(
         3, description="rounds over sandbox_urls on connection failure, within task_timeout"
     )
     protected_paths: list[str] = Field(
         default_factory=list,
-        description="extra globs a patch may not touch, beyond the default test/runner set",
+        description="extra globs the early (header) check refuses, beyond the default set; "
+        "the service's protected paths are its --policy",
     )
     task_timeout: PositiveFloat = 1800.0
     limits: SandboxLimits = Field(default_factory=SandboxLimits)

@@ -1,8 +1,14 @@
 """``swe``: score a generated patch by running the repository's tests in the sandbox service.
 
 Ground truth (``group.ground_truth`` mapping, else ``group.extra``): ``repo`` (snapshot name on
-the service), optional ``test_command`` (argv, ``{python}`` = the sandbox interpreter) and
-``protected_paths`` (globs added to the defaults and to ``env.swe.protected_paths``).
+the service) and optional ``protected_paths`` (globs added to the defaults and to
+``env.swe.protected_paths`` for the early check below). How the tests run and what they protect
+is the sandbox service's own policy; a ``test_command`` in the data is refused.
+
+With ``env.swe.integrity_check`` a patch whose diff headers name a protected path is refused
+here, without a round trip. That reads header text only; the service decides on what
+``git apply`` really changed, whatever this check says. With a token
+(``env.swe.sandbox_token_file`` or ``$DOCKYARD_SANDBOX_TOKEN``) every request carries it.
 
 Samples of a group are sent concurrently. Each sample's job starts at URL
 ``crc32(group_id/index) % len(urls)`` (deterministic spreading) and moves to the next URL on a
@@ -31,8 +37,9 @@ from dockyard.environments.base import (
     ScoringGroup,
 )
 from dockyard.environments.registry import register_environment
+from dockyard.environments.swe.auth import TokenError, read_token
 from dockyard.environments.swe.integrity import DEFAULT_PROTECTED_PATHS, integrity_problems
-from dockyard.environments.swe.protocol import JOBS_PATH, SWEJobRequest, SWEJobResult
+from dockyard.environments.swe.protocol import AUTH_HEADER, JOBS_PATH, SWEJobRequest, SWEJobResult
 from dockyard.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -68,13 +75,18 @@ def _job_fields(group: ScoringGroup) -> Mapping[str, object]:
     repo = truth.get("repo")
     if not isinstance(repo, str) or not repo:
         raise InvalidScoringInput("missing_repo", f"group {group.group_id} names no repo")
+    if truth.get("test_command") is not None:
+        raise InvalidScoringInput(
+            "test_command_in_data",
+            f"group {group.group_id} sets test_command: the sandbox service's --policy decides "
+            "how tests run",
+        )
     fields: dict[str, object] = {"repo": repo}
-    for key in ("test_command", "protected_paths"):
-        value = truth.get(key)
-        if value is not None:
-            if not isinstance(value, Sequence) or isinstance(value, str):
-                raise InvalidScoringInput(f"bad_{key}", f"{key} must be a list of strings")
-            fields[key] = [str(item) for item in value]
+    value = truth.get("protected_paths")
+    if value is not None:
+        if not isinstance(value, Sequence) or isinstance(value, str):
+            raise InvalidScoringInput("bad_protected_paths", "protected_paths must be a list")
+        fields["protected_paths"] = [str(item) for item in value]
     return fields
 
 
@@ -86,6 +98,13 @@ class SWEEnvironment(Environment):
     def __init__(self, settings: SWEEnvConfig) -> None:
         super().__init__(settings)
         self._client: httpx.AsyncClient | None = None
+        try:
+            token = read_token(settings.sandbox_token_file)
+        except TokenError as error:
+            raise ValueError(f"env.swe.sandbox_token_file: {error}") from None
+        self._headers = {"Content-Type": "application/json"}
+        if token is not None:
+            self._headers[AUTH_HEADER] = f"Bearer {token.decode()}"
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -129,12 +148,7 @@ class SWEEnvironment(Environment):
             if problems:
                 return _refused("; ".join(problems))
         request = SWEJobRequest(
-            repo=fields["repo"],
-            patch=patch,
-            protected_paths=protected,
-            integrity_check=self.settings.integrity_check,
-            timeout_s=max(deadline - time.monotonic(), 0.001),
-            **({"test_command": fields["test_command"]} if "test_command" in fields else {}),
+            repo=fields["repo"], patch=patch, timeout_s=max(deadline - time.monotonic(), 0.001)
         )
         result = await self._submit(request, group.group_id, index, deadline)
         return self._to_score(result)
@@ -157,7 +171,7 @@ class SWEEnvironment(Environment):
                 response = await self._http().post(
                     url.rstrip("/") + JOBS_PATH,
                     content=request.model_dump_json(),
-                    headers={"Content-Type": "application/json"},
+                    headers=self._headers,
                     timeout=timeout,
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as error:
@@ -167,6 +181,12 @@ class SWEEnvironment(Environment):
             if response.status_code in _RETRYABLE_STATUS:
                 failures.append(f"{url}: HTTP {response.status_code}")
                 continue
+            if response.status_code in (401, 403):
+                # Not the sample's fault: a scorer without the service's token is misconfigured.
+                raise SandboxServiceUnavailableError(
+                    f"{url} refused the job (HTTP {response.status_code}): check "
+                    "env.swe.sandbox_token_file"
+                )
             response.raise_for_status()
             return SWEJobResult.model_validate_json(response.content)
         raise SandboxServiceUnavailableError(

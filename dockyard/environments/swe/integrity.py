@@ -1,4 +1,9 @@
-"""Which files a diff touches, which of them are tests or the test runner, and their hashes.
+"""Which files are tests or the test runner, what a patch changed of them, and locking them.
+
+Two uses: :func:`integrity_problems` reads a diff's header text, a quick early refusal for the
+client (it can be fooled by quoting, so the sandbox service does not rely on it); the service
+applies the patch and compares :func:`hash_protected_files` of the result with the pristine
+snapshot's, i.e. decides on what ``git apply`` actually did.
 
 Pattern semantics: a glob without ``/`` matches any single path component (``tests`` protects
 every ``tests/`` directory, ``test_*.py`` every such file anywhere); a glob with ``/`` is matched
@@ -36,8 +41,19 @@ _FILE_HEADER = re.compile(r'^(?:---|\+\+\+) "?(.+?)"?(?:\t.*)?$')
 _RENAME_COPY = re.compile(r"^(?:rename|copy) (?:from|to) (.+)$")
 
 
+def _unquote(path: str) -> str:
+    """Git's C-style quoting (``"t\\145sts/x"`` is ``tests/x``), undone as ``git apply`` does."""
+    if "\\" not in path:
+        return path
+    try:
+        raw = path.encode("latin-1", "backslashreplace").decode("unicode_escape")
+        return raw.encode("latin-1").decode("utf-8", "replace")
+    except (UnicodeError, ValueError):
+        return path
+
+
 def _strip_prefix(path: str) -> str | None:
-    path = path.strip()
+    path = _unquote(path.strip().strip('"'))
     if path == "/dev/null":
         return None
     if path.startswith(("a/", "b/")):
@@ -107,3 +123,29 @@ def hash_protected_files(root: Path, patterns: Iterable[str]) -> Mapping[str, st
             else:
                 digests[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
     return digests
+
+
+def protected_changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
+    """Protected paths added, removed or changed between two :func:`hash_protected_files`."""
+    return sorted(
+        path for path in before.keys() | after.keys() if before.get(path) != after.get(path)
+    )
+
+
+def lock_protected(root: Path, relative_paths: Iterable[str]) -> None:
+    """Make protected files root-owned and read-only to the run, and their directories sticky.
+
+    Root-owned ``0o1777`` directories (like ``/tmp``): the run's uid may still create files
+    there, but cannot delete, rename or replace what it does not own, so neither a test file nor
+    a directory holding one can be swapped out, even for a moment. Needs root.
+    """
+    directories: set[Path] = set()
+    for relative in relative_paths:
+        path = root / relative
+        os.lchown(path, 0, 0)
+        if not path.is_symlink():
+            os.chmod(path, 0o644 | (path.stat().st_mode & 0o111))
+        directories.update(root / parent for parent in PurePosixPath(relative).parents)
+    for directory in directories:
+        os.chown(directory, 0, 0)
+        os.chmod(directory, 0o1777)

@@ -2,7 +2,8 @@
 
 ``POST /v1/jobs`` with a :class:`SWEJobRequest` answers a :class:`SWEJobResult` once the job ran
 (the request is held open for the job's duration). ``GET /healthz`` answers
-``{"status": "ok", "repos": [...]}``.
+``{"status": "ok", "repos": [...]}``. When the service has a token, every request carries
+``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
@@ -13,32 +14,20 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 JOBS_PATH = "/v1/jobs"
 HEALTH_PATH = "/healthz"
-PYTHON_PLACEHOLDER = "{python}"
+AUTH_HEADER = "Authorization"
+# Fields older clients sent; the service names them in its refusal (its policy decides them).
+POLICY_FIELDS = ("test_command", "protected_paths", "integrity_check")
 
 JobStatus = Literal["passed", "failed", "patch_failed", "integrity_violation", "timeout"]
 
 
 class SWEJobRequest(BaseModel):
+    """What a client may ask: a patch against a repository. How it is tested is the service's."""
+
     model_config = ConfigDict(extra="forbid")
 
     repo: str = Field(description="a snapshot directory name under the service's --repos")
     patch: str = Field(description="unified diff, paths relative to the repository root")
-    test_command: list[str] = Field(
-        default_factory=lambda: [
-            PYTHON_PLACEHOLDER,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-        ],
-        min_length=1,
-        description=f"argv run in the checkout; {PYTHON_PLACEHOLDER} is the sandbox interpreter",
-    )
-    protected_paths: list[str] = Field(
-        default_factory=list, description="globs the patch may not touch, beyond the defaults"
-    )
-    integrity_check: bool = True
     timeout_s: PositiveFloat = Field(600.0, description="wall clock of the test run")
 
 

@@ -1,17 +1,32 @@
 """The SWE sandbox service behind ``dockyard sandbox serve``: stdlib HTTP, one thread per request.
 
-Each job gets an isolated temporary checkout (a copy of ``--repos/<repo>`` inside a sandbox
-session, i.e. its own directory and, as root, its own uid), applies the patch with ``git apply``
-*inside the sandbox*, runs the test command there under the same limits as the ``code``
-environment, and compares hashes of the protected (test / runner) files before and after.
+A job is a patch against a repository snapshot under ``--repos``; everything else (framework,
+test paths, protected paths) is the service's :class:`ServicePolicy`. Each job gets a throwaway
+checkout inside a sandbox session (its own directory and, as root, its own uid) and:
+
+1. applies the patch with ``git apply`` *inside the sandbox*;
+2. compares the protected (test / runner) files of the result with the pristine snapshot's:
+   whatever path ``git apply`` really touched counts, not what the diff headers say;
+3. plants a canary test that must fail, and makes the protected files root-owned and their
+   directories sticky, so the run cannot change, swap or delete them;
+4. runs the tests with :mod:`._suite_runner` (copied in from outside the checkout, ``python -I``)
+   which records each test's outcome in a report file; the job's result counts the tests
+   collected from the pristine snapshot at start-up, by id, from that report, never from output.
+
+The scoring threat model in docs/operations.md says what this defends against and what not.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import random
+import secrets
 import shutil
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,21 +34,28 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from dockyard.config.sections.env import SandboxLimits
-from dockyard.environments.sandbox import Sandbox, SandboxResult, SandboxSession
-from dockyard.environments.swe.integrity import (
-    DEFAULT_PROTECTED_PATHS,
-    hash_protected_files,
-    integrity_problems,
-    touched_paths,
+from dockyard.environments.sandbox import (
+    Sandbox,
+    SandboxResult,
+    SandboxSession,
+    SandboxUnavailableError,
 )
+from dockyard.environments.swe.auth import TOKEN_ENV, TokenError, is_loopback
+from dockyard.environments.swe.integrity import (
+    hash_protected_files,
+    lock_protected,
+    protected_changes,
+)
+from dockyard.environments.swe.policy import RepoPolicy, ServicePolicy
 from dockyard.environments.swe.protocol import (
+    AUTH_HEADER,
     HEALTH_PATH,
     JOBS_PATH,
-    PYTHON_PLACEHOLDER,
+    POLICY_FIELDS,
     SWEJobRequest,
     SWEJobResult,
 )
-from dockyard.environments.swe.test_report import parse_test_counts
+from dockyard.environments.swe.test_report import ReportError, Verdict, judge, read_outcomes
 from dockyard.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -41,35 +63,89 @@ logger = get_logger(__name__)
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 _OUTPUT_TAIL_CHARS = 2000
 _CHECKOUT = "repo"
+_RUNNER = Path(__file__).with_name("_suite_runner.py")
+_REPORT = "outcomes.json"
+# The canary is an ordinary-looking unittest case (pytest collects those too) whose only
+# assertion is false; its name is random per job so product code cannot single it out by name.
+_CANARY = """import unittest
+
+
+class Test{nonce}(unittest.TestCase):
+    def test_{nonce}(self):
+        self.assertEqual({left}, {right})
+"""
+
+
+@dataclass(frozen=True)
+class RepoBaseline:
+    """What a repository's pristine snapshot looks like to the scorer; computed at start-up."""
+
+    policy: RepoPolicy
+    protected: Mapping[str, str]  # sha256 of every protected file
+    tests: frozenset[str]  # test ids the runner collects
 
 
 class SWEJobRunner:
     """Runs jobs against the snapshots in ``repos_dir``; safe to call from many threads."""
 
-    def __init__(self, repos_dir: Path, limits: SandboxLimits) -> None:
+    def __init__(self, repos_dir: Path, limits: SandboxLimits, policy: ServicePolicy) -> None:
         self.repos_dir = repos_dir.resolve()
         self.limits = limits
         self.sandbox = Sandbox(limits)
+        git = shutil.which("git")
+        if git is None:
+            raise SandboxUnavailableError("git is needed to apply patches; install git")
+        self.git = git
+        unknown = sorted(set(policy.repos) - set(self.repositories()))
+        if unknown:
+            raise SandboxUnavailableError(f"the policy names repos not under --repos: {unknown}")
+        self.baselines = {
+            repo: self._baseline(repo, policy.for_repo(repo)) for repo in self.repositories()
+        }
 
     def repositories(self) -> list[str]:
-        return sorted(entry.name for entry in self.repos_dir.iterdir() if entry.is_dir())
+        return sorted(
+            entry.name
+            for entry in self.repos_dir.iterdir()
+            if entry.is_dir() and not entry.name.startswith(".")
+        )
+
+    def _baseline(self, repo: str, policy: RepoPolicy) -> RepoBaseline:
+        snapshot = self.repos_dir / repo
+        for path in policy.test_paths:
+            if not (snapshot / path).is_dir():
+                raise SandboxUnavailableError(f"repo {repo}: test path {path!r} is no directory")
+        with self.sandbox.session() as session:
+            checkout = self._checkout(session, snapshot)
+            nonce, _ = self._plant_canary(checkout, policy)
+            run = self._run_suite(session, checkout, policy, "collect", None)
+            try:
+                collected = read_outcomes(session.directory / _REPORT)
+            except ReportError as error:
+                raise SandboxUnavailableError(
+                    f"repo {repo}: collecting its tests failed: {error}; {_tail(run)}"
+                ) from None
+        broken = sorted(test for test, outcome in collected.items() if outcome == "failed")
+        if broken:
+            # Tests that cannot be collected from the snapshot could never be counted.
+            raise SandboxUnavailableError(f"repo {repo}: tests fail to collect: {broken}")
+        tests = frozenset(test for test in collected if nonce not in test)
+        if len(tests) == len(collected) or not tests:
+            raise SandboxUnavailableError(
+                f"repo {repo}: {'the canary' if tests else 'no test'} is collected from "
+                f"{list(policy.test_paths)} ({policy.framework}); {_tail(run)}"
+            )
+        protected = hash_protected_files(snapshot, policy.protected_patterns())
+        logger.info("repo baseline", repo=repo, tests=len(tests), protected_files=len(protected))
+        return RepoBaseline(policy=policy, protected=protected, tests=tests)
 
     def run(self, request: SWEJobRequest) -> SWEJobResult:
-        snapshot = self.repos_dir / request.repo
-        if "/" in request.repo or request.repo.startswith(".") or not snapshot.is_dir():
+        baseline = self.baselines.get(request.repo)
+        if baseline is None:
             return SWEJobResult(status="patch_failed", detail=f"unknown repo {request.repo!r}")
-        patterns = [*DEFAULT_PROTECTED_PATHS, *request.protected_paths]
-        if not touched_paths(request.patch):
-            return SWEJobResult(status="patch_failed", detail="the patch touches no file")
-        problems = integrity_problems(request.patch, patterns)
-        if request.integrity_check and problems:
-            return SWEJobResult(status="integrity_violation", detail="; ".join(problems))
         deadline = time.monotonic() + request.timeout_s
         with self.sandbox.session() as session:
-            checkout = session.directory / _CHECKOUT
-            shutil.copytree(snapshot, checkout, symlinks=True)
-            session.give_to_sandbox(checkout)
-            before = hash_protected_files(checkout, patterns)
+            checkout = self._checkout(session, self.repos_dir / request.repo)
             applied = self._apply(session, checkout, request.patch, deadline)
             if not applied.ok:
                 return SWEJobResult(
@@ -78,55 +154,113 @@ class SWEJobRunner:
                     detail="git apply failed",
                     output_tail=_tail(applied),
                 )
-            tests = self._run_tests(session, checkout, request.test_command, deadline)
-            after = hash_protected_files(checkout, patterns)
-        if request.integrity_check and before != after:
-            changed = sorted(set(before.items()) ^ set(after.items()))
-            names = sorted({path for path, _ in changed})
+            if touched := _protected_changes(checkout, baseline):
+                return SWEJobResult(
+                    status="integrity_violation",
+                    detail=f"the patch changes test or test-runner files: {', '.join(touched)}",
+                )
+            nonce, canary = self._plant_canary(checkout, baseline.policy)
+            if session.identity is not None:
+                lock_protected(checkout, [*baseline.protected, str(canary.relative_to(checkout))])
+            tests = self._run_suite(session, checkout, baseline.policy, "run", deadline)
+            canary.unlink()
+            changed = _protected_changes(checkout, baseline)
+            try:
+                outcomes = read_outcomes(session.directory / _REPORT)
+                verdict, report_problem = judge(outcomes, baseline.tests, nonce), ""
+            except ReportError as error:
+                verdict, report_problem = Verdict(0, len(baseline.tests)), str(error)
+        if changed:
             return SWEJobResult(
                 status="integrity_violation",
-                detail=f"protected files changed during the run: {', '.join(names)}",
+                detail=f"protected files changed during the run: {', '.join(changed)}",
             )
-        return self._result(tests)
+        return _result(tests, verdict, report_problem)
+
+    def _checkout(self, session: SandboxSession, snapshot: Path) -> Path:
+        checkout = session.directory / _CHECKOUT
+        shutil.copytree(snapshot, checkout, symlinks=True)
+        session.give_to_sandbox(checkout)
+        return checkout
+
+    @staticmethod
+    def _plant_canary(checkout: Path, policy: RepoPolicy) -> tuple[str, Path]:
+        nonce = secrets.token_hex(8)
+        left = random.randrange(1, 1 << 30)
+        source = _CANARY.format(nonce=nonce, left=left, right=left + random.randrange(1, 1000))
+        path = checkout / policy.test_paths[0] / f"test_{nonce}.py"
+        path.write_text(source)
+        return nonce, path
 
     def _apply(
         self, session: SandboxSession, checkout: Path, patch: str, deadline: float
     ) -> SandboxResult:
         patch_file = session.write_file("change.diff", patch.encode())
-        git = shutil.which("git")
-        if git is None:
-            argv = ["patch", "-p1", "--batch", "--forward", "-i", str(patch_file)]
-        else:
-            argv = [git, "apply", "--whitespace=nowarn", str(patch_file)]
         # GIT_CEILING_DIRECTORIES: never discover (and obey) a repository above the checkout.
         return session.run(
-            argv,
+            [self.git, "apply", "--whitespace=nowarn", str(patch_file)],
             cwd=checkout,
             env={"GIT_CEILING_DIRECTORIES": str(session.directory)},
             deadline=deadline,
         )
 
-    def _run_tests(
-        self, session: SandboxSession, checkout: Path, command: list[str], deadline: float
+    def _run_suite(
+        self,
+        session: SandboxSession,
+        checkout: Path,
+        policy: RepoPolicy,
+        mode: str,
+        deadline: float | None,
     ) -> SandboxResult:
-        argv = [self.sandbox.python if arg == PYTHON_PLACEHOLDER else arg for arg in command]
-        return session.run(argv, cwd=checkout, deadline=deadline)
+        # Outside the checkout, written after the patch was applied: nothing the patch brought
+        # can replace it, and nothing of the run's uid ran in between.
+        runner = session.write_file("runner/_suite_runner.py", _RUNNER.read_bytes(), mode=0o444)
+        argv = [
+            self.sandbox.python,
+            "-I",  # ignores PYTHONDONTWRITEBYTECODE with the rest of PYTHON*, hence -B
+            "-B",
+            str(runner),
+            "--framework",
+            policy.framework,
+            "--mode",
+            mode,
+            "--checkout",
+            str(checkout),
+            "--report",
+            str(session.directory / _REPORT),
+            "--",
+            *policy.test_paths,
+        ]
+        # No entry-point plugins: only what the operator's pristine config loads.
+        env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        return session.run(argv, cwd=checkout, env=env, deadline=deadline)
 
-    @staticmethod
-    def _result(tests: SandboxResult) -> SWEJobResult:
-        output = (tests.stdout + b"\n" + tests.stderr).decode(errors="replace")
-        counts = parse_test_counts(output)
-        status = "passed" if tests.returncode == 0 else "failed"
-        if tests.timed_out:
-            status = "timeout"
-        return SWEJobResult(
-            status=status,
-            tests_passed=counts.passed if counts else int(status == "passed"),
-            tests_total=counts.total if counts else 1,
-            exit_code=tests.returncode,
-            detail="output limit exceeded" if tests.output_limit_exceeded else "",
-            output_tail=_tail(tests),
-        )
+
+def _protected_changes(checkout: Path, baseline: RepoBaseline) -> list[str]:
+    """Protected files of ``checkout`` that differ from (or are missing in) the snapshot."""
+    current = hash_protected_files(checkout, baseline.policy.protected_patterns())
+    return protected_changes(baseline.protected, current)
+
+
+def _result(tests: SandboxResult, verdict: Verdict, report_problem: str) -> SWEJobResult:
+    details = [report_problem] if report_problem else []
+    if tests.output_limit_exceeded:
+        details.append("output limit exceeded")
+    if verdict.tampered:
+        status = "integrity_violation"
+        details.insert(0, verdict.tampered)
+    elif tests.timed_out:
+        status = "timeout"
+    else:
+        status = "passed" if verdict.all_passed and not details else "failed"
+    return SWEJobResult(
+        status=status,
+        tests_passed=verdict.passed,
+        tests_total=verdict.total,
+        exit_code=tests.returncode,
+        detail="; ".join(details),
+        output_tail=_tail(tests),
+    )
 
 
 def _tail(result: SandboxResult) -> str:
@@ -149,13 +283,37 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _authorized(self) -> bool:
+        """Whether the request carries the service's token; answers 401 if it does not."""
+        token = self.server.token
+        if token is None:
+            return True
+        scheme, _, presented = (self.headers.get(AUTH_HEADER) or "").partition(" ")
+        # compare_digest: the time taken does not tell how much of a guess was right.
+        if scheme.lower() == "bearer" and hmac.compare_digest(presented.encode(), token):
+            return True
+        self.close_connection = True  # an unread body must not be parsed as a request
+        body = json.dumps({"error": "missing or wrong bearer token"}).encode()
+        self.send_response(HTTPStatus.UNAUTHORIZED)
+        self.send_header("WWW-Authenticate", 'Bearer realm="dockyard-sandbox"')
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        logger.warning("request refused: no valid token", client=self.client_address[0])
+        return False
+
     def do_GET(self) -> None:
+        if not self._authorized():
+            return
         if self.path != HEALTH_PATH:
             self._send_json(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
             return
         self._send_json(HTTPStatus.OK, {"status": "ok", "repos": self.server.runner.repositories()})
 
     def do_POST(self) -> None:
+        if not self._authorized():
+            return
         if self.path != JOBS_PATH:
             self._send_json(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
             return
@@ -167,8 +325,19 @@ class _Handler(BaseHTTPRequestHandler):
                 {"error": f"body must be 1..{MAX_REQUEST_BYTES} bytes"},
             )
             return
+        body = self.rfile.read(length)
         try:
-            request = SWEJobRequest.model_validate_json(self.rfile.read(length))
+            fields = json.loads(body)
+        except ValueError as error:
+            self._send_json(HTTPStatus.BAD_REQUEST, {"error": f"body is not JSON: {error}"})
+            return
+        policy = sorted(set(fields) & set(POLICY_FIELDS)) if isinstance(fields, dict) else []
+        if policy:
+            error = f"{', '.join(policy)}: set by the service's --policy, not by a request"
+            self._send_json(HTTPStatus.BAD_REQUEST, {"error": error})
+            return
+        try:
+            request = SWEJobRequest.model_validate(fields)
         except ValidationError as error:
             self._send_json(HTTPStatus.BAD_REQUEST, {"error": str(error)})
             return
@@ -191,10 +360,22 @@ class SandboxHTTPServer(ThreadingHTTPServer):
     # Jobs hold their connection open while they run; queue connections beyond max_jobs.
     request_queue_size = 64
 
-    def __init__(self, address: tuple[str, int], runner: SWEJobRunner, max_jobs: int) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        runner: SWEJobRunner,
+        max_jobs: int,
+        token: bytes | None = None,
+    ) -> None:
+        if token is None and not is_loopback(address[0]):
+            raise TokenError(
+                f"refusing to listen on {address[0]} without a token: beyond loopback anyone "
+                f"who reaches the port could run jobs (give --token-file or ${TOKEN_ENV})"
+            )
         super().__init__(address, _Handler)
         self.runner = runner
         self.job_slots = threading.BoundedSemaphore(max_jobs)
+        self.token = token
 
     @property
     def url(self) -> str:

@@ -3,7 +3,6 @@ real (tiny) repository with a bug and a unittest suite, and a dead URL in front 
 
 from __future__ import annotations
 
-import difflib
 import os
 import selectors
 import socket
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from swe_repo import BUGGY, FIXED, POLICY, TESTS, WRONG, make_calc
+from swe_repo import diff as _diff
 
 from dockyard.config.sections.env import SWEEnvConfig
 from dockyard.environments import (
@@ -26,48 +27,24 @@ from dockyard.environments import (
 )
 from dockyard.environments.swe.environment import SandboxServiceUnavailableError, url_order
 
-BUGGY = "def add(a, b):\n    return a - b\n"
-FIXED = "def add(a, b):\n    return a + b\n"
-WRONG = "def add(a, b):\n    return a * b\n"
-TESTS = """import unittest
-
-from calc import add
-
-
-class AddTest(unittest.TestCase):
-    def test_add(self):
-        self.assertEqual(add(2, 3), 5)
-
-    def test_add_zero(self):
-        self.assertEqual(add(0, 0), 0)
-
-
-if __name__ == "__main__":
-    unittest.main()
-"""
-TEST_COMMAND = ["{python}", "-m", "unittest", "discover", "-s", "tests", "-t", "."]
-
-
-def _diff(path: str, before: str, after: str) -> str:
-    lines = difflib.unified_diff(
-        before.splitlines(keepends=True),
-        after.splitlines(keepends=True),
-        fromfile=f"a/{path}",
-        tofile=f"b/{path}",
-    )
-    return f"diff --git a/{path} b/{path}\n" + "".join(lines)
+TOKEN = "s3cr3t-token-for-the-sandbox-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
 def repos(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("repos")
-    package = root / "calc" / "calc"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(BUGGY)
-    (root / "calc" / "tests").mkdir()
-    (root / "calc" / "tests" / "__init__.py").write_text("")
-    (root / "calc" / "tests" / "test_calc.py").write_text(TESTS)
-    return root
+    return make_calc(tmp_path_factory.mktemp("repos"))
+
+
+@pytest.fixture(scope="module")
+def secrets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The service's policy and a 0600 token file, shared by service and clients."""
+    directory = tmp_path_factory.mktemp("secrets")
+    (directory / "policy.yaml").write_text(POLICY)
+    token = directory / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    return directory
 
 
 def _free_port() -> int:
@@ -76,21 +53,30 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _serve(repos: Path, secrets_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "dockyard",
+        "--log-format",
+        "json",
+        "sandbox",
+        "serve",
+        "--port",
+        "0",
+        "--repos",
+        str(repos),
+        "--policy",
+        str(secrets_dir / "policy.yaml"),
+        *extra,
+    ]
+
+
 @pytest.fixture(scope="module")
-def service_url(repos: Path) -> Iterator[str]:
+def service_url(repos: Path, secrets_dir: Path) -> Iterator[str]:
     process = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "dockyard",
-            "--log-format",
-            "json",
-            "sandbox",
-            "serve",
-            "--port",
-            "0",
-            "--repos",
-            str(repos),
+            *_serve(repos, secrets_dir, "--token-file", str(secrets_dir / "token")),
             "--wall-time-s",
             "30",
             "--cpu-time-s",
@@ -100,6 +86,7 @@ def service_url(repos: Path) -> Iterator[str]:
             "--max-jobs",
             "2",
         ],
+        env={**os.environ, "DOCKYARD_SANDBOX_TOKEN": ""},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -116,8 +103,9 @@ def service_url(repos: Path) -> Iterator[str]:
         process.wait(timeout=10)
 
 
-def _environment(urls: list[str], **settings: object):
+def _environment(urls: list[str], secrets_dir: Path, **settings: object):
     context = EnvironmentContext()
+    settings.setdefault("sandbox_token_file", str(secrets_dir / "token"))
     context.env.swe = SWEEnvConfig(sandbox_urls=urls, task_timeout=60, **settings)
     return build_environment("swe", context)
 
@@ -128,17 +116,17 @@ def _group(*responses: str, group_id: str = "swe-1") -> ScoringGroup:
         env_name="swe",
         prompt_text="Fix add().",
         samples=[SampleInput(text) for text in responses],
-        ground_truth={"repo": "calc", "test_command": TEST_COMMAND},
+        ground_truth={"repo": "calc"},
     )
 
 
 def test_health(service_url: str) -> None:
-    answer = httpx.get(f"{service_url}/healthz", timeout=5).json()
+    answer = httpx.get(f"{service_url}/healthz", headers=AUTH, timeout=5).json()
     assert answer == {"status": "ok", "repos": ["calc"]}
 
 
-async def test_correct_wrong_and_broken_patches(service_url: str) -> None:
-    environment = _environment([service_url])
+async def test_correct_wrong_and_broken_patches(service_url: str, secrets_dir: Path) -> None:
+    environment = _environment([service_url], secrets_dir)
     fixed = _diff("calc/__init__.py", BUGGY, FIXED)
     wrong = _diff("calc/__init__.py", BUGGY, WRONG)
     not_applying = _diff("calc/__init__.py", "def add(x, y):\n    return 0\n", FIXED)
@@ -155,8 +143,8 @@ async def test_correct_wrong_and_broken_patches(service_url: str) -> None:
     assert ScoreFlag.INVALID_ACTION in score.samples[3].flags
 
 
-async def test_fraction_reward_mode(service_url: str) -> None:
-    environment = _environment([service_url], reward_mode="fraction")
+async def test_fraction_reward_mode(service_url: str, secrets_dir: Path) -> None:
+    environment = _environment([service_url], secrets_dir, reward_mode="fraction")
     try:
         score = await environment.score(_group(_diff("calc/__init__.py", BUGGY, WRONG)))
     finally:
@@ -164,12 +152,12 @@ async def test_fraction_reward_mode(service_url: str) -> None:
     assert score.rewards == [0.5]
 
 
-async def test_patch_touching_tests_is_refused(service_url: str) -> None:
+async def test_patch_touching_tests_is_refused(service_url: str, secrets_dir: Path) -> None:
     weakened = TESTS.replace("add(2, 3), 5", "add(2, 3), -1")
     patch = _diff("calc/__init__.py", BUGGY, BUGGY + "\n") + _diff(
         "tests/test_calc.py", TESTS, weakened
     )
-    environment = _environment([service_url])
+    environment = _environment([service_url], secrets_dir)
     try:
         score = await environment.score(_group(patch))
     finally:
@@ -179,34 +167,33 @@ async def test_patch_touching_tests_is_refused(service_url: str) -> None:
     assert "tests/test_calc.py" in score.samples[0].detail
     # The service refuses it on its own too (a client with the check off cannot bypass it).
     answer = httpx.post(
-        f"{service_url}/v1/jobs",
-        json={"repo": "calc", "patch": patch, "test_command": TEST_COMMAND},
-        timeout=30,
+        f"{service_url}/v1/jobs", json={"repo": "calc", "patch": patch}, headers=AUTH, timeout=30
     ).json()
     assert answer["status"] == "integrity_violation"
 
 
-async def test_tests_rewritten_at_run_time_are_caught_by_the_hashes(service_url: str) -> None:
+async def test_tests_rewritten_at_run_time_earn_nothing(
+    service_url: str, secrets_dir: Path
+) -> None:
+    # As root the tests are root-owned (the write fails); without root the hashes catch it.
     sneaky = FIXED + (
         "\nimport pathlib\n"
         "_tests = pathlib.Path(__file__).parent.parent / 'tests' / 'test_calc.py'\n"
         "_tests.write_text(_tests.read_text() + '\\n# tampered\\n')\n"
     )
-    environment = _environment([service_url])
+    environment = _environment([service_url], secrets_dir)
     try:
         score = await environment.score(_group(_diff("calc/__init__.py", BUGGY, sneaky)))
     finally:
         await environment.aclose()
     assert score.rewards == [0.0]
-    assert ScoreFlag.INTEGRITY_VIOLATION in score.samples[0].flags
-    assert "changed during the run" in score.samples[0].detail
 
 
-async def test_unreachable_first_url_is_skipped(service_url: str) -> None:
+async def test_unreachable_first_url_is_skipped(service_url: str, secrets_dir: Path) -> None:
     dead = f"http://127.0.0.1:{_free_port()}"
     urls = [dead, service_url]
     group_id = next(f"g{n}" for n in range(100) if url_order(urls, f"g{n}", 0, 1)[0] == dead)
-    environment = _environment(urls)
+    environment = _environment(urls, secrets_dir)
     try:
         score = await environment.score(
             _group(_diff("calc/__init__.py", BUGGY, FIXED), group_id=group_id)
@@ -216,9 +203,9 @@ async def test_unreachable_first_url_is_skipped(service_url: str) -> None:
     assert score.rewards == [1.0]
 
 
-async def test_no_reachable_url_is_an_error_not_a_reward() -> None:
+async def test_no_reachable_url_is_an_error_not_a_reward(secrets_dir: Path) -> None:
     dead = [f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}"]
-    environment = _environment(dead, connect_retries=2)
+    environment = _environment(dead, secrets_dir, connect_retries=2)
     started = time.monotonic()
     try:
         with pytest.raises(SandboxServiceUnavailableError, match="ConnectError"):
@@ -232,3 +219,63 @@ def test_service_left_the_snapshot_untouched(repos: Path, service_url: str) -> N
     assert (repos / "calc" / "calc" / "__init__.py").read_text() == BUGGY
     assert (repos / "calc" / "tests" / "test_calc.py").read_text() == TESTS
     assert not any(p.name == "__pycache__" for p in repos.rglob("*")), os.listdir(repos / "calc")
+
+
+def test_requests_without_the_token_are_refused(service_url: str) -> None:
+    patch = _diff("calc/__init__.py", BUGGY, FIXED)
+    for headers in ({}, {"Authorization": "Bearer wrong-token-of-some-length"}, {"X": TOKEN}):
+        jobs = httpx.post(
+            f"{service_url}/v1/jobs",
+            json={"repo": "calc", "patch": patch},
+            headers=headers,
+            timeout=30,
+        )
+        health = httpx.get(f"{service_url}/healthz", headers=headers, timeout=5)
+        assert (jobs.status_code, health.status_code) == (401, 401), headers
+        assert "token" in jobs.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"integrity_check": False},
+        {"protected_paths": []},
+        {"test_command": ["/bin/sh", "-c", "id"]},
+    ],
+)
+def test_requests_cannot_set_the_policy(service_url: str, field: dict[str, object]) -> None:
+    # A client that wants tests off, protection off, or its own command run gets a 400 that says
+    # why; nothing of the job runs.
+    body = {"repo": "calc", "patch": _diff("calc/__init__.py", BUGGY, FIXED), **field}
+    answer = httpx.post(f"{service_url}/v1/jobs", json=body, headers=AUTH, timeout=30)
+    assert answer.status_code == 400
+    assert f"{next(iter(field))}: set by the service's --policy" in answer.json()["error"]
+
+
+def test_listening_beyond_loopback_needs_a_token(repos: Path, secrets_dir: Path) -> None:
+    finished = subprocess.run(
+        [*_serve(repos, secrets_dir), "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={key: value for key, value in os.environ.items() if key != "DOCKYARD_SANDBOX_TOKEN"},
+    )
+    assert finished.returncode == 1
+    assert "refusing to listen on 0.0.0.0 without a token" in finished.stderr
+
+
+def test_a_world_readable_token_file_is_refused(
+    repos: Path, secrets_dir: Path, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o644)
+    finished = subprocess.run(
+        [*_serve(repos, secrets_dir), "--token-file", str(token)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert finished.returncode == 1
+    assert "readable by others" in finished.stderr
+    assert TOKEN not in finished.stderr + finished.stdout

@@ -1,0 +1,52 @@
+"""A tiny repository with a bug and a unittest suite, and unified diffs against it (SWE tests)."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+WRONG = "def add(a, b):\n    return a * b\n"
+TESTS = """import unittest
+
+from calc import add
+
+
+class AddTest(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(add(2, 3), 5)
+
+    def test_add_zero(self):
+        self.assertEqual(add(0, 0), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
+"""
+POLICY = "repos:\n  calc: {framework: unittest, test_paths: [tests]}\n"
+
+
+def diff(path: str, before: str, after: str) -> str:
+    """A ``git diff``-style patch of one file (``before`` empty: the file is created)."""
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile=f"a/{path}" if before else "/dev/null",
+        tofile=f"b/{path}",
+    )
+    mode = "" if before else "new file mode 100644\n"
+    return f"diff --git a/{path} b/{path}\n{mode}" + "".join(lines)
+
+
+def make_calc(root: Path, extra_tests: dict[str, str] | None = None) -> Path:
+    """``root/calc``: package ``calc`` with the bug, tests in ``tests/``; returns ``root``."""
+    package = root / "calc" / "calc"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(BUGGY)
+    (root / "calc" / "tests").mkdir()
+    (root / "calc" / "tests" / "__init__.py").write_text("")
+    (root / "calc" / "tests" / "test_calc.py").write_text(TESTS)
+    for name, text in (extra_tests or {}).items():
+        (root / "calc" / "tests" / name).write_text(text)
+    return root
