@@ -184,3 +184,61 @@ def test_launch_refuses_a_bad_record_with_its_key_path(tmp_path, dataset_key):
     assert str(refused.value).startswith(
         f"{dataset_key}.fields.answer: record 1 of {path} has no field 'answer'"
     )
+
+
+def dispatcher_over(config, plane):
+    from dockyard.broker.typed import MessagePlane
+    from dockyard.producers.dispatcher import Dispatcher
+
+    inputs = prepare_trainer(config)
+    return Dispatcher(
+        config, MessagePlane(plane, stage="d"), inputs.dataset, inputs.tokenizer, run_id="r"
+    )
+
+
+def file_run(path):
+    return quickstart(
+        "data.train.name=mine",
+        f"data.train.path={path}",
+        "~data.train.params",
+        "grpo.num_prompts_per_step=2",
+        "grpo.num_generations_per_prompt=2",
+        "policy.train_global_batch_size=4",
+        "policy.train_micro_batch_size=4",
+        "grpo.async_grpo.max_trajectory_age_steps=1",  # capacity: 4 groups per top-up
+        "grpo.max_num_epochs=2",
+    )
+
+
+async def test_a_resumed_file_dataset_continues_where_the_checkpoint_stopped(tmp_path):
+    from dockyard.broker.memory import MemoryPlane
+
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(10, 16)]
+    config = file_run(write_jsonl(tmp_path / "d.jsonl", rows))
+    async with MemoryPlane() as plane:
+        straight = dispatcher_over(config, plane)
+        whole = [*await straight.top_up(0, 0), *await straight.top_up(0, 0)]
+        first = dispatcher_over(config, plane)
+        head = await first.top_up(0, 0)
+        saved = json.loads(json.dumps(first.state_dict()))  # as the checkpoint stores it
+        resumed = dispatcher_over(config, plane)
+        resumed.load_state_dict(saved)
+        tail = await resumed.top_up(0, 0)
+    assert head + tail == whole  # nothing dispatched twice, nothing skipped
+    # 6 records: epoch 0 is all of them once, then epoch 1 begins
+    assert sorted(whole[:6]) == sorted(f"r:e0:i{i}" for i in range(6))
+    assert whole[6:] == ["r:e1:i0", "r:e1:i1"]
+
+
+async def test_resuming_over_a_file_of_another_size_is_refused(tmp_path):
+    from dockyard.broker.memory import MemoryPlane
+
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1=", "answer": "2"}] * 6)
+    config = file_run(path)
+    async with MemoryPlane() as plane:
+        first = dispatcher_over(config, plane)
+        await first.top_up(0, 0)
+        saved = first.state_dict()
+        write_jsonl(path, [{"prompt": "1+1=", "answer": "2"}] * 7)
+        with pytest.raises(ValueError, match="dataset of 6 records, and mine/train now has 7"):
+            dispatcher_over(config, plane).load_state_dict(saved)
