@@ -84,8 +84,9 @@ def build_dataset(config: DatasetConfig, default_env: str) -> Dataset:
     ``path`` when it is set, else the registered builder of ``name``."""
     _import_builtin_datasets()
     env = config.env or default_env
+    builder = _builder_for(config.name)
     if config.path is not None:
-        if config.name in _BUILDERS:
+        if builder is not None:
             raise DatasetError(
                 "path",
                 f"{config.name!r} is a built-in dataset, which reads no path: name a file "
@@ -96,13 +97,21 @@ def build_dataset(config: DatasetConfig, default_env: str) -> Dataset:
         return load_file_dataset(config, env)
     if "fields" in config.model_fields_set:
         raise DatasetError("fields", "a field mapping applies to file datasets (path) only")
-    builder = _BUILDERS.get(config.name)
     if builder is None:
         raise UnknownDatasetError(
-            f"unknown dataset {config.name!r}; registered: {', '.join(sorted(_BUILDERS))}"
+            f"unknown dataset {config.name!r}; registered: {', '.join(sorted(_BUILDERS))} "
+            "(or set path to read local files)"
         )
     return builder(config, env)
 
 
+def _builder_for(name: str) -> DatasetBuilder | None:
+    """The builder of ``name``; a family registers as ``family/*`` and builds ``family/<x>``."""
+    if name in _BUILDERS:
+        return _BUILDERS[name]
+    family, slash, _ = name.partition("/")
+    return _BUILDERS.get(f"{family}/*") if slash else None
+
+
 def _import_builtin_datasets() -> None:
-    from dockyard.data import arithmetic  # noqa: F401 - registers itself
+    from dockyard.data import arithmetic, procedural  # noqa: F401 - register themselves
