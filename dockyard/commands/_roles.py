@@ -67,14 +67,27 @@ class TrainerInputs:
 
 def prepare_trainer(config: MasterConfig) -> TrainerInputs:
     """The training data and the tokenizer; an unknown dataset or environment is refused."""
-    from dockyard.data.base import UnknownDatasetError, build_dataset
+    from dockyard.data.base import DatasetError, UnknownDatasetError, build_dataset
+    from dockyard.data.chat import PromptFormat, PromptFormatError, format_dataset
     from dockyard.environments.registry import available_environments
     from dockyard.models import load_tokenizer
 
-    try:
-        dataset = build_dataset(config.data.train, config.data.default_env)
-    except UnknownDatasetError as error:
-        raise CliError(f"data.train.name: {error}", exit_code=EXIT_INVALID_CONFIG) from None
+    sections = {"data.train": config.data.train, "data.validation": config.data.validation}
+    if config.sft is not None:
+        sections["sft.dev_dataset"] = config.sft.dev_dataset
+    built: dict[str, Dataset] = {}
+    for key, section in sections.items():
+        if section is None:
+            continue
+        # Every dataset the run reads is built here, so a bad file or field mapping is refused
+        # at launch with its key path, not found by the trainer after the roles started.
+        try:
+            built[key] = build_dataset(section, config.data.default_env)
+        except UnknownDatasetError as error:
+            raise CliError(f"{key}.name: {error}", exit_code=EXIT_INVALID_CONFIG) from None
+        except DatasetError as error:
+            raise CliError(f"{key}.{error.key}: {error}", exit_code=EXIT_INVALID_CONFIG) from None
+    dataset = built["data.train"]
     if config.data.default_env not in available_environments():
         raise CliError(
             f"data.default_env: unknown environment {config.data.default_env!r} "
@@ -82,6 +95,13 @@ def prepare_trainer(config: MasterConfig) -> TrainerInputs:
             exit_code=EXIT_INVALID_CONFIG,
         )
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
+    try:
+        fmt = PromptFormat.from_config(config.data, config.policy.tokenizer)
+        for other in built.values():
+            format_dataset(other, fmt, tokenizer)  # renders a first record: the launch check
+        dataset = format_dataset(dataset, fmt, tokenizer)
+    except PromptFormatError as error:
+        raise CliError(f"{error.key}: {error}", exit_code=EXIT_INVALID_CONFIG) from None
     return TrainerInputs(dataset, tokenizer)
 
 

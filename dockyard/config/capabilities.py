@@ -233,27 +233,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         )
         for path in ("data.default_processor", "data.*.processor", "sft.dev_dataset.processor")
     ),
-    *(
-        Unsupported(
-            path,
-            "refused",
-            "datasets are built in by name; loading a dataset from a path is not implemented",
-            REAL_DATA,
-        )
-        for path in ("data.*.path", "sft.dev_dataset.path")
-    ),
-    Unsupported(
-        "data.system_prompt",
-        "refused",
-        "prompts are sent as the dataset writes them; a system prompt is not applied",
-        REAL_DATA,
-    ),
-    Unsupported(
-        "policy.tokenizer.chat_template",
-        "refused",
-        "prompts are tokenized as plain text; a chat template is not applied",
-        REAL_DATA,
-    ),
     # ---- rollouts ----------------------------------------------------------------------------
     Unsupported(
         "grpo.max_rollout_turns",

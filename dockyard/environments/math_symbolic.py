@@ -189,6 +189,12 @@ def _safe_to_evaluate(expression: sympy.Basic, power_depth: int = 0) -> bool:
     return True
 
 
+def _only_expressions(expression: sympy.Basic) -> bool:
+    """Malformed input can parse to a tree holding non-expressions (``\\frac{}{}`` → ``()/()``,
+    empty Tuples), which evalf cannot evaluate: not an answer this comparison can judge."""
+    return all(isinstance(node, sympy.Expr) for node in sympy.preorder_traversal(expression))
+
+
 def _small_enough(expression: sympy.Basic) -> bool:
     return sum(1 for _ in sympy.preorder_traversal(expression)) <= _MAX_TREE_NODES
 
@@ -206,6 +212,8 @@ def _value_at(expression: sympy.Expr, point: dict[sympy.Symbol, float]) -> compl
 def symbolically_equal(answer: str, truth: str, relative_tolerance: float) -> SymbolicVerdict:
     parsed_answer, parsed_truth = _parse(answer), _parse(truth)
     if parsed_answer is None or parsed_truth is None:
+        return SymbolicVerdict.UNPARSED
+    if not (_only_expressions(parsed_answer) and _only_expressions(parsed_truth)):
         return SymbolicVerdict.UNPARSED
     if not all(
         _small_enough(side) and _safe_to_evaluate(side) for side in (parsed_answer, parsed_truth)

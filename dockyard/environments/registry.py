@@ -18,6 +18,7 @@ _BUILTIN_MODULES = {
     "code": "dockyard.environments.code_env",
     "swe": "dockyard.environments.swe.environment",
     "teacher": "dockyard.environments.teacher_env",
+    "reasoning_gym": "dockyard.environments.reasoning_gym_env",
 }
 
 

@@ -34,6 +34,10 @@ class DispatcherState:
     position: int = 0  # next index into the epoch's order
     dispatched: int = 0  # total groups published by this run
     skipped_too_long: int = 0  # prompts over data.max_input_seq_length, never dispatched
+    # How many records the dataset had: the order is a permutation of that many indices, so a
+    # position only means the same prompts again over a dataset of the same size. -1 = not
+    # recorded (a checkpoint written before this field existed).
+    dataset_size: int = -1
 
 
 def capacity(config: MasterConfig) -> int:
@@ -59,7 +63,7 @@ class Dispatcher:
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.run_id = run_id
-        self.state = state or DispatcherState()
+        self.state = state or DispatcherState(dataset_size=len(dataset))
         self.capacity = capacity(config)
         self._order = self._epoch_order(self.state.epoch)
         self._skipped_in_a_row = 0
@@ -134,5 +138,16 @@ class Dispatcher:
         return asdict(self.state)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.state = DispatcherState(**state)
+        restored = DispatcherState(**state)
+        size = len(self.dataset)
+        if restored.dataset_size not in (-1, size):
+            # A file that grew or shrank since the checkpoint: the saved position would point
+            # into a different permutation, re-training some prompts and skipping others.
+            raise ValueError(
+                f"the checkpoint's dispatcher position is into a dataset of "
+                f"{restored.dataset_size} records, and {self.dataset.name} now has {size}: "
+                "resume with the data the run started with (or start a new run)"
+            )
+        restored.dataset_size = size
+        self.state = restored
         self._order = self._epoch_order(self.state.epoch)

@@ -5,15 +5,59 @@ from __future__ import annotations
 from pydantic import Field, PositiveInt
 
 from dockyard.config.base import Section
+from dockyard.config.errors import ConfigIssue
+
+
+class FieldMapping(Section):
+    """Which field of a file dataset's record holds what (``data.*.path`` datasets only)."""
+
+    prompt: str | None = Field(
+        None, description="field holding the prompt text; None = 'prompt' unless messages is set"
+    )
+    messages: str | None = Field(
+        None,
+        description="field holding the prompt as a chat (a list of {role, content}); "
+        "rendered with the chat template",
+    )
+    answer: str = Field("answer", description="field holding the ground truth the env scores")
+    metadata: list[str] = Field(
+        default_factory=list,
+        description="fields copied to the scorer as extra data (string, number, bool or null)",
+    )
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        if self.prompt is not None and self.messages is not None:
+            return [
+                ConfigIssue("messages", "set either fields.prompt or fields.messages, not both")
+            ]
+        return []
+
+    @property
+    def prompt_field(self) -> str | None:
+        """The plain-text prompt field, or None when the prompt is a chat."""
+        if self.messages is not None:
+            return None
+        return self.prompt or "prompt"
 
 
 class DatasetConfig(Section):
-    name: str = Field(description="dataset name in the dataset registry, or a file path")
-    split: str = "train"
-    path: str | None = None
+    name: str = Field(
+        description="dataset name in the dataset registry; with path, the name the run "
+        "records for the file dataset"
+    )
+    split: str = Field(
+        "train",
+        description="split of a save_to_disk DatasetDict; for files, replaces {split} in path",
+    )
+    path: str | None = Field(
+        None, description="local .jsonl/.parquet file or save_to_disk directory (no download)"
+    )
+    fields: FieldMapping = Field(default_factory=FieldMapping)
     env: str | None = Field(None, description="environment scoring this data; None = default_env")
     processor: str | None = Field(None, description="None = data.default_processor")
-    max_samples: PositiveInt | None = None
+    max_samples: PositiveInt | None = Field(
+        None, description="keep the first max_samples records (before shuffling)"
+    )
     # Dataset-specific generator parameters (e.g. operand ranges): free-form by nature.
     params: dict[str, int | float | str | bool] = Field(default_factory=dict)
 
@@ -28,4 +72,6 @@ class DataConfig(Section):
     shuffle: bool = True
     default_processor: str = "default"
     default_env: str = "math"
-    system_prompt: str | None = None
+    system_prompt: str | None = Field(
+        None, description="a system message put before every prompt (applies the chat template)"
+    )

@@ -37,6 +37,16 @@ class ArithmeticEnvConfig(EnvSettings):
     )
 
 
+class ReasoningGymEnvConfig(EnvSettings):
+    """Procedural tasks (``data.*.name: reasoning_gym/<task>``) scored by their own verifier."""
+
+    answer_tag: str | None = Field(
+        "answer",
+        description="the answer is the last <answer_tag>...</answer_tag> of the response "
+        "(reasoning-gym's convention); None = the whole response, stripped",
+    )
+
+
 class SandboxLimits(Section):
     """Limits of one sandboxed run (code tests, SWE patch application and test runs)."""
 
@@ -105,6 +115,7 @@ class EnvConfig(Section):
     code: CodeEnvConfig = Field(default_factory=CodeEnvConfig)
     swe: SWEEnvConfig = Field(default_factory=SWEEnvConfig)
     teacher: TeacherEnvConfig = Field(default_factory=TeacherEnvConfig)
+    reasoning_gym: ReasoningGymEnvConfig = Field(default_factory=ReasoningGymEnvConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
         issues: list[ConfigIssue] = []

@@ -45,7 +45,7 @@ from dockyard.consumers.trainer.plot import plot_run
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.prompt_source import PromptSource
 from dockyard.consumers.trainer.sft import run_sft
-from dockyard.data.base import build_dataset
+from dockyard.data.chat import build_prompt_dataset
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
 from dockyard.schemas import (
@@ -147,11 +147,15 @@ class TrainerLoop:
         )
         self.trainer = PolicyTrainer(self.model, cfg)
         default_env = cfg.data.default_env
-        self.train_data = build_dataset(cfg.data.train, default_env)
+        self.train_data = build_prompt_dataset(
+            cfg.data.train, cfg.data, cfg.policy.tokenizer, self.tokenizer
+        )
         context = EnvironmentContext(env=cfg.env, distillation=cfg.on_policy_distillation)
         self.evaluator: Evaluator | None = None
         if cfg.data.validation is not None:
-            validation = build_dataset(cfg.data.validation, default_env)
+            validation = build_prompt_dataset(
+                cfg.data.validation, cfg.data, cfg.policy.tokenizer, self.tokenizer
+            )
             env_name = cfg.data.validation.env or default_env
             self.evaluator = Evaluator(
                 self.model,
@@ -208,7 +212,9 @@ class TrainerLoop:
             raise ValueError("sft needs data.validation for its early-stop check")
         evaluator = self.evaluator
         if sft.dev_dataset is not None:
-            dev = build_dataset(sft.dev_dataset, self.config.data.default_env)
+            dev = build_prompt_dataset(
+                sft.dev_dataset, self.config.data, self.config.policy.tokenizer, self.tokenizer
+            )
             evaluator = Evaluator(
                 self.model,
                 self.tokenizer,

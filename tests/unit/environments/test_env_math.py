@@ -193,3 +193,21 @@ async def test_ground_truth_from_extra_and_missing_ground_truth() -> None:
     with pytest.raises(InvalidScoringInput) as error:
         await environment.score(_group(None, "3"))
     assert error.value.reason_code == "missing_ground_truth"
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        r"\boxed{\frac{}{}}",  # parses to a tuple, not an expression
+        r"\boxed{}",
+        r"\boxed{\sqrt{}}",
+        r"\boxed{()^{()}}",
+        r"\boxed{\frac{(}{)}}",
+        r"\boxed{9^{9^{9^{9}}}}",
+        r"\boxed{__import__('os').system('true')}",
+    ],
+)
+async def test_malformed_latex_scores_zero_with_a_reason(response: str) -> None:
+    score = await build_environment("math").score(_group("7", response))
+    (sample,) = score.samples
+    assert sample.reward == 0.0 and sample.detail

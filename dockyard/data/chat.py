@@ -1,0 +1,156 @@
+"""Prompt formatting: a record's prompt (or chat) → the text the model is given.
+
+A record is rendered with a chat template — ``tokenizer.apply_chat_template(...,
+add_generation_prompt=True)`` — when the dataset writes its prompts as a chat
+(``fields.messages``), when ``data.system_prompt`` is set, or when
+``policy.tokenizer.chat_template`` is set; otherwise the prompt is sent as the dataset wrote it
+(the quickstart's ``a+b=``). ``policy.tokenizer.chat_template`` overrides the tokenizer's own
+template: a built-in name (:data:`BUILTIN_TEMPLATES`) or a Jinja string.
+
+The invariant every consumer relies on: ``tokenizer(record.prompt)["input_ids"]`` is the prompt's
+tokens. Templates usually write the BOS token themselves, so when the tokenizer adds one too the
+rendered text drops its own (as ``apply_chat_template(tokenize=True)`` does by tokenizing
+without special tokens) — the dispatcher, the evaluator and SFT then all see the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from dockyard.config.sections.data import DataConfig, DatasetConfig
+from dockyard.config.sections.policy import TokenizerConfig
+from dockyard.data.base import ChatMessage, Dataset, PromptRecord, build_dataset
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+BUILTIN_TEMPLATES: dict[str, str] = {"chatml": CHATML}
+
+CHAT_TEMPLATE_KEY = "policy.tokenizer.chat_template"
+
+
+class PromptFormatError(ValueError):
+    """The prompts cannot be formatted as configured; ``key`` is the full key path to name."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    system_prompt: str | None = None
+    # Jinja source overriding the tokenizer's template; None = the tokenizer's own.
+    chat_template: str | None = None
+
+    @classmethod
+    def from_config(cls, data: DataConfig, tokenizer: TokenizerConfig) -> PromptFormat:
+        return cls(data.system_prompt, resolve_chat_template(tokenizer.chat_template))
+
+    def renders(self, record: PromptRecord) -> bool:
+        return bool(record.messages) or self.system_prompt is not None or bool(self.chat_template)
+
+
+def resolve_chat_template(value: str | None) -> str | None:
+    """A built-in name → its Jinja source; a Jinja string as is; anything else is refused."""
+    if value is None:
+        return None
+    if value in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[value]
+    if "{{" in value or "{%" in value:
+        return value
+    raise PromptFormatError(
+        CHAT_TEMPLATE_KEY,
+        f"{value!r} is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) nor a "
+        "Jinja template string",
+    )
+
+
+def conversation(record: PromptRecord, system_prompt: str | None) -> list[dict[str, str]]:
+    messages = list(record.messages) or [ChatMessage("user", record.prompt)]
+    if system_prompt is not None:
+        if messages[0].role == "system":
+            # Two system messages would be a guess at which wins; the data and the config
+            # disagree, and that is the user's to settle.
+            raise PromptFormatError(
+                "data.system_prompt",
+                f"record {record.index} already starts with a system message; unset "
+                "data.system_prompt or drop the record's system message",
+            )
+        messages.insert(0, ChatMessage("system", system_prompt))
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
+def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) -> str:
+    """The text the model is given for ``record`` (see the module's invariant)."""
+    if not fmt.renders(record):
+        return record.prompt
+    template = fmt.chat_template or getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise PromptFormatError(
+            CHAT_TEMPLATE_KEY,
+            "the prompts need a chat template (a chat dataset or data.system_prompt) and the "
+            f"tokenizer has none: set {CHAT_TEMPLATE_KEY} (e.g. chatml)",
+        )
+    try:
+        text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            conversation(record, fmt.system_prompt),
+            chat_template=template,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+    except PromptFormatError:
+        raise
+    except Exception as error:  # jinja2 raises template and undefined errors of many types
+        raise PromptFormatError(
+            CHAT_TEMPLATE_KEY, f"the chat template failed on record {record.index}: {error}"
+        ) from None
+    return _without_duplicate_bos(str(text), tokenizer)
+
+
+def _without_duplicate_bos(text: str, tokenizer: object) -> str:
+    bos = getattr(tokenizer, "bos_token", None)
+    if not bos or not text.startswith(bos):
+        return text
+    adds_bos = tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]  # type: ignore[operator,attr-defined]
+    return text[len(bos) :] if adds_bos else text
+
+
+@dataclass(frozen=True)
+class FormattedDataset:
+    """``inner`` with every record's prompt rendered (records are rendered when read)."""
+
+    inner: Dataset
+    fmt: PromptFormat
+    tokenizer: object
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> PromptRecord:
+        record = self.inner[index]
+        return replace(record, prompt=render_prompt(record, self.fmt, self.tokenizer), messages=())
+
+
+def format_dataset(dataset: Dataset, fmt: PromptFormat, tokenizer: object) -> Dataset:
+    """The dataset as the model sees it; the first record is rendered now, so a missing or
+    broken template is refused at launch rather than at the first dispatch."""
+    formatted = FormattedDataset(dataset, fmt, tokenizer)
+    if len(formatted):
+        formatted[0]
+    return formatted
+
+
+def build_prompt_dataset(
+    section: DatasetConfig, data: DataConfig, tokenizer_config: TokenizerConfig, tokenizer: object
+) -> Dataset:
+    """A ``data.*`` / ``sft.dev_dataset`` entry as the model sees it (built, then formatted)."""
+    dataset = build_dataset(section, data.default_env)
+    return format_dataset(dataset, PromptFormat.from_config(data, tokenizer_config), tokenizer)
