@@ -9,6 +9,8 @@ killed before ``run`` returns.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import os
 import selectors
 import shutil
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard.config.sections.env import SandboxLimits
+from dockyard.environments.sandbox.cgroup import RunCgroup, detect_layout
 from dockyard.environments.sandbox.identity import (
     RunIdentity,
     SandboxUnavailableError,
@@ -32,6 +35,10 @@ from dockyard.environments.sandbox.identity import (
     running_as_root,
     uid_pool,
 )
+from dockyard.environments.sandbox.jail import Workspace, bwrap_argv, find_bwrap
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
 
 _BOOTSTRAP = Path(__file__).with_name("_bootstrap.py")
 _POLL_INTERVAL_S = 0.05
@@ -41,9 +48,9 @@ _DRAIN_GRACE_S = 1.0
 _SETUP_TIMEOUT_S = 10.0
 _BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-# Installed in every sandboxed *Python* program in front of the user's code: a second line of
-# defence when the kernel offered no network namespace (Python-level only; a program that execs
-# a non-Python binary is not covered by it).
+# Installed in every sandboxed *Python* program in front of the user's code. A diagnostic, not a
+# boundary: ctypes, a fresh interpreter or patching it via ``gc`` gets past it; the isolation is
+# the kernel's (namespaces, cgroup), and without it runs are refused unless the operator opts in.
 _PYTHON_GUARD = """\
 import sys
 def _dockyard_guard(event, args):
@@ -66,6 +73,9 @@ class Isolation:
     network: str  # "netns", "userns+netns" or "shared" (Python guard only)
     uid: int
     privileges_dropped: bool  # ran under its own unprivileged uid
+    #: bubblewrap: PID/mount/IPC namespaces, private /tmp and /dev/shm, no-new-privileges
+    namespaces: bool = False
+    cgroup: str = "none"  # "v1", "v2": memory and process count of the whole run; "none"
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,7 @@ class SandboxResult:
     cancelled: bool
     wall_time_s: float
     isolation: Isolation
+    memory_limit_exceeded: bool = False  # the kernel OOM-killed a process of the run
 
     @property
     def ok(self) -> bool:
@@ -117,26 +128,48 @@ class Sandbox:
         self.scratch_root = scratch_root
         self.drops_privileges = running_as_root()
         self.python = resolve_sandbox_python(limits, self.drops_privileges)
+        self.bwrap = find_bwrap()
+        self.cgroups = detect_layout()
+        missing = []
+        if self.bwrap is None:
+            missing.append("bubblewrap (bwrap) for namespaces; scripts/ensure_bwrap.sh installs it")
+        elif (problem := _probe_bwrap(self.bwrap, self.drops_privileges)) is not None:
+            missing.append(f"namespaces: bwrap fails here ({problem})")
+            self.bwrap = None
+        if self.cgroups is None:
+            missing.append("a writable cgroup (v1 memory+pids or v2) for the whole run's limits")
+        if missing and not limits.allow_weak_isolation:
+            raise SandboxUnavailableError(
+                "refusing to run untrusted code without kernel isolation; missing: "
+                + "; ".join(missing)
+                + ". Set env.<name>.limits.allow_weak_isolation: true to run anyway (per-process "
+                "rlimits and a Python-level network guard only)"
+            )
+        if missing:
+            log.warning("sandbox.weak_isolation", missing=missing)
+        self.strong = not missing
 
     @contextlib.contextmanager
     def session(self) -> Iterator[SandboxSession]:
         """A throwaway directory and (as root) a fresh uid, for one or more runs."""
         pool = uid_pool(self.limits) if self.drops_privileges else None
         identity = pool.acquire() if pool else None
-        directory = Path(tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=self.scratch_root))
         session: SandboxSession | None = None
+        workspace: Workspace | None = None
         try:
-            os.chmod(directory, 0o700)
-            if identity:
-                os.chown(directory, identity.uid, identity.gid)
-            session = SandboxSession(self, directory, identity)
+            workspace = Workspace.create(
+                self.scratch_root, self.limits.max_disk_mb * 1024 * 1024, identity
+            )
+            session = SandboxSession(self, workspace, identity)
             yield session
         finally:
             try:
-                if identity and session_needs_sweep(session):
+                # With bubblewrap and a cgroup every run was killed whole before it returned.
+                if identity and not self.strong and session_needs_sweep(session):
                     kill_everything_of(identity)
             finally:
-                shutil.rmtree(directory, ignore_errors=True)
+                if workspace is not None:
+                    workspace.remove()
                 if pool and identity:
                     pool.release(identity)
 
@@ -159,9 +192,12 @@ def session_needs_sweep(session: SandboxSession | None) -> bool:
 
 
 class SandboxSession:
-    def __init__(self, sandbox: Sandbox, directory: Path, identity: RunIdentity | None) -> None:
+    def __init__(
+        self, sandbox: Sandbox, workspace: Workspace, identity: RunIdentity | None
+    ) -> None:
         self.sandbox = sandbox
-        self.directory = directory
+        self.workspace = workspace
+        self.directory = workspace.work
         self.identity = identity
         self._needs_sweep = False  # whether a run may have left processes behind
 
@@ -219,14 +255,42 @@ class SandboxSession:
         program = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=_BASE_PATH)
         if program is None:
             raise SandboxUnavailableError(f"{argv[0]!r} not found on {_BASE_PATH}")
+        strong = self.sandbox.strong
         child_env = {
             "PATH": _BASE_PATH,
             "HOME": str(self.directory),
-            "TMPDIR": str(self.directory),
+            "TMPDIR": "/tmp" if strong else str(self.directory),  # private to the run if strong
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
             **(env or {}),
         }
+        cgroup = None
+        if strong:
+            assert self.sandbox.cgroups is not None
+            cgroup = RunCgroup.create(
+                self.sandbox.cgroups, limits.memory_mb * 1024 * 1024, limits.max_processes
+            )
+        try:
+            return self._start_and_supervise(
+                program, argv, child_env, cwd, stdin, started, wall, cgroup, cancel
+            )
+        finally:
+            if cgroup is not None:
+                cgroup.remove()
+
+    def _start_and_supervise(
+        self,
+        program: str,
+        argv: Sequence[str],
+        child_env: dict[str, str],
+        cwd: Path | None,
+        stdin: bytes,
+        started: float,
+        wall: float,
+        cgroup: RunCgroup | None,
+        cancel: threading.Event | None,
+    ) -> SandboxResult:
+        limits = self.sandbox.limits
         status_read, status_write = os.pipe()
         identity = self.identity
         bootstrap_args = [
@@ -234,7 +298,8 @@ class SandboxSession:
             str(identity.uid) if identity else "-",
             str(identity.gid) if identity else "-",
             str(cwd or self.directory),
-            "1",  # isolate the network
+            "ns" if self.sandbox.strong else "1",  # bwrap made the namespaces / try netns here
+            ":".join(str(path) for path in cgroup.procs_files) if cgroup else "-",
             str(max(1, round(limits.cpu_time_s))),
             str(limits.memory_mb * 1024 * 1024),
             str(limits.max_file_size_mb * 1024 * 1024),
@@ -245,10 +310,20 @@ class SandboxSession:
             program,
             *argv[1:],
         ]
+        command = [sys.executable, "-I", "-S", str(_BOOTSTRAP), *bootstrap_args]
+        if self.sandbox.strong:
+            assert self.sandbox.bwrap is not None and cgroup is not None
+            jail = bwrap_argv(
+                self.sandbox.bwrap,
+                self.workspace,
+                list(cgroup.directories),
+                as_root=self.sandbox.drops_privileges,
+            )
+            command = [*jail, *command]
         self._needs_sweep = True
         try:
             process = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_BOOTSTRAP), *bootstrap_args],
+                command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -259,15 +334,20 @@ class SandboxSession:
         finally:
             os.close(status_write)
         try:
-            isolation = self._read_status(status_read, process)
-            return self._supervise(process, stdin, started, wall, isolation, cancel)
+            isolation = self._read_status(status_read, process, cgroup)
+            result = self._supervise(process, stdin, started, wall, isolation, cancel, cgroup)
+            if cgroup is not None and cgroup.oom_killed():
+                return dataclasses.replace(result, memory_limit_exceeded=True)
+            return result
         finally:
             os.close(status_read)
-            self._kill_all(process)
+            self._kill_all(process, cgroup)
             if process.returncode is None:
                 process.wait()
 
-    def _read_status(self, status_read: int, process: subprocess.Popen[bytes]) -> Isolation:
+    def _read_status(
+        self, status_read: int, process: subprocess.Popen[bytes], cgroup: RunCgroup | None
+    ) -> Isolation:
         report = b""
         deadline = time.monotonic() + _SETUP_TIMEOUT_S
         with selectors.DefaultSelector() as selector:
@@ -281,13 +361,15 @@ class SandboxSession:
                 report += chunk
         words = report.decode(errors="replace").strip().split(" ", 2)
         if len(words) != 3 or words[0] != "ok":
-            reason = report.decode(errors="replace").strip() or "no status from the sandbox child"
+            reason = report.decode(errors="replace").strip() or _setup_stderr(process)
             raise SandboxUnavailableError(f"sandbox setup failed: {reason}")
         uid = int(words[2])
         return Isolation(
             network=words[1],
             uid=uid,
             privileges_dropped=self.identity is not None and uid != 0,
+            namespaces=self.sandbox.strong,
+            cgroup=cgroup.layout.version if cgroup else "none",
         )
 
     def _supervise(
@@ -298,6 +380,7 @@ class SandboxSession:
         wall: float,
         isolation: Isolation,
         cancel: threading.Event | None,
+        cgroup: RunCgroup | None,
     ) -> SandboxResult:
         cap = self.sandbox.limits.max_output_bytes
         buffers = {"stdout": _CappedBuffer(cap), "stderr": _CappedBuffer(cap)}
@@ -322,11 +405,11 @@ class SandboxSession:
                         cancelled = True
                     if timed_out or cancelled or any(b.overflowed for b in buffers.values()):
                         drain_deadline = now + _DRAIN_GRACE_S
-                        self._kill_all(process)
+                        self._kill_all(process, cgroup)
                     elif _has_exited(process):
                         # The program is done; nothing it left behind may keep running.
                         drain_deadline = now + _DRAIN_GRACE_S
-                        self._kill_all(process)
+                        self._kill_all(process, cgroup)
                 elif now > drain_deadline:
                     break
                 for key, _ in selector.select(timeout=_POLL_INTERVAL_S):
@@ -348,8 +431,12 @@ class SandboxSession:
         for stream in (process.stdin, process.stdout, process.stderr):
             with contextlib.suppress(OSError):
                 stream.close()
-        self._kill_all(process)  # the leader is not reaped yet, so its group id is still ours
+        # The leader is not reaped yet, so its group id is still ours.
+        self._kill_all(process, cgroup)
         returncode = process.wait()
+        if cgroup is not None and returncode > 128:
+            # bubblewrap exits 128+n for a program killed by signal n (the shell convention).
+            returncode = 128 - returncode
         return SandboxResult(
             returncode=returncode,
             stdout=buffers["stdout"].value(),
@@ -361,15 +448,20 @@ class SandboxSession:
             isolation=isolation,
         )
 
-    def _kill_all(self, process: subprocess.Popen[bytes]) -> None:
-        """SIGKILL the process group and, as root, every process of the run's uid; reap nothing.
+    def _kill_all(self, process: subprocess.Popen[bytes], cgroup: RunCgroup | None) -> None:
+        """SIGKILL the process group and every process of the run; reap nothing.
 
         The group is only signalled while its leader is unreaped (a zombie still owns the group
-        id), so a recycled pid can never make this hit an unrelated process group.
+        id), so a recycled pid can never make this hit an unrelated process group. The group
+        holds bubblewrap, whose death ends the PID namespace (the kernel kills all of it); the
+        cgroup lists whatever is left. Without them (weak isolation), as root, every process
+        of the run's uid is killed instead, which misses a setuid exec.
         """
         if process.returncode is None:
             kill_process_group(process.pid)
-        if self.identity and self._needs_sweep:
+        if cgroup is not None:
+            cgroup.kill_all()
+        elif self.identity and self._needs_sweep:
             kill_everything_of(self.identity)
             self._needs_sweep = False
 
@@ -380,3 +472,28 @@ def _has_exited(process: subprocess.Popen[bytes]) -> bool:
         return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True
+
+
+def _setup_stderr(process: subprocess.Popen[bytes]) -> str:
+    """What bubblewrap (or the interpreter) said when it failed before the bootstrap reported."""
+    try:
+        process.wait(timeout=_SETUP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return "no status from the sandbox child"
+    assert process.stderr is not None
+    said = process.stderr.read(4096).decode(errors="replace").strip()
+    return said or f"the sandbox child exited {process.returncode} without a status"
+
+
+@functools.cache
+def _probe_bwrap(bwrap: str, as_root: bool) -> str | None:
+    """Why bubblewrap cannot make the run's namespaces here (``None``: it can)."""
+    with tempfile.TemporaryDirectory(prefix="dockyard-bwrap-probe-") as directory:
+        workspace = Workspace(Path(directory), mounted=False)
+        for path in (workspace.work, workspace.tmp, workspace.shm):
+            path.mkdir()
+        argv = [*bwrap_argv(bwrap, workspace, [], as_root=as_root), "/bin/true"]
+        probe = subprocess.run(argv, capture_output=True, env={}, check=False)
+    if probe.returncode != 0:
+        return probe.stderr.decode(errors="replace").strip() or f"exit {probe.returncode}"
+    return None
