@@ -1,25 +1,23 @@
 """Runs in the sandbox child between fork and the untrusted program's exec. Stdlib only.
 
 Started by :mod:`dockyard.environments.sandbox.runner` as
-``python -I -S _bootstrap.py STATUS_FD UID GID CWD ISOLATE CGROUPS CPU AS FSIZE NOFILE NPROC ENV...
--- ARGV...``
-(``UID``/``GID`` ``-`` to keep them; ``ISOLATE``: ``ns`` when bubblewrap already made the
-namespaces, ``1`` to try a network namespace here, ``0`` for none; ``CGROUPS``: ``cgroup.procs``
-files joined by ``:``, or ``-``; ``ENV`` as ``KEY=VALUE``; no json: its import alone costs more
+``python -I -S _bootstrap.py STATUS_FD UID GID CWD ISOLATE CPU AS FSIZE NOFILE NPROC ENV... --
+ARGV...`` for *weak* isolation only (``limits.allow_weak_isolation`` where bubblewrap or a cgroup
+is missing; with them the runner uses bubblewrap and ``setpriv`` instead)
+(``UID``/``GID`` ``-`` to keep them; ``ISOLATE`` ``1`` to try a network namespace;
+``ENV`` as ``KEY=VALUE``; no json: its import alone costs more
 than the rest of this script)
 (a fresh single-threaded interpreter, so nothing here can deadlock on a lock another thread of
 the scorer held at fork time, which is why this is not a ``preexec_fn``). In order:
 
-1. joining the run's cgroups (memory and process count of the whole run; before anything else, so
-   every process of the run is in them),
-2. no-new-privileges (a setuid binary exec'd later runs as the run's uid, not root),
-3. without bubblewrap only: a new network namespace (``unshare(CLONE_NEWNET)``: only a down
-   loopback); as non-root, a new user namespace first, if the kernel allows,
-4. resource limits (CPU, address space, file size, open files, processes, no core dumps),
-5. the throwaway working directory and umask,
-6. dropping root to the run's own uid/gid with no supplementary groups,
-7. a one-line JSON report of what was achieved on the status pipe (closed by the exec),
-8. ``execve`` of the program with a minimal environment.
+1. no-new-privileges (a setuid binary exec'd later runs as the run's uid, not root),
+2. a new network namespace (``unshare(CLONE_NEWNET)``: only a down loopback); as non-root, a new
+   user namespace first, if the kernel allows,
+3. resource limits (CPU, address space, file size, open files, processes, no core dumps),
+4. the throwaway working directory and umask,
+5. dropping root to the run's own uid/gid with no supplementary groups,
+6. a one-line JSON report of what was achieved on the status pipe (closed by the exec),
+7. ``execve`` of the program with a minimal environment.
 
 Any failure is reported on the status pipe and the child exits 127 without running the program.
 """
@@ -46,13 +44,6 @@ def _no_new_privileges() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
 
 
-def _join_cgroups(procs_files: str) -> None:
-    if procs_files != "-":
-        for path in procs_files.split(":"):
-            with open(path, "w") as procs:
-                procs.write("0")  # "0": the writing process
-
-
 def _isolate_network() -> str:
     if _unshare(CLONE_NEWNET):
         return "netns"
@@ -75,14 +66,13 @@ def main() -> None:
     status_fd = int(sys.argv[1])
     os.set_inheritable(status_fd, False)  # closed by a successful exec: EOF means "running"
     try:
-        uid, gid, cwd, isolate, cgroups = sys.argv[2:7]
-        cpu_s, address_space, file_size, files, procs = (int(v) for v in sys.argv[7:12])
-        separator = sys.argv.index("--", 12)
-        env = dict(item.split("=", 1) for item in sys.argv[12:separator])
+        uid, gid, cwd, isolate = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+        cpu_s, address_space, file_size, files, procs = (int(v) for v in sys.argv[6:11])
+        separator = sys.argv.index("--", 11)
+        env = dict(item.split("=", 1) for item in sys.argv[11:separator])
         argv = sys.argv[separator + 1 :]
-        _join_cgroups(cgroups)
         _no_new_privileges()
-        network = {"ns": "netns", "1": None, "0": "shared"}[isolate] or _isolate_network()
+        network = _isolate_network() if isolate else "shared"
         _apply_limits(cpu_s, address_space, file_size, files, procs)
         os.chdir(cwd)
         os.umask(0o077)

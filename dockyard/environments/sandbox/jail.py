@@ -101,10 +101,14 @@ def _umount(target: Path) -> None:
             raise SandboxUnavailableError(f"cannot unmount {target}: {os.strerror(error)}")
 
 
+def find_setpriv() -> str | None:
+    return shutil.which("setpriv", path=BWRAP_SEARCH_PATH)
+
+
 def bwrap_argv(
-    bwrap: str, workspace: Workspace, cgroup_dirs: list[Path], *, as_root: bool
+    bwrap: str, workspace: Workspace, *, as_root: bool, options: list[str] | None = None
 ) -> list[str]:
-    """The bubblewrap command line that the bootstrap's command line is appended to."""
+    """The bubblewrap command line (``options`` before the ``--``) that the program follows."""
     argv = [bwrap, "--die-with-parent", "--unshare-net", "--unshare-pid", "--unshare-ipc"]
     argv += ["--unshare-uts", "--hostname", "sandbox"]
     if not as_root:
@@ -115,6 +119,10 @@ def bwrap_argv(
     # Under /tmp, bwrap would make the workspace's own path 0700 root inside the private /tmp.
     argv += ["--perms", "0711", "--dir", str(workspace.root)]
     argv += ["--bind", str(workspace.work), str(workspace.work)]
-    for directory in cgroup_dirs:  # writable only so the (root) bootstrap can join it
-        argv += ["--bind", str(directory), str(directory)]
-    return [*argv, "--"]
+    return [*argv, *(options or []), "--"]
+
+
+def drop_privileges_argv(setpriv: str, identity: RunIdentity) -> list[str]:
+    """``setpriv`` (util-linux) from root to the run's uid/gid, no groups, no capabilities."""
+    uid, gid = str(identity.uid), str(identity.gid)
+    return [setpriv, "--reuid", uid, "--regid", gid, "--clear-groups", "--inh-caps=-all", "--"]

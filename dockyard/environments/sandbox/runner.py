@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
+import resource
 import selectors
 import shutil
 import signal
@@ -35,7 +37,13 @@ from dockyard.environments.sandbox.identity import (
     running_as_root,
     uid_pool,
 )
-from dockyard.environments.sandbox.jail import Workspace, bwrap_argv, find_bwrap
+from dockyard.environments.sandbox.jail import (
+    Workspace,
+    bwrap_argv,
+    drop_privileges_argv,
+    find_bwrap,
+    find_setpriv,
+)
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -129,12 +137,16 @@ class Sandbox:
         self.drops_privileges = running_as_root()
         self.python = resolve_sandbox_python(limits, self.drops_privileges)
         self.bwrap = find_bwrap()
+        self.setpriv = find_setpriv() if self.drops_privileges else None
         self.cgroups = detect_layout()
         missing = []
         if self.bwrap is None:
             missing.append("bubblewrap (bwrap) for namespaces; scripts/ensure_bwrap.sh installs it")
-        elif (problem := _probe_bwrap(self.bwrap, self.drops_privileges)) is not None:
+        elif self.drops_privileges and self.setpriv is None:
+            missing.append("setpriv (util-linux) to drop to the run's uid inside bubblewrap")
+        elif problem := _probe_bwrap(self.bwrap, self.setpriv, limits.sandbox_uid_base):
             missing.append(f"namespaces: bwrap fails here ({problem})")
+        if missing:
             self.bwrap = None
         if self.cgroups is None:
             missing.append("a writable cgroup (v1 memory+pids or v2) for the whole run's limits")
@@ -290,6 +302,94 @@ class SandboxSession:
         cgroup: RunCgroup | None,
         cancel: threading.Event | None,
     ) -> SandboxResult:
+        command = [program, *argv[1:]]
+        self._needs_sweep = True
+        if cgroup is not None:
+            process, isolation = self._spawn_jailed(command, child_env, cwd, cgroup)
+        else:
+            process, isolation = self._spawn_bootstrapped(command, child_env, cwd)
+        try:
+            result = self._supervise(process, stdin, started, wall, isolation, cancel, cgroup)
+            if cgroup is not None and cgroup.oom_killed():
+                return dataclasses.replace(result, memory_limit_exceeded=True)
+            return result
+        finally:
+            self._kill_all(process, cgroup)
+            if process.returncode is None:
+                process.wait()
+
+    def _spawn_jailed(
+        self, command: list[str], env: dict[str, str], cwd: Path | None, cgroup: RunCgroup
+    ) -> tuple[subprocess.Popen[bytes], Isolation]:
+        """bubblewrap, held before its exec until it is in the run's cgroup with the rlimits.
+
+        bubblewrap reports the pid of the namespace's init on ``--info-fd`` and waits on
+        ``--block-fd``; the init is moved into the cgroup and given the rlimits then, so the
+        program (its child) starts inside both. As root, ``setpriv`` drops to the session's uid
+        (losing every capability) right before the program: no interpreter start in between.
+        """
+        sandbox, identity = self.sandbox, self.identity
+        assert sandbox.bwrap is not None
+        info_read, info_write = os.pipe()
+        block_read, block_write = os.pipe()
+        jail = bwrap_argv(
+            sandbox.bwrap,
+            self.workspace,
+            as_root=sandbox.drops_privileges,
+            options=[
+                *("--info-fd", str(info_write), "--block-fd", str(block_read)),
+                *("--chdir", str(cwd or self.directory)),
+            ],
+        )
+        if identity is not None:
+            assert sandbox.setpriv is not None
+            jail += drop_privileges_argv(sandbox.setpriv, identity)
+        try:
+            process = subprocess.Popen(
+                [*jail, *command],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(info_write, block_read),
+                start_new_session=True,  # its own process group, killed as a whole
+                env=env,
+                umask=0o077,
+            )
+        except BaseException:
+            for fd in (info_read, block_write):
+                os.close(fd)
+            raise
+        finally:
+            os.close(info_write)
+            os.close(block_read)
+        try:
+            init_pid = _read_child_pid(info_read, process)
+            for procs in cgroup.procs_files:
+                procs.write_text(f"{init_pid}\n")
+            for limit, value in _rlimits(sandbox.limits):
+                resource.prlimit(init_pid, limit, value)
+            os.write(block_write, b"go")
+        except BaseException:
+            self._kill_all(process, cgroup)
+            process.wait()
+            raise
+        finally:
+            os.close(info_read)
+            os.close(block_write)
+        isolation = Isolation(
+            network="netns" if sandbox.drops_privileges else "userns+netns",
+            uid=identity.uid if identity else os.getuid(),
+            privileges_dropped=identity is not None,
+            namespaces=True,
+            cgroup=cgroup.layout.version,
+        )
+        return process, isolation
+
+    def _spawn_bootstrapped(
+        self, command: list[str], env: dict[str, str], cwd: Path | None
+    ) -> tuple[subprocess.Popen[bytes], Isolation]:
+        """Weak isolation: the stdlib bootstrap tries a network namespace, sets the rlimits,
+        drops to the session's uid and execs the program."""
         limits = self.sandbox.limits
         status_read, status_write = os.pipe()
         identity = self.identity
@@ -298,32 +398,19 @@ class SandboxSession:
             str(identity.uid) if identity else "-",
             str(identity.gid) if identity else "-",
             str(cwd or self.directory),
-            "ns" if self.sandbox.strong else "1",  # bwrap made the namespaces / try netns here
-            ":".join(str(path) for path in cgroup.procs_files) if cgroup else "-",
+            "1",  # try a network namespace
             str(max(1, round(limits.cpu_time_s))),
             str(limits.memory_mb * 1024 * 1024),
             str(limits.max_file_size_mb * 1024 * 1024),
             str(limits.max_open_files),
             str(limits.max_processes),
-            *(f"{key}={value}" for key, value in child_env.items()),
+            *(f"{key}={value}" for key, value in env.items()),
             "--",
-            program,
-            *argv[1:],
+            *command,
         ]
-        command = [sys.executable, "-I", "-S", str(_BOOTSTRAP), *bootstrap_args]
-        if self.sandbox.strong:
-            assert self.sandbox.bwrap is not None and cgroup is not None
-            jail = bwrap_argv(
-                self.sandbox.bwrap,
-                self.workspace,
-                list(cgroup.directories),
-                as_root=self.sandbox.drops_privileges,
-            )
-            command = [*jail, *command]
-        self._needs_sweep = True
         try:
             process = subprocess.Popen(
-                command,
+                [sys.executable, "-I", "-S", str(_BOOTSTRAP), *bootstrap_args],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -334,20 +421,15 @@ class SandboxSession:
         finally:
             os.close(status_write)
         try:
-            isolation = self._read_status(status_read, process, cgroup)
-            result = self._supervise(process, stdin, started, wall, isolation, cancel, cgroup)
-            if cgroup is not None and cgroup.oom_killed():
-                return dataclasses.replace(result, memory_limit_exceeded=True)
-            return result
+            return process, self._read_status(status_read, process)
+        except BaseException:
+            self._kill_all(process, None)
+            process.wait()
+            raise
         finally:
             os.close(status_read)
-            self._kill_all(process, cgroup)
-            if process.returncode is None:
-                process.wait()
 
-    def _read_status(
-        self, status_read: int, process: subprocess.Popen[bytes], cgroup: RunCgroup | None
-    ) -> Isolation:
+    def _read_status(self, status_read: int, process: subprocess.Popen[bytes]) -> Isolation:
         report = b""
         deadline = time.monotonic() + _SETUP_TIMEOUT_S
         with selectors.DefaultSelector() as selector:
@@ -368,8 +450,6 @@ class SandboxSession:
             network=words[1],
             uid=uid,
             privileges_dropped=self.identity is not None and uid != 0,
-            namespaces=self.sandbox.strong,
-            cgroup=cgroup.layout.version if cgroup else "none",
         )
 
     def _supervise(
@@ -486,14 +566,51 @@ def _setup_stderr(process: subprocess.Popen[bytes]) -> str:
 
 
 @functools.cache
-def _probe_bwrap(bwrap: str, as_root: bool) -> str | None:
-    """Why bubblewrap cannot make the run's namespaces here (``None``: it can)."""
+def _probe_bwrap(bwrap: str, setpriv: str | None, probe_uid: int) -> str | None:
+    """Why bubblewrap (and, as root, ``setpriv`` to a sandbox uid) cannot run a program with
+    the run's namespaces here (``None``: it can)."""
     with tempfile.TemporaryDirectory(prefix="dockyard-bwrap-probe-") as directory:
         workspace = Workspace(Path(directory), mounted=False)
         for path in (workspace.work, workspace.tmp, workspace.shm):
             path.mkdir()
-        argv = [*bwrap_argv(bwrap, workspace, [], as_root=as_root), "/bin/true"]
-        probe = subprocess.run(argv, capture_output=True, env={}, check=False)
+        argv = bwrap_argv(bwrap, workspace, as_root=setpriv is not None)
+        if setpriv is not None:
+            argv += drop_privileges_argv(setpriv, RunIdentity(probe_uid, probe_uid))
+        probe = subprocess.run([*argv, "/bin/true"], capture_output=True, env={}, check=False)
     if probe.returncode != 0:
         return probe.stderr.decode(errors="replace").strip() or f"exit {probe.returncode}"
     return None
+
+
+def _rlimits(limits: SandboxLimits) -> list[tuple[int, tuple[int, int]]]:
+    """The per-process limits of a run (the bootstrap sets the same ones in weak isolation)."""
+    cpu_s = max(1, round(limits.cpu_time_s))
+    address_space = limits.memory_mb * 1024 * 1024
+    file_size = limits.max_file_size_mb * 1024 * 1024
+    return [
+        # Soft limit sends SIGXCPU; the hard limit one second later is a SIGKILL.
+        (resource.RLIMIT_CPU, (cpu_s, cpu_s + 1)),
+        (resource.RLIMIT_AS, (address_space, address_space)),
+        (resource.RLIMIT_FSIZE, (file_size, file_size)),
+        (resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files)),
+        (resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes)),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
+
+
+def _read_child_pid(info_read: int, process: subprocess.Popen[bytes]) -> int:
+    """The pid bubblewrap reports on ``--info-fd`` once the namespaces exist."""
+    report = b""
+    deadline = time.monotonic() + _SETUP_TIMEOUT_S
+    with selectors.DefaultSelector() as selector:
+        selector.register(info_read, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not selector.select(timeout=deadline - time.monotonic()):
+                break
+            chunk = os.read(info_read, 4096)
+            if not chunk:
+                break
+            report += chunk
+            with contextlib.suppress(ValueError):
+                return int(json.loads(report)["child-pid"])
+    raise SandboxUnavailableError(f"sandbox setup failed: {_setup_stderr(process)}")
