@@ -46,3 +46,20 @@ def describe(pids: list[int]) -> list[str]:
             cmdline, parent = "(exited)", "?"
         described.append(f"{pid}: {cmdline[:200]} (parent {parent})")
     return described
+
+
+def _kernel_isolation_problem() -> str | None:
+    from dockyard.environments.sandbox import Sandbox, SandboxUnavailableError
+
+    try:
+        Sandbox(SandboxLimits())
+    except SandboxUnavailableError as error:
+        return str(error)
+    return None
+
+
+#: Tests of what the kernel isolates: skipped, with the sandbox's own reason, where it refuses.
+requires_kernel_isolation = pytest.mark.skipif(
+    (problem := _kernel_isolation_problem()) is not None,
+    reason=f"no kernel isolation on this machine: {problem}",
+)

@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_probes import live_sandbox_processes, requires_root
+from sandbox_probes import live_sandbox_processes, requires_kernel_isolation, requires_root
 
 from dockyard.config.sections.env import SandboxLimits
 from dockyard.environments.sandbox import Sandbox
+
+pytestmark = requires_kernel_isolation
 
 
 def _sandbox(**limits: float) -> Sandbox:

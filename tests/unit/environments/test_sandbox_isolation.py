@@ -14,7 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sandbox_probes import processes_whose_cmdline_contains, requires_root
+from sandbox_probes import (
+    processes_whose_cmdline_contains,
+    requires_kernel_isolation,
+    requires_root,
+)
 
 from dockyard.config.sections.env import SandboxLimits
 from dockyard.environments.sandbox import Sandbox, SandboxUnavailableError, jail
@@ -32,6 +36,7 @@ def _run(sandbox: Sandbox, source: str):
 
 
 @requires_root
+@requires_kernel_isolation
 def test_memory_is_limited_for_the_whole_run_not_per_process() -> None:
     """A chain of processes, each holding 100 MiB (touched) while its child allocates the next:
     under a per-process limit of 200 MiB they hold 400 MiB together; the run's limit is 200."""
@@ -66,6 +71,7 @@ def test_memory_is_limited_for_the_whole_run_not_per_process() -> None:
 
 
 @requires_root
+@requires_kernel_isolation
 def test_tmp_and_dev_shm_writes_are_private_and_discarded() -> None:
     marker = f"dockyard-probe-{uuid.uuid4().hex}"
     host_paths = [Path("/tmp", marker), Path("/dev/shm", marker), Path("/var/tmp", marker)]
@@ -96,6 +102,7 @@ def test_tmp_and_dev_shm_writes_are_private_and_discarded() -> None:
 
 
 @requires_root
+@requires_kernel_isolation
 def test_disk_quota_is_for_the_whole_run_not_per_file() -> None:
     """4 MiB files (under the 8 MiB per-file limit) into every writable place until refused:
     together they may not exceed the run's 16 MiB."""
@@ -130,6 +137,7 @@ def setuid_sleep(host_dir: Path) -> Path:
 
 
 @requires_root
+@requires_kernel_isolation
 def test_setuid_exec_gains_nothing_and_does_not_outlive_the_run(setuid_sleep: Path) -> None:
     duration = f"{uuid.uuid4().int % 100000 + 1000}.5"  # a unique argument to find it by
     try:
@@ -155,6 +163,7 @@ def test_setuid_exec_gains_nothing_and_does_not_outlive_the_run(setuid_sleep: Pa
 
 
 @requires_root
+@requires_kernel_isolation
 def test_run_cannot_see_or_signal_the_scorers_processes() -> None:
     result = _run(
         _sandbox(),
@@ -200,6 +209,7 @@ print("connected" if libc.connect(fd, address, len(address)) == 0 else "refused"
 
 
 @requires_root
+@requires_kernel_isolation
 def test_ctypes_socket_past_the_python_guard_reaches_nothing() -> None:
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("127.0.0.1", 0))
