@@ -106,7 +106,8 @@ class SandboxResult:
 
     @property
     def cpu_limit_exceeded(self) -> bool:
-        return self.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and not self.cancelled
+        killed = self.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
+        return killed and not (self.cancelled or self.memory_limit_exceeded)
 
 
 class _CappedBuffer:
