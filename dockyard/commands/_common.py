@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -13,12 +14,35 @@ from dockyard.cli import CliError
 
 EXIT_INVALID_CONFIG = 2
 
+#: Keys whose values are secrets; on a command line they are readable by every local user
+#: (``ps``, ``/proc/PID/cmdline``), so they are refused there.
+SECRET_KEYS = ("data_plane.credentials.password", "data_plane.credentials.token")
+_URL_WITH_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")
+
+
+def secrets_in_overrides(overrides: list[str]) -> list[str]:
+    """The key paths of ``overrides`` that carry a secret (a password in a URL included)."""
+    found = []
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        in_url = key.startswith("data_plane.") and _URL_WITH_PASSWORD.search(value)
+        if key in SECRET_KEYS or in_url:
+            found.append(key)
+    return found
+
 
 def load_config_report_or_exit(args: argparse.Namespace):  # -> ConfigReport (lazy import)
     """``--config`` + overrides, validated; warnings to stderr; a bad config is exit 2."""
     from dockyard.config.errors import ConfigError
     from dockyard.config.loader import load_config_report
 
+    if leaked := secrets_in_overrides(args.overrides):
+        raise CliError(
+            f"{', '.join(leaked)}: secrets are refused on the command line, where every local "
+            "user can read them (ps, /proc/PID/cmdline); put them in the config file (keep it "
+            "0600; `broker up --secure` writes such files)",
+            exit_code=EXIT_INVALID_CONFIG,
+        )
     try:
         report = load_config_report(args.config, args.overrides)
     except ConfigError as error:

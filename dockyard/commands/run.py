@@ -20,6 +20,7 @@ import yaml
 
 from dockyard.cli import CliError, CommandRegistrar, add_config_arguments
 from dockyard.commands._common import load_role_config
+from dockyard.utils.private_files import private_dir, write_private_text
 
 if TYPE_CHECKING:
     from dockyard.algorithms.grpo import MasterConfig
@@ -35,9 +36,9 @@ def _run(args: argparse.Namespace) -> int:
     config = load_role_config(args)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / f"{config.run.name}-{stamp}")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)  # config.yaml may hold data_plane.credentials; logs, checkpoints
     resolved = run_dir / "config.yaml"
-    resolved.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    write_private_text(resolved, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     progress = ProgressDisplay(run_dir / "status", config.grpo.max_num_steps)
     try:
         if config.data_plane is None:

@@ -15,6 +15,7 @@ from dockyard.commands._roles import (
     prepare_trainer,
     refuse_in_memory_plane,
 )
+from dockyard.utils.private_files import private_dir
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -24,7 +25,7 @@ async def _serve(args: argparse.Namespace) -> int:
     config = load_role_config(args)
     refuse_in_memory_plane(config, "trainer")
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / config.run.name)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)  # logs, checkpoints, metrics: its owner's only
     inputs = prepare_trainer(config)  # before any server or model starts
     plane = create_data_plane(config.data_plane, client_name="trainer")
     async with plane:

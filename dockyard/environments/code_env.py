@@ -157,6 +157,8 @@ def _describe(outcomes: list[CaseOutcome], total: int) -> str:
             reason = "timed out"
         elif result.output_limit_exceeded:
             reason = "output limit"
+        elif result.memory_limit_exceeded:
+            reason = "memory limit of the run (killed by the kernel)"
         elif result.returncode != 0:
             tail = result.stderr.decode(errors="replace").strip().splitlines()[-1:]
             reason = f"exit {result.returncode}: {tail[0][:120] if tail else ''}"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockyard.utils.logging import get_logger
+from dockyard.utils.private_files import create_private_file, private_dir
 
 log = get_logger(__name__)
 
@@ -49,7 +50,8 @@ class RoleProcess:
         return f"{self.role}-{self.instance}"
 
     def start(self, env: dict[str, str]) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_path.parent)
+        create_private_file(self.log_path)
         handle = self.log_path.open("ab")
         # A new session: a terminal's Ctrl-C reaches the supervisor only, which then drains
         # the roles in order instead of every process dying at once.

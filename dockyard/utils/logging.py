@@ -15,6 +15,8 @@ from typing import Literal
 
 import structlog
 
+from dockyard.utils.private_files import create_private_file, private_dir
+
 LogFormat = Literal["auto", "console", "json"]
 
 _configured: tuple[str, int] | None = None
@@ -79,7 +81,8 @@ def logging_to_file(path: Path) -> Iterator[None]:
     """Every log line of this process goes to ``path`` (JSON lines, appended) instead of
     stderr while the block runs: for ``dockyard run`` in one process, whose stderr is the
     progress display, as each role process of a fleet logs to its own file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
+    create_private_file(path)  # a run's logs are its owner's only, like its config
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(_formatter("json"))
     root = logging.getLogger()

@@ -52,9 +52,26 @@ class SandboxLimits(Section):
 
     cpu_time_s: PositiveFloat = Field(10.0, description="RLIMIT_CPU of the run")
     wall_time_s: PositiveFloat = Field(20.0, description="the process group is killed after")
-    memory_mb: PositiveInt = Field(512, description="RLIMIT_AS (address space)")
+    memory_mb: PositiveInt = Field(
+        512,
+        description="memory of the whole run (its cgroup: every process, tmpfs pages included) "
+        "and RLIMIT_AS of each process",
+    )
     max_output_bytes: PositiveInt = Field(1_000_000, description="stdout and stderr, each")
-    max_processes: PositiveInt = Field(32, description="RLIMIT_NPROC of the sandbox uid")
+    max_processes: PositiveInt = Field(
+        32, description="processes of the whole run (cgroup pids.max) and RLIMIT_NPROC"
+    )
+    max_disk_mb: PositiveInt = Field(
+        1024,
+        description="bytes the whole run may write: its work directory, /tmp and /dev/shm are "
+        "one tmpfs of this size (as root; RAM, charged to the run's memory when written by it)",
+    )
+    allow_weak_isolation: bool = Field(
+        False,
+        description="run untrusted code even where the kernel gives no isolation (no bubblewrap "
+        "namespaces or no cgroup): then only per-process rlimits and a bypassable Python network "
+        "guard apply; default: refuse to start",
+    )
     max_file_size_mb: PositiveInt = Field(64, description="RLIMIT_FSIZE")
     max_open_files: PositiveInt = Field(256, description="RLIMIT_NOFILE")
     python_executable: str | None = Field(

@@ -1,28 +1,34 @@
 """Sandboxed execution of untrusted programs, shared by the ``code`` and ``swe`` environments.
 
-What a run gets on Linux (first as root, i.e. the scorer or sandbox service runs as root; then
-without root):
+The isolation is the kernel's (docs/operations.md, "Isolation of one run"); as root, a run gets:
 
-- CPU time, address space, file size, open files, no core dumps: RLIMIT_*, set before exec.
-- Wall clock: SIGKILL to the process group and to every process of the run's uid / process
-  group only.
-- Process count (fork bombs): RLIMIT_NPROC of a fresh uid per run / of *your* uid (shared).
-- Processes outliving the run: none, ``kill -1`` as the run's uid also reaches ``setsid``
-  escapees / escapees from the process group survive.
-- Network: a new network namespace with no interface up (nothing reachable, not even
-  127.0.0.1) / a user+network namespace if the kernel allows, else only a Python audit hook
-  refusing non-Unix sockets (bypassed by a program that execs a non-Python binary).
-- Files outside the work directory: only world-readable ones / all the user can read.
-- Output: read with a byte cap per stream; the run is killed at the cap.
-- Work directory: fresh, 0700, owned by the run, deleted afterwards.
+- bubblewrap (``jail.py``): new network, PID, mount, IPC and UTS namespaces; ``/`` read-only, a
+  fresh ``/proc`` and minimal ``/dev``; no-new-privileges and ``nosuid`` mounts, so a setuid
+  binary gains nothing; killing bubblewrap ends the PID namespace and every process in it.
+- a cgroup per run (``cgroup.py``, v1 ``memory``+``pids`` or v2): memory and process count of
+  the *whole* run; its member list is what "kill the run" kills until empty.
+- one tmpfs of ``max_disk_mb`` per session (``jail.Workspace``): the work directory, ``/tmp``
+  and ``/dev/shm``, the only writable places, discarded afterwards.
+- its own uid/gid per session (``identity.py``): only world-readable files are readable.
+- rlimits (CPU, address space, file size, open files, processes), a wall clock, byte-capped
+  output (``runner.py``).
 
-Not given: a filesystem jail (world-readable files such as ``/etc/passwd`` and the interpreter's
-stdlib are readable; world-writable ``/tmp`` is writable, though ``TMPDIR`` points at the work
-directory), syscall filtering (no seccomp), and protection against kernel exploits. Use a VM or
-container boundary around the sandbox service for hostile workloads.
+Without bubblewrap's namespaces or a usable cgroup a :class:`Sandbox` refuses to start unless
+``limits.allow_weak_isolation`` is set; then only rlimits, a bootstrap-made network namespace if
+possible, the uid sweep and a Python audit hook (a diagnostic: ``ctypes`` passes it) apply.
+Not given: a syscall filter (no seccomp) or protection against kernel exploits: use a VM or
+gVisor-style container around the scorers for hostile workloads at scale.
 """
 
+from dockyard.environments.sandbox import jail
 from dockyard.environments.sandbox.identity import SandboxUnavailableError
 from dockyard.environments.sandbox.runner import Isolation, Sandbox, SandboxResult, SandboxSession
 
-__all__ = ["Isolation", "Sandbox", "SandboxResult", "SandboxSession", "SandboxUnavailableError"]
+__all__ = [
+    "Isolation",
+    "Sandbox",
+    "SandboxResult",
+    "SandboxSession",
+    "SandboxUnavailableError",
+    "jail",
+]

@@ -2,19 +2,22 @@
 
 Started by :mod:`dockyard.environments.sandbox.runner` as
 ``python -I -S _bootstrap.py STATUS_FD UID GID CWD ISOLATE CPU AS FSIZE NOFILE NPROC ENV... --
-ARGV...``
-(``UID``/``GID`` ``-`` to keep them; ``ENV`` as ``KEY=VALUE``; no json: its import alone costs more
+ARGV...`` for *weak* isolation only (``limits.allow_weak_isolation`` where bubblewrap or a cgroup
+is missing; with them the runner uses bubblewrap and ``setpriv`` instead)
+(``UID``/``GID`` ``-`` to keep them; ``ISOLATE`` ``1`` to try a network namespace;
+``ENV`` as ``KEY=VALUE``; no json: its import alone costs more
 than the rest of this script)
 (a fresh single-threaded interpreter, so nothing here can deadlock on a lock another thread of
 the scorer held at fork time, which is why this is not a ``preexec_fn``). In order:
 
-1. a new network namespace (``unshare(CLONE_NEWNET)``: only a down loopback, so nothing can be
-   reached, not even 127.0.0.1); as non-root, a new user namespace first, if the kernel allows,
-2. resource limits (CPU, address space, file size, open files, processes, no core dumps),
-3. the throwaway working directory and umask,
-4. dropping root to the run's own uid/gid with no supplementary groups,
-5. a one-line JSON report of what was achieved on the status pipe (closed by the exec),
-6. ``execve`` of the program with a minimal environment.
+1. no-new-privileges (a setuid binary exec'd later runs as the run's uid, not root),
+2. a new network namespace (``unshare(CLONE_NEWNET)``: only a down loopback); as non-root, a new
+   user namespace first, if the kernel allows,
+3. resource limits (CPU, address space, file size, open files, processes, no core dumps),
+4. the throwaway working directory and umask,
+5. dropping root to the run's own uid/gid with no supplementary groups,
+6. a one-line JSON report of what was achieved on the status pipe (closed by the exec),
+7. ``execve`` of the program with a minimal environment.
 
 Any failure is reported on the status pipe and the child exits 127 without running the program.
 """
@@ -26,12 +29,19 @@ import sys
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+PR_SET_NO_NEW_PRIVS = 38
 EXIT_SETUP_FAILED = 127
 
 
 def _unshare(flags: int) -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     return libc.unshare(flags) == 0
+
+
+def _no_new_privileges() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
 
 
 def _isolate_network() -> str:
@@ -61,6 +71,7 @@ def main() -> None:
         separator = sys.argv.index("--", 11)
         env = dict(item.split("=", 1) for item in sys.argv[11:separator])
         argv = sys.argv[separator + 1 :]
+        _no_new_privileges()
         network = _isolate_network() if isolate else "shared"
         _apply_limits(cpu_s, address_space, file_size, files, procs)
         os.chdir(cwd)

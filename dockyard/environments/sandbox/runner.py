@@ -9,7 +9,11 @@ killed before ``run`` returns.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import json
 import os
+import resource
 import selectors
 import shutil
 import signal
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard.config.sections.env import SandboxLimits
+from dockyard.environments.sandbox.cgroup import RunCgroup, detect_layout
 from dockyard.environments.sandbox.identity import (
     RunIdentity,
     SandboxUnavailableError,
@@ -32,6 +37,16 @@ from dockyard.environments.sandbox.identity import (
     running_as_root,
     uid_pool,
 )
+from dockyard.environments.sandbox.jail import (
+    Workspace,
+    bwrap_argv,
+    drop_privileges_argv,
+    find_bwrap,
+    find_setpriv,
+)
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
 
 _BOOTSTRAP = Path(__file__).with_name("_bootstrap.py")
 _POLL_INTERVAL_S = 0.05
@@ -41,9 +56,9 @@ _DRAIN_GRACE_S = 1.0
 _SETUP_TIMEOUT_S = 10.0
 _BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-# Installed in every sandboxed *Python* program in front of the user's code: a second line of
-# defence when the kernel offered no network namespace (Python-level only; a program that execs
-# a non-Python binary is not covered by it).
+# Installed in every sandboxed *Python* program in front of the user's code. A diagnostic, not a
+# boundary: ctypes, a fresh interpreter or patching it via ``gc`` gets past it; the isolation is
+# the kernel's (namespaces, cgroup), and without it runs are refused unless the operator opts in.
 _PYTHON_GUARD = """\
 import sys
 def _dockyard_guard(event, args):
@@ -66,6 +81,9 @@ class Isolation:
     network: str  # "netns", "userns+netns" or "shared" (Python guard only)
     uid: int
     privileges_dropped: bool  # ran under its own unprivileged uid
+    #: bubblewrap: PID/mount/IPC namespaces, private /tmp and /dev/shm, no-new-privileges
+    namespaces: bool = False
+    cgroup: str = "none"  # "v1", "v2": memory and process count of the whole run; "none"
 
 
 @dataclass(frozen=True)
@@ -78,6 +96,7 @@ class SandboxResult:
     cancelled: bool
     wall_time_s: float
     isolation: Isolation
+    memory_limit_exceeded: bool = False  # the kernel OOM-killed a process of the run
 
     @property
     def ok(self) -> bool:
@@ -87,7 +106,8 @@ class SandboxResult:
 
     @property
     def cpu_limit_exceeded(self) -> bool:
-        return self.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and not self.cancelled
+        killed = self.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
+        return killed and not (self.cancelled or self.memory_limit_exceeded)
 
 
 class _CappedBuffer:
@@ -117,26 +137,52 @@ class Sandbox:
         self.scratch_root = scratch_root
         self.drops_privileges = running_as_root()
         self.python = resolve_sandbox_python(limits, self.drops_privileges)
+        self.bwrap = find_bwrap()
+        self.setpriv = find_setpriv() if self.drops_privileges else None
+        self.cgroups = detect_layout()
+        missing = []
+        if self.bwrap is None:
+            missing.append("bubblewrap (bwrap) for namespaces; scripts/ensure_bwrap.sh installs it")
+        elif self.drops_privileges and self.setpriv is None:
+            missing.append("setpriv (util-linux) to drop to the run's uid inside bubblewrap")
+        elif problem := _probe_bwrap(self.bwrap, self.setpriv, limits.sandbox_uid_base):
+            missing.append(f"namespaces: bwrap fails here ({problem})")
+        if missing:
+            self.bwrap = None
+        if self.cgroups is None:
+            missing.append("a writable cgroup (v1 memory+pids or v2) for the whole run's limits")
+        if missing and not limits.allow_weak_isolation:
+            raise SandboxUnavailableError(
+                "refusing to run untrusted code without kernel isolation; missing: "
+                + "; ".join(missing)
+                + ". Set env.<name>.limits.allow_weak_isolation: true to run anyway (per-process "
+                "rlimits and a Python-level network guard only)"
+            )
+        if missing:
+            log.warning("sandbox.weak_isolation", missing=missing)
+        self.strong = not missing
 
     @contextlib.contextmanager
     def session(self) -> Iterator[SandboxSession]:
         """A throwaway directory and (as root) a fresh uid, for one or more runs."""
         pool = uid_pool(self.limits) if self.drops_privileges else None
         identity = pool.acquire() if pool else None
-        directory = Path(tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=self.scratch_root))
         session: SandboxSession | None = None
+        workspace: Workspace | None = None
         try:
-            os.chmod(directory, 0o700)
-            if identity:
-                os.chown(directory, identity.uid, identity.gid)
-            session = SandboxSession(self, directory, identity)
+            workspace = Workspace.create(
+                self.scratch_root, self.limits.max_disk_mb * 1024 * 1024, identity
+            )
+            session = SandboxSession(self, workspace, identity)
             yield session
         finally:
             try:
-                if identity and session_needs_sweep(session):
+                # With bubblewrap and a cgroup every run was killed whole before it returned.
+                if identity and not self.strong and session_needs_sweep(session):
                     kill_everything_of(identity)
             finally:
-                shutil.rmtree(directory, ignore_errors=True)
+                if workspace is not None:
+                    workspace.remove()
                 if pool and identity:
                     pool.release(identity)
 
@@ -159,9 +205,12 @@ def session_needs_sweep(session: SandboxSession | None) -> bool:
 
 
 class SandboxSession:
-    def __init__(self, sandbox: Sandbox, directory: Path, identity: RunIdentity | None) -> None:
+    def __init__(
+        self, sandbox: Sandbox, workspace: Workspace, identity: RunIdentity | None
+    ) -> None:
         self.sandbox = sandbox
-        self.directory = directory
+        self.workspace = workspace
+        self.directory = workspace.work
         self.identity = identity
         self._needs_sweep = False  # whether a run may have left processes behind
 
@@ -219,14 +268,130 @@ class SandboxSession:
         program = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=_BASE_PATH)
         if program is None:
             raise SandboxUnavailableError(f"{argv[0]!r} not found on {_BASE_PATH}")
+        strong = self.sandbox.strong
         child_env = {
             "PATH": _BASE_PATH,
             "HOME": str(self.directory),
-            "TMPDIR": str(self.directory),
+            "TMPDIR": "/tmp" if strong else str(self.directory),  # private to the run if strong
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
             **(env or {}),
         }
+        cgroup = None
+        if strong:
+            assert self.sandbox.cgroups is not None
+            cgroup = RunCgroup.create(
+                self.sandbox.cgroups, limits.memory_mb * 1024 * 1024, limits.max_processes
+            )
+        try:
+            return self._start_and_supervise(
+                program, argv, child_env, cwd, stdin, started, wall, cgroup, cancel
+            )
+        finally:
+            if cgroup is not None:
+                cgroup.remove()
+
+    def _start_and_supervise(
+        self,
+        program: str,
+        argv: Sequence[str],
+        child_env: dict[str, str],
+        cwd: Path | None,
+        stdin: bytes,
+        started: float,
+        wall: float,
+        cgroup: RunCgroup | None,
+        cancel: threading.Event | None,
+    ) -> SandboxResult:
+        command = [program, *argv[1:]]
+        self._needs_sweep = True
+        if cgroup is not None:
+            process, isolation = self._spawn_jailed(command, child_env, cwd, cgroup)
+        else:
+            process, isolation = self._spawn_bootstrapped(command, child_env, cwd)
+        try:
+            result = self._supervise(process, stdin, started, wall, isolation, cancel, cgroup)
+            if cgroup is not None and cgroup.oom_killed():
+                return dataclasses.replace(result, memory_limit_exceeded=True)
+            return result
+        finally:
+            self._kill_all(process, cgroup)
+            if process.returncode is None:
+                process.wait()
+
+    def _spawn_jailed(
+        self, command: list[str], env: dict[str, str], cwd: Path | None, cgroup: RunCgroup
+    ) -> tuple[subprocess.Popen[bytes], Isolation]:
+        """bubblewrap, held before its exec until it is in the run's cgroup with the rlimits.
+
+        bubblewrap reports the pid of the namespace's init on ``--info-fd`` and waits on
+        ``--block-fd``; the init is moved into the cgroup and given the rlimits then, so the
+        program (its child) starts inside both. As root, ``setpriv`` drops to the session's uid
+        (losing every capability) right before the program: no interpreter start in between.
+        """
+        sandbox, identity = self.sandbox, self.identity
+        assert sandbox.bwrap is not None
+        info_read, info_write = os.pipe()
+        block_read, block_write = os.pipe()
+        jail = bwrap_argv(
+            sandbox.bwrap,
+            self.workspace,
+            as_root=sandbox.drops_privileges,
+            options=[
+                *("--info-fd", str(info_write), "--block-fd", str(block_read)),
+                *("--chdir", str(cwd or self.directory)),
+            ],
+        )
+        if identity is not None:
+            assert sandbox.setpriv is not None
+            jail += drop_privileges_argv(sandbox.setpriv, identity)
+        try:
+            process = subprocess.Popen(
+                [*jail, *command],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(info_write, block_read),
+                start_new_session=True,  # its own process group, killed as a whole
+                env=env,
+                umask=0o077,
+            )
+        except BaseException:
+            for fd in (info_read, block_write):
+                os.close(fd)
+            raise
+        finally:
+            os.close(info_write)
+            os.close(block_read)
+        try:
+            init_pid = _read_child_pid(info_read, process)
+            for procs in cgroup.procs_files:
+                procs.write_text(f"{init_pid}\n")
+            for limit, value in _rlimits(sandbox.limits):
+                resource.prlimit(init_pid, limit, value)
+            os.write(block_write, b"go")
+        except BaseException:
+            self._kill_all(process, cgroup)
+            process.wait()
+            raise
+        finally:
+            os.close(info_read)
+            os.close(block_write)
+        isolation = Isolation(
+            network="netns" if sandbox.drops_privileges else "userns+netns",
+            uid=identity.uid if identity else os.getuid(),
+            privileges_dropped=identity is not None,
+            namespaces=True,
+            cgroup=cgroup.layout.version,
+        )
+        return process, isolation
+
+    def _spawn_bootstrapped(
+        self, command: list[str], env: dict[str, str], cwd: Path | None
+    ) -> tuple[subprocess.Popen[bytes], Isolation]:
+        """Weak isolation: the stdlib bootstrap tries a network namespace, sets the rlimits,
+        drops to the session's uid and execs the program."""
+        limits = self.sandbox.limits
         status_read, status_write = os.pipe()
         identity = self.identity
         bootstrap_args = [
@@ -234,18 +399,16 @@ class SandboxSession:
             str(identity.uid) if identity else "-",
             str(identity.gid) if identity else "-",
             str(cwd or self.directory),
-            "1",  # isolate the network
+            "1",  # try a network namespace
             str(max(1, round(limits.cpu_time_s))),
             str(limits.memory_mb * 1024 * 1024),
             str(limits.max_file_size_mb * 1024 * 1024),
             str(limits.max_open_files),
             str(limits.max_processes),
-            *(f"{key}={value}" for key, value in child_env.items()),
+            *(f"{key}={value}" for key, value in env.items()),
             "--",
-            program,
-            *argv[1:],
+            *command,
         ]
-        self._needs_sweep = True
         try:
             process = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(_BOOTSTRAP), *bootstrap_args],
@@ -259,13 +422,13 @@ class SandboxSession:
         finally:
             os.close(status_write)
         try:
-            isolation = self._read_status(status_read, process)
-            return self._supervise(process, stdin, started, wall, isolation, cancel)
+            return process, self._read_status(status_read, process)
+        except BaseException:
+            self._kill_all(process, None)
+            process.wait()
+            raise
         finally:
             os.close(status_read)
-            self._kill_all(process)
-            if process.returncode is None:
-                process.wait()
 
     def _read_status(self, status_read: int, process: subprocess.Popen[bytes]) -> Isolation:
         report = b""
@@ -281,7 +444,7 @@ class SandboxSession:
                 report += chunk
         words = report.decode(errors="replace").strip().split(" ", 2)
         if len(words) != 3 or words[0] != "ok":
-            reason = report.decode(errors="replace").strip() or "no status from the sandbox child"
+            reason = report.decode(errors="replace").strip() or _setup_stderr(process)
             raise SandboxUnavailableError(f"sandbox setup failed: {reason}")
         uid = int(words[2])
         return Isolation(
@@ -298,6 +461,7 @@ class SandboxSession:
         wall: float,
         isolation: Isolation,
         cancel: threading.Event | None,
+        cgroup: RunCgroup | None,
     ) -> SandboxResult:
         cap = self.sandbox.limits.max_output_bytes
         buffers = {"stdout": _CappedBuffer(cap), "stderr": _CappedBuffer(cap)}
@@ -322,11 +486,11 @@ class SandboxSession:
                         cancelled = True
                     if timed_out or cancelled or any(b.overflowed for b in buffers.values()):
                         drain_deadline = now + _DRAIN_GRACE_S
-                        self._kill_all(process)
+                        self._kill_all(process, cgroup)
                     elif _has_exited(process):
                         # The program is done; nothing it left behind may keep running.
                         drain_deadline = now + _DRAIN_GRACE_S
-                        self._kill_all(process)
+                        self._kill_all(process, cgroup)
                 elif now > drain_deadline:
                     break
                 for key, _ in selector.select(timeout=_POLL_INTERVAL_S):
@@ -348,8 +512,12 @@ class SandboxSession:
         for stream in (process.stdin, process.stdout, process.stderr):
             with contextlib.suppress(OSError):
                 stream.close()
-        self._kill_all(process)  # the leader is not reaped yet, so its group id is still ours
+        # The leader is not reaped yet, so its group id is still ours.
+        self._kill_all(process, cgroup)
         returncode = process.wait()
+        if cgroup is not None and returncode > 128:
+            # bubblewrap exits 128+n for a program killed by signal n (the shell convention).
+            returncode = 128 - returncode
         return SandboxResult(
             returncode=returncode,
             stdout=buffers["stdout"].value(),
@@ -361,15 +529,20 @@ class SandboxSession:
             isolation=isolation,
         )
 
-    def _kill_all(self, process: subprocess.Popen[bytes]) -> None:
-        """SIGKILL the process group and, as root, every process of the run's uid; reap nothing.
+    def _kill_all(self, process: subprocess.Popen[bytes], cgroup: RunCgroup | None) -> None:
+        """SIGKILL the process group and every process of the run; reap nothing.
 
         The group is only signalled while its leader is unreaped (a zombie still owns the group
-        id), so a recycled pid can never make this hit an unrelated process group.
+        id), so a recycled pid can never make this hit an unrelated process group. The group
+        holds bubblewrap, whose death ends the PID namespace (the kernel kills all of it); the
+        cgroup lists whatever is left. Without them (weak isolation), as root, every process
+        of the run's uid is killed instead, which misses a setuid exec.
         """
         if process.returncode is None:
             kill_process_group(process.pid)
-        if self.identity and self._needs_sweep:
+        if cgroup is not None:
+            cgroup.kill_all()
+        elif self.identity and self._needs_sweep:
             kill_everything_of(self.identity)
             self._needs_sweep = False
 
@@ -380,3 +553,65 @@ def _has_exited(process: subprocess.Popen[bytes]) -> bool:
         return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True
+
+
+def _setup_stderr(process: subprocess.Popen[bytes]) -> str:
+    """What bubblewrap (or the interpreter) said when it failed before the bootstrap reported."""
+    try:
+        process.wait(timeout=_SETUP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return "no status from the sandbox child"
+    assert process.stderr is not None
+    said = process.stderr.read(4096).decode(errors="replace").strip()
+    return said or f"the sandbox child exited {process.returncode} without a status"
+
+
+@functools.cache
+def _probe_bwrap(bwrap: str, setpriv: str | None, probe_uid: int) -> str | None:
+    """Why bubblewrap (and, as root, ``setpriv`` to a sandbox uid) cannot run a program with
+    the run's namespaces here (``None``: it can)."""
+    with tempfile.TemporaryDirectory(prefix="dockyard-bwrap-probe-") as directory:
+        workspace = Workspace(Path(directory), mounted=False)
+        for path in (workspace.work, workspace.tmp, workspace.shm):
+            path.mkdir()
+        argv = bwrap_argv(bwrap, workspace, as_root=setpriv is not None)
+        if setpriv is not None:
+            argv += drop_privileges_argv(setpriv, RunIdentity(probe_uid, probe_uid))
+        probe = subprocess.run([*argv, "/bin/true"], capture_output=True, env={}, check=False)
+    if probe.returncode != 0:
+        return probe.stderr.decode(errors="replace").strip() or f"exit {probe.returncode}"
+    return None
+
+
+def _rlimits(limits: SandboxLimits) -> list[tuple[int, tuple[int, int]]]:
+    """The per-process limits of a run (the bootstrap sets the same ones in weak isolation)."""
+    cpu_s = max(1, round(limits.cpu_time_s))
+    address_space = limits.memory_mb * 1024 * 1024
+    file_size = limits.max_file_size_mb * 1024 * 1024
+    return [
+        # Soft limit sends SIGXCPU; the hard limit one second later is a SIGKILL.
+        (resource.RLIMIT_CPU, (cpu_s, cpu_s + 1)),
+        (resource.RLIMIT_AS, (address_space, address_space)),
+        (resource.RLIMIT_FSIZE, (file_size, file_size)),
+        (resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files)),
+        (resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes)),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
+
+
+def _read_child_pid(info_read: int, process: subprocess.Popen[bytes]) -> int:
+    """The pid bubblewrap reports on ``--info-fd`` once the namespaces exist."""
+    report = b""
+    deadline = time.monotonic() + _SETUP_TIMEOUT_S
+    with selectors.DefaultSelector() as selector:
+        selector.register(info_read, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not selector.select(timeout=deadline - time.monotonic()):
+                break
+            chunk = os.read(info_read, 4096)
+            if not chunk:
+                break
+            report += chunk
+            with contextlib.suppress(ValueError):
+                return int(json.loads(report)["child-pid"])
+    raise SandboxUnavailableError(f"sandbox setup failed: {_setup_stderr(process)}")

@@ -86,6 +86,23 @@ async def test_adversarial_programs_score_zero_with_flags_and_stay_bounded() -> 
     assert time.monotonic() - started < 15.0
 
 
+async def test_memory_spread_over_processes_is_bounded_and_named() -> None:
+    """The answer needs two processes of 150 MiB each (touched) at once, under a 256 MiB limit:
+    each is under its per-process limit, the run is not; the kernel kills one of them, so no
+    correct answer, and the detail says why."""
+    program = (
+        "```python\nimport os\nblock = b'x' * (150 << 20)\npid = os.fork()\n"
+        "if pid == 0:\n    del block\n    other = b'y' * (150 << 20)\n    print(5, flush=True)\n"
+        "    os._exit(0)\nos.waitpid(pid, 0)\n```"
+    )
+    limits = SandboxLimits(wall_time_s=10.0, cpu_time_s=5.0, memory_mb=256)
+    context = EnvironmentContext()
+    context.env.code = CodeEnvConfig(limits=limits)
+    score = await build_environment("code", context).score(_group(program, tests=TESTS[:1]))
+    assert score.rewards == [0.0]
+    assert "memory limit of the run" in score.samples[0].detail
+
+
 async def test_task_timeout_cancels_the_running_sandbox() -> None:
     environment = _environment(task_timeout=0.5, timeout_reward=-0.5)
     slow = "```python\nimport time\ntime.sleep(30)\n```"

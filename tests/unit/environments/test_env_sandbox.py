@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_probes import live_sandbox_processes, requires_root
+from sandbox_probes import live_sandbox_processes, requires_kernel_isolation, requires_root
 
 from dockyard.config.sections.env import SandboxLimits
 from dockyard.environments.sandbox import Sandbox
+
+pytestmark = requires_kernel_isolation
 
 
 def _sandbox(**limits: float) -> Sandbox:
@@ -158,11 +160,10 @@ def test_background_process_that_leaves_the_session_is_killed() -> None:
 
 
 @requires_root
-def test_cannot_read_private_files_outside_the_sandbox(tmp_path: Path) -> None:
-    secret = tmp_path / "secret.txt"
+def test_cannot_read_private_files_outside_the_sandbox(host_dir: Path) -> None:
+    secret = host_dir / "secret.txt"
     secret.write_text("TOP-SECRET-VALUE")
     os.chmod(secret, stat.S_IRUSR | stat.S_IWUSR)  # 0600, owned by the test's (root) uid
-    os.chmod(tmp_path, 0o755)
     result = _run(
         _sandbox(),
         f"""
