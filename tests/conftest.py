@@ -21,9 +21,9 @@ import pytest
 
 from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.config.sections.data_plane import DataPlaneConfig
-from tests.system_deps import ensure_bwrap
+from tests.system_deps import ensure_system_packages
 
-ensure_bwrap()  # the sandbox's namespaces (scripts/ensure_bwrap.sh; a no-op when installed)
+ensure_system_packages()  # bubblewrap, sandbox pytest (scripts/ensure_system_packages.sh)
 
 _ALL_SERVERS: list[EmbeddedNatsServer] = []
 

@@ -7,7 +7,7 @@ the only writable places (``/`` is bound read-only), mounted at their own path, 
 the tmpfs is unmounted. Without root no tmpfs can be mounted: the directories are plain ones
 under the scratch root (only ``RLIMIT_FSIZE`` per file bounds them).
 
-bubblewrap (Debian's ``bubblewrap``; ``scripts/ensure_bwrap.sh``) gives the run new network, PID,
+bubblewrap (Debian's ``bubblewrap``; ``scripts/ensure_system_packages.sh``) gives the run new network, PID,
 IPC and UTS namespaces (a user namespace too when not root), a fresh ``/proc`` and minimal
 ``/dev``, sets no-new-privileges (a setuid binary runs with the caller's uid), and with
 ``--die-with-parent`` and the PID namespace, killing bubblewrap kills every process of the run:

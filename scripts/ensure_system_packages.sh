@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Debian packages the sandbox and its tests need, installed when missing (a no-op otherwise):
+# - bubblewrap: every sandboxed run's namespaces, private /tmp and /dev/shm and no-new-privileges
+#   (docs/operations.md, "Isolation of one run");
+# - python3-pytest: pytest for the sandbox's interpreter (the system python3, which the sandbox
+#   uid can run), so the SWE service can score pytest repositories.
+# Installing needs root and apt (Debian/Ubuntu).
+set -euo pipefail
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c "import pytest" >/dev/null 2>&1; then
+    missing+=(python3-pytest)
+fi
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "ensure_system_packages.sh: missing ${missing[*]}; install them (needs root and apt)" >&2
+    exit 1
+fi
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
