@@ -7,9 +7,9 @@ the only writable places (``/`` is bound read-only), mounted at their own path, 
 the tmpfs is unmounted. Without root no tmpfs can be mounted: the directories are plain ones
 under the scratch root (only ``RLIMIT_FSIZE`` per file bounds them).
 
-bubblewrap (Debian's ``bubblewrap``; ``scripts/ensure_system_packages.sh``) gives the run new network, PID,
-IPC and UTS namespaces (a user namespace too when not root), a fresh ``/proc`` and minimal
-``/dev``, sets no-new-privileges (a setuid binary runs with the caller's uid), and with
+bubblewrap (Debian's ``bubblewrap``; ``scripts/ensure_system_packages.sh``) gives the run new
+network, PID, IPC and UTS namespaces (a user namespace too when not root), a fresh ``/proc``
+and minimal ``/dev``, sets no-new-privileges (a setuid binary runs with the caller's uid), and with
 ``--die-with-parent`` and the PID namespace, killing bubblewrap kills every process of the run:
 the kernel kills a PID namespace's members when its init dies.
 """

@@ -142,7 +142,9 @@ class Sandbox:
         self.cgroups = detect_layout()
         missing = []
         if self.bwrap is None:
-            missing.append("bubblewrap (bwrap) for namespaces; scripts/ensure_system_packages.sh installs it")
+            missing.append(
+                "bubblewrap (bwrap) for namespaces; scripts/ensure_system_packages.sh installs it"
+            )
         elif self.drops_privileges and self.setpriv is None:
             missing.append("setpriv (util-linux) to drop to the run's uid inside bubblewrap")
         elif problem := _probe_bwrap(self.bwrap, self.setpriv, limits.sandbox_uid_base):
