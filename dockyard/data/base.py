@@ -95,7 +95,9 @@ def build_dataset(config: DatasetConfig, default_env: str) -> Dataset:
         from dockyard.data.files import load_file_dataset
 
         return load_file_dataset(config, env)
-    if "fields" in config.model_fields_set:
+    # Compared with the default, not "was it given": a resolved config written out in full
+    # (dockyard run hands its roles one) names every key, defaults included.
+    if config.fields != type(config).model_fields["fields"].get_default(call_default_factory=True):
         raise DatasetError("fields", "a field mapping applies to file datasets (path) only")
     if builder is None:
         raise UnknownDatasetError(

@@ -155,6 +155,15 @@ def test_missing_file_unknown_format_and_misplaced_keys_are_refused(tmp_path):
     assert refused.value.key == "fields"
 
 
+def test_a_built_in_dataset_written_out_with_every_default_still_builds():
+    # dockyard run hands its roles the resolved config with every key written out, the default
+    # field mapping included: that is no mapping, and the built-in set builds.
+    written = DatasetConfig(name="arithmetic").model_dump(mode="json")
+    assert "fields" in written
+    dataset = build_dataset(DatasetConfig.model_validate(written), "arithmetic")
+    assert len(dataset) > 0
+
+
 def quickstart(*overrides: str):
     return load_config("configs/quickstart.yaml", list(overrides))
 
