@@ -17,7 +17,8 @@ UINT64_MAX = 2**64 - 1
 #: what Python code passes (a list of row models), which a decoded frame never holds. The
 #: compiled reader (``compiled``) may then skip it; any other field validator rules it out.
 FRAME_INERT = "__dockyard_frame_inert__"
-_SCHEMA_VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
+#: ``\Z``, not ``$``: Python's ``$`` also matches before a trailing newline ("3.0\n").
+_SCHEMA_VERSION = re.compile(r"\A(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})\Z")
 
 
 _F = TypeVar("_F")

@@ -17,7 +17,12 @@ from pydantic import ValidationError
 from dockyard.schemas.arrays import CTX_BLOB, CTX_LIMITS, CTX_PRECHECKED
 from dockyard.schemas.base import Message, parse_schema_version
 from dockyard.schemas.compiled import read_compiled
-from dockyard.schemas.envelope import build_envelope_prefix, parse_envelope, scan_envelope
+from dockyard.schemas.envelope import (
+    build_envelope_prefix,
+    check_unique_keys,
+    parse_envelope,
+    scan_envelope,
+)
 from dockyard.schemas.errors import CodecError, ReasonCode
 from dockyard.schemas.frames import ZSTD_LEVEL, compress_with_stored_tail, decompress_bounded
 from dockyard.schemas.layout import lay_out
@@ -190,6 +195,8 @@ def _decode_compiled(
             return None
     except CodecError:
         return None
+    if not check_unique_keys(envelope.meta):  # the reference path says where
+        return None
     return read_compiled(cls, envelope.meta, envelope.data, limits)  # type: ignore[no-any-return]
 
 
@@ -210,8 +217,8 @@ def _validate(
     try:
         if prechecked:  # the arrays need no Python call each (``prechecked``)
             context[CTX_PRECHECKED] = True
-            return prechecked_validator(cls).validate_python(meta, context=context)
-        return cls.model_validate(meta, context=context)
+            return prechecked_validator(cls).validate_python(meta, strict=True, context=context)
+        return cls.model_validate(meta, strict=True, context=context)
     except ValidationError as exc:
         raise _refusal(cls, exc) from None
 
@@ -262,6 +269,7 @@ def _reason_of(error_type: str) -> ReasonCode:
     if error_type.endswith(("_type", "_parsing")) or error_type in {
         "is_instance_of",
         "model_attributes_type",
+        "invalid-json-value",  # a msgpack value JSON has no type for (bin, in ``extra``)
     }:
         return ReasonCode.WRONG_TYPE
     return ReasonCode.INVALID_FIELD

@@ -60,7 +60,9 @@ Converter = Callable[[Any, ArrayPrecheck], Any]
 _FLOAT_MAX = 1.7976931348623157e308
 _INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 _STRICT_NUMBERS = (int, float)
-_LAX_ADAPTER_CONFIG = ConfigDict(arbitrary_types_allowed=True)
+#: The wire is read strictly (no coercion: ``codec._validate``), so are the values pydantic
+#: checks for this reader.
+_ADAPTER_CONFIG = ConfigDict(arbitrary_types_allowed=True, strict=True)
 #: What an array field's ``Annotated`` carries (``arrays._array_type``): the kind says it all.
 _ARRAY_MACHINERY = (ArrayKind, PlainValidator, PlainSerializer, WithJsonSchema)
 
@@ -314,7 +316,7 @@ def _python_checked(annotation: Any, metadata: list[Any]) -> tuple[Any, Converte
         raise _Unsupported(f"{annotation}: a model or array inside a type msgspec cannot express")
     adapter = TypeAdapter(
         typing.Annotated[(annotation, *metadata)] if metadata else annotation,  # type: ignore[valid-type]
-        config=_LAX_ADAPTER_CONFIG,
+        config=_ADAPTER_CONFIG,
     )
     validate = adapter.validator.validate_python  # TypeAdapter's wrapper adds a Python call
 

@@ -43,9 +43,36 @@ def _fixstr(text: str) -> bytes:
     return bytes([0xA0 | len(raw)]) + raw
 
 
-#: How metadata is unpacked besides the size limits: text as str, only str (or bin) map keys,
-#: no ext types. The compiled reader unpacks what it leaves to pydantic the same way.
-UNPACKING: dict[str, Any] = {"raw": False, "strict_map_key": True, "max_ext_len": 0}
+def unique_map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A msgpack map as a dict, refusing a repeated key (msgpack would keep the last value and
+    silently drop the others)."""
+    mapping = dict(pairs)
+    if len(mapping) != len(pairs):
+        repeated = next(key for index, (key, _) in enumerate(pairs) if key in dict(pairs[:index]))
+        raise ValueError(f"a map repeats the key {str(repeated)[:64]!r}")
+    return mapping
+
+
+#: How metadata is unpacked besides the size limits: text as str, only str (or bin) map keys
+#: (a bin key is then refused by the strict field types), no ext types, no repeated key. The
+#: compiled reader unpacks what it leaves to pydantic the same way.
+UNPACKING: dict[str, Any] = {
+    "raw": False,
+    "strict_map_key": True,
+    "max_ext_len": 0,
+    "object_pairs_hook": unique_map,
+}
+
+
+def check_unique_keys(packed: memoryview | bytes) -> bool:
+    """Whether no map in the packed msgpack value ``packed`` repeats a key. msgspec, which
+    the compiled reader decodes with, keeps a repeated key's last value like msgpack does."""
+    try:
+        msgpack.unpackb(packed, **UNPACKING)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return False
+    return True
+
 
 _PAD_KEY = _fixstr(KEY_PAD)
 _DATA_KEY = _fixstr(KEY_DATA)
@@ -243,12 +270,15 @@ def _read_entries(
     except (ValueError, msgpack.UnpackException) as exc:
         raise CodecError(ReasonCode.BAD_ENVELOPE, "the content is not a msgpack map") from exc
     try:
-        if count > len(_ENVELOPE_KEYS) + 16:
+        if count > len(_ENVELOPE_KEYS):
             raise CodecError(ReasonCode.BAD_ENVELOPE, f"the top-level map has {count} entries")
         for index in range(count):
             key = unpacker.unpack()
-            if not isinstance(key, str) or key in entries:
-                raise CodecError(ReasonCode.BAD_ENVELOPE, f"bad or repeated top-level key {key!r}")
+            if not isinstance(key, str) or key in entries or key not in _ENVELOPE_KEYS:
+                # The envelope is fixed for a major (a minor adds fields inside ``meta``).
+                raise CodecError(
+                    ReasonCode.BAD_ENVELOPE, f"unknown or repeated top-level key {str(key)[:64]!r}"
+                )
             if key == KEY_DATA and index == count - 1:
                 in_place = _bin_in_place(view, unpacker.tell())
                 if in_place is not None:
@@ -278,4 +308,7 @@ def _checked(entries: dict[str, Any]) -> Envelope:
         raise CodecError(ReasonCode.BAD_ENVELOPE, f"meta must be a map, not {type(meta).__name__}")
     if not isinstance(data, bytes | memoryview):
         raise CodecError(ReasonCode.BAD_ENVELOPE, f"data must be bin, not {type(data).__name__}")
+    pad = entries.get(KEY_PAD, b"")
+    if not isinstance(pad, bytes):  # its bytes carry nothing, but it is a bin
+        raise CodecError(ReasonCode.BAD_ENVELOPE, f"pad must be bin, not {type(pad).__name__}")
     return Envelope(schema=schema, version=version, meta=meta, data=data)

@@ -33,7 +33,7 @@ class RolloutV2(Message):
 
     group: PromptGroup
     samples: list[RolloutSample] = Field(min_length=1)
-    created_at_unix_s: float = Field(0.0, ge=0.0)
+    created_at_unix_s: float = Field(0.0, ge=0.0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _samples(self) -> RolloutV2:
@@ -77,7 +77,7 @@ class ScoredRolloutV2(Message):
     rollout: RolloutV2
     scores: list[SampleScore] = Field(min_length=1)
     scorer_id: str = Field(min_length=1)
-    scored_at_unix_s: float = Field(0.0, ge=0.0)
+    scored_at_unix_s: float = Field(0.0, ge=0.0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _aligned(self) -> ScoredRolloutV2:

@@ -28,7 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from dockyard.schemas.arrays import LOGPROBS, MASK, TOKEN_IDS, VERSIONS, WIRE_DTYPES, ArrayKind
+from dockyard.schemas.arrays import (
+    ARRAY_ALIGNMENT,
+    LOGPROBS,
+    MASK,
+    TOKEN_IDS,
+    VERSIONS,
+    WIRE_DTYPES,
+    ArrayKind,
+)
 from dockyard.schemas.base import WireModel
 from dockyard.schemas.errors import CodecError, ReasonCode
 from dockyard.schemas.layout import COLUMNS_KEY
@@ -149,7 +157,7 @@ class ArrayPrecheck:
             or count > self._limits.max_array_elements
             or count * itemsize != nbytes
             or offset + nbytes > len(self._blob)
-            or offset % itemsize
+            or offset % ARRAY_ALIGNMENT
         ):
             return None
         base = self._bases.get(dtype)  # ``_base``, inlined: this runs for every array
@@ -251,7 +259,11 @@ class ArrayPrecheck:
                 ReasonCode.ARRAY_TOO_LARGE,
                 f"{where}: {count} elements exceed the limit of {self._limits.max_array_elements}",
             )
-        if count * dtype.itemsize != nbytes or offset % 8 or offset + nbytes > len(self._blob):
+        if (
+            count * dtype.itemsize != nbytes
+            or offset % ARRAY_ALIGNMENT
+            or offset + nbytes > len(self._blob)
+        ):
             raise _bad_column(where, f"data {data} does not fit shape {shape} in the section")
         start = offset // dtype.itemsize
         view = self._base(dtype)[start : start + count]

@@ -162,7 +162,7 @@ class ScoredRollout(Message):
     rollout: Rollout
     scores: ScoreColumns
     scorer_id: str = Field(min_length=1)
-    scored_at_unix_s: float = Field(0.0, ge=0.0)
+    scored_at_unix_s: float = Field(0.0, ge=0.0, allow_inf_nan=False)
 
     @field_validator("scores", mode="before")
     @classmethod

@@ -296,7 +296,8 @@ def test_3_0_samples_or_scores_given_as_a_list_are_refused_as_wrong_type() -> No
     for change, where in ((samples_as_list, "rollout.samples"), (scores_as_list, "scores")):
         envelope = v3_envelope(scored)
         change(envelope["meta"])
-        envelope["data"] = rows["data"]  # the descriptors point into the 2.0 section
+        if where == "rollout.samples":  # the samples' descriptors point into the 2.0 section
+            envelope["data"] = rows["data"]
         error = refusal(repack(envelope))
         assert error.reason is ReasonCode.WRONG_TYPE, error.detail
         assert f"{where}: " in error.detail and "must be a map of columns" in error.detail
