@@ -17,6 +17,10 @@ UINT64_MAX = 2**64 - 1
 #: what Python code passes (a list of row models), which a decoded frame never holds. The
 #: compiled reader (``compiled``) may then skip it; any other field validator rules it out.
 FRAME_INERT = "__dockyard_frame_inert__"
+#: Marks the ``BeforeValidator`` function of a ``str`` enum field that only looks a value up
+#: among the enum's values (anything else refused): what msgspec does itself when it decodes
+#: the enum, so the compiled reader (``compiled``) decodes such a field natively.
+STR_ENUM_LOOKUP = "__dockyard_str_enum_lookup__"
 #: ``\Z``, not ``$``: Python's ``$`` also matches before a trailing newline ("3.0\n").
 _SCHEMA_VERSION = re.compile(r"\A(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})\Z")
 

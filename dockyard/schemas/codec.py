@@ -19,7 +19,6 @@ from dockyard.schemas.base import Message, parse_schema_version
 from dockyard.schemas.compiled import read_compiled
 from dockyard.schemas.envelope import (
     build_envelope_prefix,
-    check_unique_keys,
     parse_envelope,
     scan_envelope,
 )
@@ -194,8 +193,6 @@ def _decode_compiled(
         if _reader_of(cls, version) is not cls:  # an older major: its reader upgrades it
             return None
     except CodecError:
-        return None
-    if not check_unique_keys(envelope.meta):  # the reference path says where
         return None
     return read_compiled(cls, envelope.meta, envelope.data, limits)  # type: ignore[no-any-return]
 

@@ -37,12 +37,12 @@ from typing import Any, Literal, Union
 import annotated_types
 import msgpack
 import msgspec
-from pydantic import ConfigDict, PlainSerializer, PlainValidator, TypeAdapter
+from pydantic import BeforeValidator, ConfigDict, PlainSerializer, PlainValidator, TypeAdapter
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import WithJsonSchema
 
 from dockyard.schemas.arrays import ArrayKind
-from dockyard.schemas.base import FRAME_INERT, WireModel
+from dockyard.schemas.base import FRAME_INERT, STR_ENUM_LOOKUP, WireModel
 from dockyard.schemas.envelope import UNPACKING
 from dockyard.schemas.limits import DecodeLimits
 from dockyard.schemas.precheck import ArrayPrecheck, NotChecked
@@ -265,10 +265,14 @@ def _translate(annotation: Any, metadata: list[Any]) -> tuple[Any, Converter | N
         isinstance(annotation, type)
         and issubclass(annotation, enum.Enum)
         and issubclass(annotation, str)
-        and not metadata
+        and all(_is_enum_lookup(item) for item in metadata)
     ):
-        return annotation, None
+        return annotation, None  # msgspec: exactly the enum's str values
     return _python_checked(annotation, metadata)
+
+
+def _is_enum_lookup(item: Any) -> bool:
+    return isinstance(item, BeforeValidator) and getattr(item.func, STR_ENUM_LOOKUP, False)
 
 
 def _flatten(metadata: list[Any]) -> list[Any]:

@@ -17,7 +17,14 @@ from dockyard.schemas.arrays import (
     TokenIdArray,
     VersionArray,
 )
-from dockyard.schemas.base import INT64_MAX, UINT64_MAX, Message, WireModel, frame_inert
+from dockyard.schemas.base import (
+    INT64_MAX,
+    STR_ENUM_LOOKUP,
+    UINT64_MAX,
+    Message,
+    WireModel,
+    frame_inert,
+)
 from dockyard.schemas.columns import (
     RowColumns,
     check_counts,
@@ -61,6 +68,7 @@ def _finish_reason_of(value: Any) -> Any:
     )
 
 
+setattr(_finish_reason_of, STR_ENUM_LOOKUP, True)
 #: A finish reason field: a member, or its value (as a frame or a producer writes it).
 FinishReasonField = Annotated[FinishReason, BeforeValidator(_finish_reason_of)]
 

@@ -163,17 +163,15 @@ def _packed_envelope(schema: str, version: str, meta: bytes, data: bytes = b"") 
 
 
 @PATHS
-def test_a_repeated_key_is_refused_at_every_level(compiled: bool) -> None:
+def test_a_repeated_key(compiled: bool) -> None:
+    """The envelope refuses one; inside ``meta`` the last value counts (docs/wire-format.md)."""
     pack = msgpack.packb
     weights = encode(make_weight_version())
     meta = unpack_payload(weights.payload)["meta"]
     fields = [(key, pack(value)) for key, value in meta.items()]
     schema, version = "weight_version", weights.headers["Dockyard-Schema-Version"]
-    assert decode(None, _packed_envelope(schema, version, _map(fields)), compiled=compiled)
-    # A message field twice (msgpack and msgspec would both keep the last value).
     repeated = _packed_envelope(schema, version, _map([*fields, ("version", pack(99))]))
-    assert refused(repeated, compiled) is ReasonCode.BAD_MSGPACK
-    # A key twice inside a map-valued field (a dead letter's headers).
+    assert decode(None, repeated, compiled=compiled).version == 99  # type: ignore[attr-defined]
     letter = encode(make_dead_letter())
     meta = unpack_payload(letter.payload)["meta"]
     headers = _map([("a", pack("1")), ("a", pack("2"))])
@@ -184,8 +182,7 @@ def test_a_repeated_key_is_refused_at_every_level(compiled: bool) -> None:
     payload = _packed_envelope(
         "dead_letter", letter.headers["Dockyard-Schema-Version"], _map(fields)
     )
-    assert refused(payload, compiled) is ReasonCode.BAD_MSGPACK
-    # The envelope's own keys.
+    assert decode(None, payload, compiled=compiled).original_headers == {"a": "2"}  # type: ignore[attr-defined]
     envelope = _map([("schema", pack(schema)), ("schema", pack(schema))])
     payload = zstandard.ZstdCompressor().compress(envelope)
     assert refused(payload, compiled) is ReasonCode.BAD_ENVELOPE
