@@ -95,8 +95,6 @@ class Message(WireModel):
     SCHEMA_NAME: ClassVar[str]
     #: "MAJOR.MINOR". A MINOR bump only adds optional fields; anything else bumps MAJOR.
     SCHEMA_VERSION: ClassVar[str]
-    #: Older MAJOR versions this build still decodes (replay reads old streams), besides its own.
-    ALSO_READS_MAJORS: ClassVar[frozenset[int]] = frozenset()
 
     def message_id(self) -> str:
         """The deterministic ``Nats-Msg-Id``: the same logical message gets the same id."""
@@ -105,10 +103,6 @@ class Message(WireModel):
     @classmethod
     def schema_major(cls) -> int:
         return parse_schema_version(cls.SCHEMA_VERSION)[0]
-
-    @classmethod
-    def readable_majors(cls) -> frozenset[int]:
-        return cls.ALSO_READS_MAJORS | {cls.schema_major()}
 
 
 def parse_schema_version(text: str) -> tuple[int, int]:

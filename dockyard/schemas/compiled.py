@@ -46,7 +46,7 @@ from dockyard.schemas.base import FRAME_INERT, STR_ENUM_LOOKUP, WireModel
 from dockyard.schemas.envelope import UNPACKING
 from dockyard.schemas.limits import DecodeLimits
 from dockyard.schemas.precheck import ArrayPrecheck, NotChecked
-from dockyard.schemas.wire_plan import mentions_wire_types, plan_of
+from dockyard.schemas.wire_plan import mentions_wire_types
 
 __all__ = ["has_compiled_reader", "read_compiled"]
 
@@ -80,8 +80,6 @@ class _ModelReader:
     __slots__ = ("build", "struct")
 
     def __init__(self, cls: type[WireModel]) -> None:
-        if plan_of(cls).columns:
-            raise _Unsupported(f"{cls.__name__}: lists whose arrays travel as columns (2.x)")
         fields: list[_Field] = []
         struct_fields: list[tuple[Any, ...]] = []
         for name, info in cls.model_fields.items():
@@ -93,8 +91,7 @@ class _ModelReader:
                 struct_fields.append((name, annotation | msgspec.UnsetType, msgspec.UNSET))
         # Unknown keys are refused ("not sure"): msgspec would skip them unchecked, where the
         # reference unpacker refuses an ext type or an int map key anywhere in the map. So a
-        # frame of a newer minor version (a field added) is read the reference way, as is any
-        # ``@columns`` key (legacy list columns, which the reference pre-pass mostly refuses).
+        # frame of a newer minor version (a field added) is read the reference way.
         # gc=False: decoded values form a tree (no cycles), and tracking every struct of every
         # message costs the collector time for nothing.
         self.struct = msgspec.defstruct(

@@ -112,7 +112,7 @@ def test_an_empty_frame_is_not_a_message(compiled: bool) -> None:
 
 
 def _mutated(message: Message, change: Callable[[dict[str, Any]], None]) -> bytes:
-    envelope = unpack_payload(encode(message).payload, columns=True)
+    envelope = unpack_payload(encode(message).payload)
     change(envelope)
     return repack(envelope)
 
