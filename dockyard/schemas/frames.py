@@ -193,10 +193,12 @@ def _frame_end(frame: bytes, has_checksum: bool) -> int:
     the one marked last, then the optional 4-byte checksum), found from the block headers
     alone; CORRUPT_FRAME when the blocks run past the bytes.
 
-    libzstd reads one frame and says nothing of what follows when the frame does not declare
-    its size, so "exactly one frame, nothing after it" is checked here, for every payload: a
-    second frame (also an empty or skippable one, or the rest of a message split over two
-    frames) is refused, not read on into.
+    libzstd's streaming reader (a frame that does not declare its size) reads one frame and says
+    nothing of what follows, and python-zstandard's one-shot ``decompress`` with
+    ``allow_extra_data=False`` returns an empty first frame without looking further; so "exactly
+    one frame, nothing after it" is checked here, for every payload: a second frame (also an
+    empty or skippable one, or the rest of a message split over two frames) is refused, not
+    read on into. It costs ≈ 1 µs per message (a few block headers).
     """
     try:
         position = zstandard.frame_header_size(frame)
