@@ -77,6 +77,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=0.5, help="per case and round")
     parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    parser.add_argument("--reading", default="", help="what the change measured, for the docs")
     args = parser.parse_args()
     revision = subprocess.run(
         ["git", "rev-parse", "--short", args.baseline],
@@ -128,6 +129,7 @@ def main() -> int:
                 f"alternating, {args.rounds} rounds; CPU time per call, medians.",
                 "",
                 *lines,
+                *(["", f"Reading: {args.reading}"] if args.reading else []),
             ],
             subsection="### Against the previous commit",
         )
