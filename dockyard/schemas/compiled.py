@@ -18,7 +18,7 @@ validator) is left packed, unpacked by msgpack as the reference path unpacks it,
 pydantic's own validator of that type. Arrays
 are resolved and value-checked by the reference pre-pass's own code (``precheck``). Anything
 unexpected (an error of any kind, a key the model does not have) is ``None``. Classes the derivation
-cannot express completely (legacy readers, custom before-validators) have no compiled reader.
+cannot express completely (custom before-validators) have no compiled reader.
 ``tests/unit/schemas/test_compiled_reader.py`` checks the two paths against each other on
 mutated frames.
 """

@@ -353,8 +353,8 @@ class Rollout(Message):
     """The raw group: the prompt group it answers plus its G samples (as columns)."""
 
     SCHEMA_NAME: ClassVar[str] = "rollout"
-    #: 3.0: the samples travel as columns (docs/wire-format.md); 1.x and 2.x still decode
-    #: (``legacy``).
+    #: 3.0: the samples travel as columns (docs/wire-format.md); the first released version
+    #: (the pre-release 1.x and 2.x are not read).
     SCHEMA_VERSION: ClassVar[str] = "3.0"
 
     group: PromptGroup
