@@ -21,9 +21,7 @@ from dockyard.schemas import (
     Message,
     PromptGroup,
     Rollout,
-    RolloutV2,
     ScoredRollout,
-    ScoredRolloutV2,
     WeightVersion,
     decode,
 )
@@ -155,16 +153,19 @@ def export_record(stored: StoredMessage) -> dict[str, object]:
         record["payload_base64"] = base64.b64encode(stored.data).decode()
         return record
     record["schema"] = type(message).SCHEMA_NAME
-    record["message"] = _readable(message).model_dump(mode="json")
+    record["message"] = _readable(message)
     return record
 
 
-def _readable(message: Message) -> Message:
-    """``message`` as people read it: a group as one map per sample and per score (the 2.x
-    shape, the same content), not the 3.0 wire columns. ``jq '.message.scores[].reward'``
-    keeps working whatever version the stream holds."""
-    if isinstance(message, ScoredRollout):
-        return ScoredRolloutV2.of(message)
-    if isinstance(message, Rollout):
-        return RolloutV2.of(message)
-    return message
+def _readable(message: Message) -> dict[str, object]:
+    """``message`` as people read it, as JSON values: a group as one map per sample and per
+    score (its rows, the same content), not the wire's columns, so that
+    ``jq '.message.scores[].reward'`` reads one reward per sample."""
+    if isinstance(message, ScoredRollout | Rollout):
+        rows = "scores" if isinstance(message, ScoredRollout) else "samples"
+        readable = message.model_dump(mode="json", exclude={rows, "rollout"})
+        if isinstance(message, ScoredRollout):
+            readable["rollout"] = _readable(message.rollout)
+        readable[rows] = [row.model_dump(mode="json") for row in getattr(message, rows)]
+        return {name: readable[name] for name in type(message).model_fields}
+    return message.model_dump(mode="json")

@@ -114,6 +114,8 @@ def array_from_wire(descriptor: Any, blob: memoryview, limits: DecodeLimits) -> 
         )
     if count * dtype.itemsize != nbytes:
         raise _bad(f"shape {shape} of {dtype_name} needs {count * dtype.itemsize} B, not {nbytes}")
+    if offset % ARRAY_ALIGNMENT:
+        raise _bad(f"offset {offset} is not a multiple of {ARRAY_ALIGNMENT}")
     if offset + nbytes > len(blob):
         raise _bad(
             f"data range [{offset}, {offset + nbytes}) exceeds the array section ({len(blob)} B)"
@@ -123,7 +125,19 @@ def array_from_wire(descriptor: Any, blob: memoryview, limits: DecodeLimits) -> 
         empty.flags.writeable = False
         return empty
     arr = np.frombuffer(blob, dtype=dtype, count=count, offset=offset)
+    if not bytes_are_bools(arr):
+        raise _bad("a bool array holds a byte other than 0 and 1")
     return arr if len(shape) == 1 else arr.reshape(shape)
+
+
+def bytes_are_bools(arr: np.ndarray) -> bool:
+    """False when ``arr`` is a ``bool`` array one of whose bytes is neither 0 nor 1.
+
+    numpy reads any non-zero byte as True, so a view of a frame would pass on a byte the
+    format does not define (``bool`` is 1 byte, 0 or 1): refused rather than read as True."""
+    if arr.dtype.kind != "b" or not arr.size:
+        return True
+    return int(np.maximum.reduce(arr.view(np.uint8), axis=None)) <= 1
 
 
 def _as_array(value: Any, info: ValidationInfo, default_dtype: np.dtype) -> np.ndarray:
@@ -219,6 +233,8 @@ def validate_mask(value: Any, info: ValidationInfo) -> np.ndarray:
         raise _refuse(ReasonCode.BAD_ARRAY, f"a loss mask is 1-D bool or uint8, got {arr.dtype}")
     if arr.dtype.kind == "u" and arr.size and int(arr.max()) > 1:
         raise _refuse(ReasonCode.INVALID_FIELD, "a uint8 loss mask holds only 0 and 1")
+    if not bytes_are_bools(arr):  # a column's slice (``precheck``) is not read by array_from_wire
+        raise _bad("a bool array holds a byte other than 0 and 1")
     return arr
 
 
@@ -330,7 +346,9 @@ def _versions_ok(arr: np.ndarray, limits: DecodeLimits) -> bool:
 
 
 def _mask_ok(arr: np.ndarray, limits: DecodeLimits) -> bool:
-    return not arr.size or arr.dtype.kind != "u" or int(arr.max()) <= 1
+    # Both mask dtypes are one byte: 0 and 1 are the only values, also for ``bool``
+    # (numpy would read any other byte as True).
+    return not arr.size or int(np.maximum.reduce(arr.view(np.uint8), axis=None)) <= 1
 
 
 TOKEN_IDS = ArrayKind(
@@ -357,9 +375,7 @@ VERSIONS = ArrayKind(
     _versions_ok,
     lambda dtype, limits: dtype.kind == "i",
 )
-MASK = ArrayKind(
-    "mask", _wire("bool", "uint8"), unchanged, _mask_ok, lambda dtype, limits: dtype.kind == "u"
-)
+MASK = ArrayKind("mask", _wire("bool", "uint8"), unchanged, _mask_ok, lambda dtype, limits: True)
 
 
 def _array_type(

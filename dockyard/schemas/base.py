@@ -17,7 +17,12 @@ UINT64_MAX = 2**64 - 1
 #: what Python code passes (a list of row models), which a decoded frame never holds. The
 #: compiled reader (``compiled``) may then skip it; any other field validator rules it out.
 FRAME_INERT = "__dockyard_frame_inert__"
-_SCHEMA_VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
+#: Marks the ``BeforeValidator`` function of a ``str`` enum field that only looks a value up
+#: among the enum's values (anything else refused): what msgspec does itself when it decodes
+#: the enum, so the compiled reader (``compiled``) decodes such a field natively.
+STR_ENUM_LOOKUP = "__dockyard_str_enum_lookup__"
+#: ``\Z``, not ``$``: Python's ``$`` also matches before a trailing newline ("3.0\n").
+_SCHEMA_VERSION = re.compile(r"\A(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})\Z")
 
 
 _F = TypeVar("_F")
@@ -90,8 +95,6 @@ class Message(WireModel):
     SCHEMA_NAME: ClassVar[str]
     #: "MAJOR.MINOR". A MINOR bump only adds optional fields; anything else bumps MAJOR.
     SCHEMA_VERSION: ClassVar[str]
-    #: Older MAJOR versions this build still decodes (replay reads old streams), besides its own.
-    ALSO_READS_MAJORS: ClassVar[frozenset[int]] = frozenset()
 
     def message_id(self) -> str:
         """The deterministic ``Nats-Msg-Id``: the same logical message gets the same id."""
@@ -100,10 +103,6 @@ class Message(WireModel):
     @classmethod
     def schema_major(cls) -> int:
         return parse_schema_version(cls.SCHEMA_VERSION)[0]
-
-    @classmethod
-    def readable_majors(cls) -> frozenset[int]:
-        return cls.ALSO_READS_MAJORS | {cls.schema_major()}
 
 
 def parse_schema_version(text: str) -> tuple[int, int]:

@@ -17,12 +17,16 @@ from pydantic import ValidationError
 from dockyard.schemas.arrays import CTX_BLOB, CTX_LIMITS, CTX_PRECHECKED
 from dockyard.schemas.base import Message, parse_schema_version
 from dockyard.schemas.compiled import read_compiled
-from dockyard.schemas.envelope import build_envelope_prefix, parse_envelope, scan_envelope
+from dockyard.schemas.envelope import (
+    build_envelope_prefix,
+    parse_envelope,
+    scan_envelope,
+)
 from dockyard.schemas.errors import CodecError, ReasonCode
 from dockyard.schemas.frames import ZSTD_LEVEL, compress_with_stored_tail, decompress_bounded
 from dockyard.schemas.layout import lay_out
 from dockyard.schemas.limits import DEFAULT_LIMITS, DecodeLimits
-from dockyard.schemas.messages import MESSAGE_TYPES, OLDER_READERS
+from dockyard.schemas.messages import MESSAGE_TYPES
 from dockyard.schemas.precheck import ArrayPrecheck, NotChecked
 from dockyard.schemas.prechecked import prechecked_validator
 
@@ -66,7 +70,7 @@ class EncodedMessage:
 def encode(message: Message, *, level: int = ZSTD_LEVEL) -> EncodedMessage:
     """Headers + payload of ``message``. ``level`` (zstd) is for tuning; decoders ignore it."""
     cls = type(message)
-    if MESSAGE_TYPES.get(cls.SCHEMA_NAME) is not cls and cls not in OLDER_READERS.values():
+    if MESSAGE_TYPES.get(cls.SCHEMA_NAME) is not cls:
         raise CodecError(ReasonCode.UNENCODABLE, f"{cls.__name__} is not a registered message")
     laid_out = lay_out(message)
     prefix = build_envelope_prefix(
@@ -155,14 +159,8 @@ def decode(
             f"header says version {header_version!r}, payload says {envelope.version!r}",
         )
     cls = _resolve_type(envelope.schema, expected)
-    reader = _reader_of(cls, envelope.version)
-    message = _validate(reader, envelope.meta, envelope.data, limits)
-    if reader is cls:
-        return message
-    try:  # an older major: read by its own class, then brought up to date
-        return message.upgrade()  # type: ignore[attr-defined,no-any-return]
-    except ValidationError as exc:
-        raise _refusal(cls, exc) from None
+    _check_version(cls, envelope.version)
+    return _validate(cls, envelope.meta, envelope.data, limits)
 
 
 def _decode_compiled(
@@ -186,8 +184,7 @@ def _decode_compiled(
     ):
         return None
     try:
-        if _reader_of(cls, version) is not cls:  # an older major: its reader upgrades it
-            return None
+        _check_version(cls, version)
     except CodecError:
         return None
     return read_compiled(cls, envelope.meta, envelope.data, limits)  # type: ignore[no-any-return]
@@ -210,8 +207,8 @@ def _validate(
     try:
         if prechecked:  # the arrays need no Python call each (``prechecked``)
             context[CTX_PRECHECKED] = True
-            return prechecked_validator(cls).validate_python(meta, context=context)
-        return cls.model_validate(meta, context=context)
+            return prechecked_validator(cls).validate_python(meta, strict=True, context=context)
+        return cls.model_validate(meta, strict=True, context=context)
     except ValidationError as exc:
         raise _refusal(cls, exc) from None
 
@@ -227,26 +224,21 @@ def _resolve_type(schema: str, expected: type[Message] | None) -> type[Message]:
     return cls
 
 
-def _reader_of(cls: type[Message], version: str) -> type[Message]:
-    """The class that reads ``cls``'s ``version``: itself for its own MAJOR (any MINOR) and the
-    majors it reads itself; an older major's reader (``OLDER_READERS``); else a refusal."""
+def _check_version(cls: type[Message], version: str) -> None:
+    """Refuse a version of ``cls`` that this build cannot read: any MINOR of its own MAJOR
+    reads (the compatibility rule), anything else is ``unsupported_version``."""
     if version == cls.SCHEMA_VERSION:  # what nearly every message carries: no parsing
-        return cls
+        return
     try:
         major, _minor = parse_schema_version(version)
     except ValueError as exc:
         raise CodecError(ReasonCode.UNSUPPORTED_VERSION, str(exc)) from None
-    if major in cls.readable_majors():
-        return cls
-    older = OLDER_READERS.get((cls.SCHEMA_NAME, major))
-    if older is not None:
-        return older
-    readable = cls.readable_majors() | {m for name, m in OLDER_READERS if name == cls.SCHEMA_NAME}
-    described = ", ".join(f"{m}.x" for m in sorted(readable))
-    raise CodecError(
-        ReasonCode.UNSUPPORTED_VERSION,
-        f"{cls.SCHEMA_NAME} {version} is not readable by this build (reads {described})",
-    )
+    if major != cls.schema_major():
+        raise CodecError(
+            ReasonCode.UNSUPPORTED_VERSION,
+            f"{cls.SCHEMA_NAME} {version} is not readable by this build "
+            f"(reads {cls.schema_major()}.x)",
+        )
 
 
 _REASONS_BY_VALUE = {reason.value: reason for reason in ReasonCode}
@@ -262,6 +254,7 @@ def _reason_of(error_type: str) -> ReasonCode:
     if error_type.endswith(("_type", "_parsing")) or error_type in {
         "is_instance_of",
         "model_attributes_type",
+        "invalid-json-value",  # a msgpack value JSON has no type for (bin, in ``extra``)
     }:
         return ReasonCode.WRONG_TYPE
     return ReasonCode.INVALID_FIELD

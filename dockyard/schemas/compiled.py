@@ -18,7 +18,7 @@ validator) is left packed, unpacked by msgpack as the reference path unpacks it,
 pydantic's own validator of that type. Arrays
 are resolved and value-checked by the reference pre-pass's own code (``precheck``). Anything
 unexpected (an error of any kind, a key the model does not have) is ``None``. Classes the derivation
-cannot express completely (legacy readers, custom before-validators) have no compiled reader.
+cannot express completely (custom before-validators) have no compiled reader.
 ``tests/unit/schemas/test_compiled_reader.py`` checks the two paths against each other on
 mutated frames.
 """
@@ -37,16 +37,16 @@ from typing import Any, Literal, Union
 import annotated_types
 import msgpack
 import msgspec
-from pydantic import ConfigDict, PlainSerializer, PlainValidator, TypeAdapter
+from pydantic import BeforeValidator, ConfigDict, PlainSerializer, PlainValidator, TypeAdapter
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import WithJsonSchema
 
 from dockyard.schemas.arrays import ArrayKind
-from dockyard.schemas.base import FRAME_INERT, WireModel
+from dockyard.schemas.base import FRAME_INERT, STR_ENUM_LOOKUP, WireModel
 from dockyard.schemas.envelope import UNPACKING
 from dockyard.schemas.limits import DecodeLimits
 from dockyard.schemas.precheck import ArrayPrecheck, NotChecked
-from dockyard.schemas.wire_plan import mentions_wire_types, plan_of
+from dockyard.schemas.wire_plan import mentions_wire_types
 
 __all__ = ["has_compiled_reader", "read_compiled"]
 
@@ -60,7 +60,9 @@ Converter = Callable[[Any, ArrayPrecheck], Any]
 _FLOAT_MAX = 1.7976931348623157e308
 _INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 _STRICT_NUMBERS = (int, float)
-_LAX_ADAPTER_CONFIG = ConfigDict(arbitrary_types_allowed=True)
+#: The wire is read strictly (no coercion: ``codec._validate``), so are the values pydantic
+#: checks for this reader.
+_ADAPTER_CONFIG = ConfigDict(arbitrary_types_allowed=True, strict=True)
 #: What an array field's ``Annotated`` carries (``arrays._array_type``): the kind says it all.
 _ARRAY_MACHINERY = (ArrayKind, PlainValidator, PlainSerializer, WithJsonSchema)
 
@@ -78,8 +80,6 @@ class _ModelReader:
     __slots__ = ("build", "struct")
 
     def __init__(self, cls: type[WireModel]) -> None:
-        if plan_of(cls).columns:
-            raise _Unsupported(f"{cls.__name__}: lists whose arrays travel as columns (2.x)")
         fields: list[_Field] = []
         struct_fields: list[tuple[Any, ...]] = []
         for name, info in cls.model_fields.items():
@@ -91,8 +91,7 @@ class _ModelReader:
                 struct_fields.append((name, annotation | msgspec.UnsetType, msgspec.UNSET))
         # Unknown keys are refused ("not sure"): msgspec would skip them unchecked, where the
         # reference unpacker refuses an ext type or an int map key anywhere in the map. So a
-        # frame of a newer minor version (a field added) is read the reference way, as is any
-        # ``@columns`` key (legacy list columns, which the reference pre-pass mostly refuses).
+        # frame of a newer minor version (a field added) is read the reference way.
         # gc=False: decoded values form a tree (no cycles), and tracking every struct of every
         # message costs the collector time for nothing.
         self.struct = msgspec.defstruct(
@@ -263,10 +262,14 @@ def _translate(annotation: Any, metadata: list[Any]) -> tuple[Any, Converter | N
         isinstance(annotation, type)
         and issubclass(annotation, enum.Enum)
         and issubclass(annotation, str)
-        and not metadata
+        and all(_is_enum_lookup(item) for item in metadata)
     ):
-        return annotation, None
+        return annotation, None  # msgspec: exactly the enum's str values
     return _python_checked(annotation, metadata)
+
+
+def _is_enum_lookup(item: Any) -> bool:
+    return isinstance(item, BeforeValidator) and getattr(item.func, STR_ENUM_LOOKUP, False)
 
 
 def _flatten(metadata: list[Any]) -> list[Any]:
@@ -314,7 +317,7 @@ def _python_checked(annotation: Any, metadata: list[Any]) -> tuple[Any, Converte
         raise _Unsupported(f"{annotation}: a model or array inside a type msgspec cannot express")
     adapter = TypeAdapter(
         typing.Annotated[(annotation, *metadata)] if metadata else annotation,  # type: ignore[valid-type]
-        config=_LAX_ADAPTER_CONFIG,
+        config=_ADAPTER_CONFIG,
     )
     validate = adapter.validator.validate_python  # TypeAdapter's wrapper adds a Python call
 

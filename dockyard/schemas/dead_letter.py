@@ -30,7 +30,7 @@ class DeadLetter(Message):
     reason: str = Field(min_length=1, max_length=64)
     message: str = Field(description="human-readable detail")
     delivery_count: int = Field(0, ge=0, le=INT64_MAX)
-    created_at_unix_s: float = Field(0.0, ge=0.0)
+    created_at_unix_s: float = Field(0.0, ge=0.0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _has_original(self) -> DeadLetter:

@@ -14,14 +14,7 @@ Layout of the array section (a choice of this encoder; decoders only follow the 
   sample) is written once, and its descriptors point at the same bytes;
 * every array starts at a multiple of 8 bytes, zero padding in between;
 * the arrays of kinds marked ``stored`` (float log-probs) come last: the frame writes that tail
-  in raw blocks instead of compressing it (``frames.compress_with_stored_tail``);
-* the arrays of a list of models (the samples of a 2.0 rollout, written by the legacy classes;
-  3.0 groups are columns by schema) travel as *columns*: one array per field
-  holding every item's values back to back, plus a ``rows`` array of ``(start, count)`` per item,
-  under the parent's ``"@columns"`` key. A group of G samples then costs a handful of
-  descriptors instead of 5·G, and the decoder checks each column with one reduction. A field is
-  written as a column when every item has an array of one dtype there; otherwise each item
-  carries its own descriptor (decoders accept both).
+  in raw blocks instead of compressing it (``frames.compress_with_stored_tail``).
 """
 
 from __future__ import annotations
@@ -36,36 +29,20 @@ from dockyard.schemas.arrays import (
     ARRAY_ALIGNMENT,
     WIRE_DTYPES,
     ArrayKind,
-    narrow_unsigned,
-    unchanged,
     wire_dtype_name,
 )
 from dockyard.schemas.base import WireModel
 from dockyard.schemas.wire_plan import plan_of
 
 _ZEROS = tuple(bytes(size) for size in range(ARRAY_ALIGNMENT))
-#: The key of a model's meta map that holds the columns of its lists (not a field name: field
-#: names are identifiers).
-COLUMNS_KEY = "@columns"
-_UINT32_LIMIT = 1 << 32
-
-
-@dataclass(slots=True)
-class _Column:
-    kind: ArrayKind
-    #: Distinct arrays (by identity) in order of first use, and each item's index into them.
-    arrays: list[np.ndarray]
-    item_array: list[int]
-    descriptor: dict[str, Any]
 
 
 class ArrayLayout:
     """Collects the arrays of one message; converts and places them group by group."""
 
-    __slots__ = ("_columns", "_groups", "_seen")
+    __slots__ = ("_groups", "_seen")
 
     def __init__(self) -> None:
-        self._columns: list[_Column] = []
         # (field name, kind) → (kind, [(original array, its descriptor)])
         self._groups: dict[
             tuple[str, ArrayKind], tuple[ArrayKind, list[tuple[np.ndarray, dict[str, Any]]]]
@@ -86,43 +63,15 @@ class ArrayLayout:
         self._seen[id(arr)] = (kind, descriptor)
         return descriptor
 
-    def add_column(self, arrays: list[np.ndarray], kind: ArrayKind) -> dict[str, Any] | None:
-        """The column descriptor of one field of a list's items (completed by :meth:`finish`),
-        or None when the arrays cannot share one (a missing value, mixed dtypes, not 1-D)."""
-        dtype = getattr(arrays[0], "dtype", None)
-        if dtype is None:
-            return None
-        index_of: dict[int, int] = {}
-        distinct: list[np.ndarray] = []
-        item_array: list[int] = []
-        for arr in arrays:
-            key = id(arr)
-            index = index_of.get(key)
-            if index is None:
-                if type(arr) is not np.ndarray or arr.ndim != 1:
-                    return None
-                if arr.dtype is not dtype and arr.dtype != dtype:
-                    return None
-                index = index_of[key] = len(distinct)
-                distinct.append(arr)
-            item_array.append(index)
-        descriptor: dict[str, Any] = {"dtype": None, "shape": None, "data": None, "rows": None}
-        self._columns.append(_Column(kind, distinct, item_array, descriptor))
-        return descriptor
-
     def finish(self) -> tuple[list[Any], int, int, int]:
         """The array section as buffers to join, its size, and how many of the buffers (at the
         end) hold the stored arrays and their size; completes every descriptor."""
         chunks: list[Any] = []
         size = 0
-        rows_written: dict[tuple[int, ...], dict[str, Any]] = {}
         stored_from = stored_offset = 0
         for stored in (False, True):
             if stored:  # the stored arrays go last: the frame ends with them (``frames``)
                 stored_from, stored_offset = len(chunks), size
-            for column in self._columns:
-                if column.kind.stored is stored:
-                    size = _place_column(column, chunks, size, rows_written)
             for kind, entries in self._groups.values():
                 if kind.stored is stored:
                     size = _place_group(kind, entries, chunks, size)
@@ -155,63 +104,6 @@ def _align(chunks: list[Any], size: int) -> int:
     return size + padding
 
 
-def _place_column(
-    column: _Column,
-    chunks: list[Any],
-    size: int,
-    rows_written: dict[tuple[int, ...], dict[str, Any]],
-) -> int:
-    """Append a column's values (the distinct arrays back to back) and its rows array; columns
-    with equal rows (a sample's response arrays all have its length) share one rows array."""
-    arrays = column.arrays
-    if column.kind.transform is narrow_unsigned:
-        # One narrowing decision for the whole column: one dtype, one max, one astype.
-        joined = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        parts = [_wire_array(joined, column.kind)]
-    elif column.kind.transform is unchanged and arrays[0].dtype in _NAME_BY_DTYPE:
-        # The common case (float32 log-probs, bool masks): written as they are.
-        parts = [arr if arr.flags.c_contiguous else np.ascontiguousarray(arr) for arr in arrays]
-    else:
-        parts = [_wire_array(arr, column.kind) for arr in arrays]
-    starts: list[int] = []
-    lengths: list[int] = []
-    total = 0
-    for arr in arrays:
-        starts.append(total)
-        length = arr.shape[0]
-        lengths.append(length)
-        total += length
-    size = _align(chunks, size)
-    offset = size
-    for part in parts:  # same dtype: each part stays aligned to its item size
-        nbytes = part.nbytes
-        if nbytes:
-            chunks.append(part)
-            size += nbytes
-    descriptor = column.descriptor
-    descriptor["dtype"] = _NAME_BY_DTYPE[parts[0].dtype]
-    descriptor["shape"] = [total]
-    descriptor["data"] = [offset, size - offset]
-    flat: list[int] = []
-    for index in column.item_array:
-        flat.append(starts[index])
-        flat.append(lengths[index])
-    key = tuple(flat)
-    rows_descriptor = rows_written.get(key)
-    if rows_descriptor is None:
-        rows = np.array(flat, dtype=np.uint32 if total < _UINT32_LIMIT else np.uint64)
-        size = _align(chunks, size)
-        chunks.append(rows)
-        rows_descriptor = rows_written[key] = {
-            "dtype": _NAME_BY_DTYPE[rows.dtype],
-            "shape": [len(column.item_array), 2],
-            "data": [size, rows.nbytes],
-        }
-        size += rows.nbytes
-    descriptor["rows"] = rows_descriptor
-    return size
-
-
 def _wire_array(arr: np.ndarray, kind: ArrayKind) -> np.ndarray:
     """One array as written: transformed, whitelisted little-endian dtype, C-contiguous."""
     wire = kind.transform(arr)
@@ -222,12 +114,9 @@ def _wire_array(arr: np.ndarray, kind: ArrayKind) -> np.ndarray:
     return wire
 
 
-def dump_meta(
-    model: WireModel, layout: ArrayLayout, in_columns: frozenset[str] = frozenset()
-) -> dict[str, Any]:
+def dump_meta(model: WireModel, layout: ArrayLayout) -> dict[str, Any]:
     """``model`` as wire metadata (what ``model_dump(mode="python")`` gives, with array
-    descriptors from ``layout`` in place of arrays and enums as their values). Array fields
-    named in ``in_columns`` are left out: the parent wrote them as columns."""
+    descriptors from ``layout`` in place of arrays and enums as their values)."""
     plan = plan_of(type(model))
     values = model.__dict__
     if len(values) != len(plan.field_names):  # something besides fields was cached there
@@ -236,9 +125,6 @@ def dump_meta(
         return values  # only read (by msgpack), never changed
     meta = dict(values)
     for name, kind in plan.arrays:
-        if name in in_columns:
-            del meta[name]
-            continue
         arr = meta[name]
         if arr is not None:
             meta[name] = layout.add(name, arr, kind)
@@ -248,35 +134,11 @@ def dump_meta(
         nested = meta[name]
         if nested is not None:
             meta[name] = dump_meta(nested, layout)
-    columns: dict[str, dict[str, Any]] = {}
     for name, _ in plan.converted_model_lists:
-        items = meta[name]
-        column_kinds = plan.columns.get(name)
-        if column_kinds and items:
-            placed = _dump_columns(items, column_kinds, layout)
-            if placed:
-                columns[name] = placed
-                written = frozenset(placed)
-                meta[name] = [dump_meta(item, layout, written) for item in items]
-                continue
-        meta[name] = [dump_meta(item, layout) for item in items]
-    if columns:
-        meta[COLUMNS_KEY] = columns
+        meta[name] = [dump_meta(item, layout) for item in meta[name]]
     for name in plan.enums:
         meta[name] = meta[name].value
     return meta
-
-
-def _dump_columns(
-    items: list[WireModel], kinds: dict[str, ArrayKind], layout: ArrayLayout
-) -> dict[str, dict[str, Any]]:
-    """Column descriptors of the items' array fields that can travel as columns."""
-    placed: dict[str, dict[str, Any]] = {}
-    for name, kind in kinds.items():
-        descriptor = layout.add_column([item.__dict__[name] for item in items], kind)
-        if descriptor is not None:
-            placed[name] = descriptor
-    return placed
 
 
 def pack_plain_model(obj: object) -> dict[str, Any]:

@@ -9,17 +9,13 @@ the value checks once per *group* of arrays: arrays of one kind and dtype that l
 (only padding between them, as this package's encoder writes them) are checked with a single
 reduction over the range that covers them all.
 
-It also expands *columns* (``layout``: one array per field for all items of a list, plus a
-``rows`` table of ``(start, count)``): each item gets its slice, and each column is value-checked
-with one reduction. Columns are structural, so a malformed one is refused at once
-(``CodecError``, ``bad_array``) and every column is expanded before anything else can fail.
-
 For everything else the pass only ever says "all checked" or "not sure": anything unexpected (a
 malformed or misplaced descriptor, a failed value check — even one caused by non-zero padding)
 makes the codec restore the descriptors and validate the message the reference way, array by
 array (column slices included), so refusals carry exactly the reason and field path they always
 did. Everything it accepts, the per-array validators would have accepted too: the same
-whitelist, shape, range and size checks, and value checks over a superset of the values.
+whitelist, shape, alignment, range and size checks, and value checks over a superset of the
+values.
 """
 
 from __future__ import annotations
@@ -28,12 +24,18 @@ from typing import Any
 
 import numpy as np
 
-from dockyard.schemas.arrays import LOGPROBS, MASK, TOKEN_IDS, VERSIONS, WIRE_DTYPES, ArrayKind
+from dockyard.schemas.arrays import (
+    ARRAY_ALIGNMENT,
+    LOGPROBS,
+    MASK,
+    TOKEN_IDS,
+    VERSIONS,
+    WIRE_DTYPES,
+    ArrayKind,
+)
 from dockyard.schemas.base import WireModel
-from dockyard.schemas.errors import CodecError, ReasonCode
-from dockyard.schemas.layout import COLUMNS_KEY
 from dockyard.schemas.limits import DecodeLimits
-from dockyard.schemas.wire_plan import WirePlan, plan_of
+from dockyard.schemas.wire_plan import plan_of
 
 #: Per kind: wire dtype name → dtype, for the dtypes that kind accepts.
 _DTYPES_OF_KIND: dict[ArrayKind, dict[str, np.dtype]] = {
@@ -45,9 +47,6 @@ _DTYPES_OF_KIND: dict[ArrayKind, dict[str, np.dtype]] = {
 class NotChecked(Exception):
     """The fast pass cannot vouch for the message; validate it the reference way."""
 
-
-_ROWS_DTYPES = {name: WIRE_DTYPES[name] for name in ("uint32", "uint64")}
-_COLUMN_KEYS = frozenset({"dtype", "shape", "data", "rows"})
 
 #: Arrays of a group at most this many bytes apart are checked with one covering reduction:
 #: such a gap can only be alignment padding (zeros, which pass every check).
@@ -69,8 +68,7 @@ class ArrayPrecheck:
         self._unsure = False
 
     def run(self, cls: type[WireModel], meta: dict[str, Any]) -> None:
-        """Resolve every array in ``meta`` in place and check them; NotChecked if unsure,
-        CodecError for a malformed column."""
+        """Resolve every array in ``meta`` in place and check them; NotChecked if unsure."""
         self._walk(cls, meta)
         if self._unsure:
             raise NotChecked
@@ -85,11 +83,8 @@ class ArrayPrecheck:
     # ------------------------------------------------------------------ the walk
 
     def _walk(self, cls: type[WireModel], meta: dict[str, Any]) -> None:
-        # Never stops half-way (it notes ``_unsure`` instead): every column must be expanded
-        # even when the reference path ends up validating the message.
+        # Never stops half-way (it notes ``_unsure`` instead): ``restore`` undoes it all.
         plan = plan_of(cls)
-        columns = meta.pop(COLUMNS_KEY, None)
-        filled = () if columns is None else self._expand_columns(plan, meta, columns)
         for name, kind in plan.arrays:
             descriptor = meta.get(name)
             if type(descriptor) is dict:
@@ -106,8 +101,6 @@ class ArrayPrecheck:
                 self._walk(nested_cls, nested)
         for name, item_cls in plan.array_model_lists:
             items = meta.get(name)
-            if name in filled and not plan_of(item_cls).nested_arrays:
-                continue  # the columns gave the items every array they can have
             if type(items) is list:
                 for item in items:
                     if type(item) is dict:
@@ -149,7 +142,7 @@ class ArrayPrecheck:
             or count > self._limits.max_array_elements
             or count * itemsize != nbytes
             or offset + nbytes > len(self._blob)
-            or offset % itemsize
+            or offset % ARRAY_ALIGNMENT
         ):
             return None
         base = self._bases.get(dtype)  # ``_base``, inlined: this runs for every array
@@ -167,95 +160,6 @@ class ArrayPrecheck:
             base.flags.writeable = False
             self._bases[dtype] = base
         return base
-
-    # ------------------------------------------------------------------ columns
-
-    def _expand_columns(self, plan: WirePlan, meta: dict[str, Any], columns: Any) -> set[str]:
-        """Give each item its slice of every column; the lists whose items got every array
-        field from columns."""
-        filled: set[str] = set()
-        if type(columns) is not dict:
-            raise _bad_column(COLUMNS_KEY, "must be a map of list field → columns")
-        for list_name, fields in columns.items():
-            kinds = plan.columns.get(list_name) if type(list_name) is str else None
-            where = f"{COLUMNS_KEY}.{str(list_name)[:64]}"
-            if kinds is None:
-                raise _bad_column(where, "names no list of models with array fields")
-            if type(fields) is not dict:
-                raise _bad_column(where, "must be a map of field → column")
-            items = meta.get(list_name)
-            if type(items) is not list:
-                continue  # no list to fill: pydantic refuses the field itself, by its path
-            for field, column in fields.items():
-                kind = kinds.get(field) if type(field) is str else None
-                if kind is None:
-                    raise _bad_column(f"{where}.{str(field)[:64]}", "is not an array field")
-                self._expand_column(f"{where}.{field}", field, kind, column, items)
-            if len(fields) == len(kinds):
-                filled.add(list_name)
-        return filled
-
-    def _expand_column(
-        self, where: str, field: str, kind: ArrayKind, column: Any, items: list[Any]
-    ) -> None:
-        if type(column) is not dict or column.keys() != _COLUMN_KEYS:
-            raise _bad_column(where, "a column is a map with keys dtype, shape, data, rows")
-        values = self._column_array(where, column, _DTYPES_OF_KIND[kind], 1)
-        rows = self._column_array(f"{where}.rows", column["rows"], _ROWS_DTYPES, 2)
-        total = values.shape[0]
-        if rows.shape != (len(items), 2):
-            raise _bad_column(where, f"rows has shape {list(rows.shape)} for {len(items)} items")
-        for item, (start, count) in zip(items, rows.tolist(), strict=True):
-            end = start + count  # Python ints: no overflow
-            if end > total:
-                raise _bad_column(where, f"a row reaches past the column's {total} values")
-            if type(item) is not dict:
-                continue  # pydantic refuses the item itself, by its path
-            if field in item:
-                raise _bad_column(where, "an item carries the column's field itself as well")
-            item[field] = values[start:end]
-        if total:
-            dtype = values.dtype
-            self._spans.append((kind, dtype, column["data"][0] // dtype.itemsize, total))
-
-    def _column_array(
-        self, where: str, descriptor: Any, dtypes: dict[str, np.dtype], ndim: int
-    ) -> np.ndarray:
-        """A checked view of a column's values (1-D) or rows (2-D); CodecError otherwise."""
-        # Runs twice per column of every message: plain Python checks, no numpy reductions.
-        if type(descriptor) is not dict:
-            raise _bad_column(where, "must be an array descriptor")
-        name, shape, data = descriptor.get("dtype"), descriptor.get("shape"), descriptor.get("data")
-        dtype = dtypes.get(name) if type(name) is str else None
-        if dtype is None:
-            raise _bad_column(where, f"dtype {str(name)[:32]!r} is not allowed here")
-        if (
-            type(shape) is not list
-            or len(shape) != ndim
-            or type(data) is not list
-            or len(data) != 2
-        ):
-            raise _bad_column(where, "needs shape (non-negative ints) and data [offset, nbytes]")
-        count = 1
-        for dim in shape:
-            if type(dim) is not int or dim < 0:
-                raise _bad_column(
-                    where, "needs shape (non-negative ints) and data [offset, nbytes]"
-                )
-            count *= dim
-        offset, nbytes = data
-        if type(offset) is not int or type(nbytes) is not int or offset < 0:
-            raise _bad_column(where, "needs shape (non-negative ints) and data [offset, nbytes]")
-        if count > self._limits.max_array_elements:
-            raise CodecError(
-                ReasonCode.ARRAY_TOO_LARGE,
-                f"{where}: {count} elements exceed the limit of {self._limits.max_array_elements}",
-            )
-        if count * dtype.itemsize != nbytes or offset % 8 or offset + nbytes > len(self._blob):
-            raise _bad_column(where, f"data {data} does not fit shape {shape} in the section")
-        start = offset // dtype.itemsize
-        view = self._base(dtype)[start : start + count]
-        return view if ndim == 1 else view.reshape(shape)
 
     # ------------------------------------------------------------------ the value checks
 
@@ -286,7 +190,3 @@ class ArrayPrecheck:
             for start, count in spans:
                 if not kind.values_ok(base[start : start + count], limits):
                     raise NotChecked
-
-
-def _bad_column(where: str, message: str) -> CodecError:
-    return CodecError(ReasonCode.BAD_ARRAY, f"{where}: {message}")

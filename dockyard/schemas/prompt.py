@@ -63,7 +63,9 @@ class PromptGroup(Message):
         ge=0, le=INT64_MAX, description="policy version when dispatched"
     )
     trace_id: str = Field(min_length=1, max_length=128)
-    created_at_unix_s: float = Field(0.0, ge=0.0, description="dispatch time, Unix seconds")
+    created_at_unix_s: float = Field(
+        0.0, ge=0.0, allow_inf_nan=False, description="dispatch time, Unix seconds"
+    )
 
     def message_id(self) -> str:
         return self.message_id_as(self.SCHEMA_NAME)

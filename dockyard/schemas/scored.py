@@ -154,15 +154,14 @@ class ScoreColumns(RowColumns):
 
 class ScoredRollout(Message):
     SCHEMA_NAME: ClassVar[str] = "scored_rollout"
-    #: 1.1 added ``SampleScore.flags`` and ``SampleScore.detail`` (both with defaults); 2.0
-    #: wrote the samples' arrays as columns; 3.0 writes samples and scores field by field.
-    #: 1.x and 2.x still decode (``legacy``).
+    #: 3.0 writes samples and scores field by field; the first released version (the
+    #: pre-release 1.x and 2.x are not read).
     SCHEMA_VERSION: ClassVar[str] = "3.0"
 
     rollout: Rollout
     scores: ScoreColumns
     scorer_id: str = Field(min_length=1)
-    scored_at_unix_s: float = Field(0.0, ge=0.0)
+    scored_at_unix_s: float = Field(0.0, ge=0.0, allow_inf_nan=False)
 
     @field_validator("scores", mode="before")
     @classmethod

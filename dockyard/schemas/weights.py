@@ -25,7 +25,7 @@ class WeightVersion(Message):
     delta_base_version: int | None = Field(
         None, ge=0, le=INT64_MAX, description="blob is a delta on this"
     )
-    created_at_unix_s: float = Field(ge=0.0)
+    created_at_unix_s: float = Field(ge=0.0, allow_inf_nan=False)
     producer_id: str = Field(min_length=1)
 
     def message_id(self) -> str:

@@ -36,20 +36,11 @@ class WirePlan:
     #: The subsets of ``models`` and ``model_lists`` whose models can hold arrays.
     array_models: tuple[tuple[str, type[WireModel]], ...]
     array_model_lists: tuple[tuple[str, type[WireModel]], ...]
-    #: List fields whose items have array fields of their own: those arrays may travel as
-    #: columns (one array per field for the whole list; see ``layout``). List name → the item
-    #: model's array fields and their kinds.
-    columns: dict[str, dict[str, ArrayKind]]
 
     #: The nested models (and lists of them) the encoder converts itself; the others are
     #: plain and packed as they are (``layout.pack_plain_model``).
     converted_models: tuple[tuple[str, type[WireModel]], ...]
     converted_model_lists: tuple[tuple[str, type[WireModel]], ...]
-
-    @property
-    def nested_arrays(self) -> bool:
-        """Arrays can sit in this model's nested models (not only in its own fields)."""
-        return bool(self.array_models or self.array_model_lists)
 
 
 def _without_none(annotation: Any) -> Any:
@@ -114,7 +105,6 @@ def plan_of(cls: type[WireModel]) -> WirePlan:
         plain=not (arrays or models or model_lists or enums),
         array_models=tuple((n, c) for n, c in models if _holds_arrays(c)),
         array_model_lists=tuple((n, c) for n, c in model_lists if _holds_arrays(c)),
-        columns={n: dict(plan_of(c).arrays) for n, c in model_lists if plan_of(c).arrays},
         converted_models=tuple((n, c) for n, c in models if not plan_of(c).plain),
         converted_model_lists=tuple((n, c) for n, c in model_lists if not plan_of(c).plain),
     )

@@ -125,41 +125,9 @@ def craft(
     return zstandard.ZstdCompressor().compress(msgpack.packb(envelope, use_bin_type=True))
 
 
-def unpack_payload(payload: bytes, *, columns: bool = False) -> dict[str, Any]:
-    """The envelope of an encoded payload as plain Python data (``data`` as bytes).
-
-    Unless ``columns``, the samples' column arrays are rewritten as per-item descriptors into
-    the same bytes (the other layout decoders accept), so a test can corrupt one sample's array.
-    """
-    envelope = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(payload), raw=False)
-    if not columns:
-        _columns_to_items(envelope["meta"], envelope["data"])
-    return envelope
-
-
-def _columns_to_items(meta: Any, data: bytes) -> None:
-    if isinstance(meta, list):
-        for item in meta:
-            _columns_to_items(item, data)
-        return
-    if not isinstance(meta, dict):
-        return
-    for list_name, fields in meta.pop("@columns", {}).items():
-        for field, column in fields.items():
-            rows_descriptor = column["rows"]
-            offset = rows_descriptor["data"][0]
-            rows = np.frombuffer(
-                data, dtype=rows_descriptor["dtype"], count=len(meta[list_name]) * 2, offset=offset
-            ).reshape(-1, 2)
-            itemsize = np.dtype(column["dtype"]).itemsize
-            for item, (start, count) in zip(meta[list_name], rows.tolist(), strict=True):
-                item[field] = {
-                    "dtype": column["dtype"],
-                    "shape": [count],
-                    "data": [column["data"][0] + start * itemsize, count * itemsize],
-                }
-    for value in meta.values():
-        _columns_to_items(value, data)
+def unpack_payload(payload: bytes) -> dict[str, Any]:
+    """The envelope of an encoded payload as plain Python data (``data`` as bytes)."""
+    return msgpack.unpackb(zstandard.ZstdDecompressor().decompress(payload), raw=False)
 
 
 def repack(envelope: dict[str, Any]) -> bytes:

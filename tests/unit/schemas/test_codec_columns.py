@@ -1,15 +1,10 @@
-"""Group layouts: 3.0 (columns field by field) and 2.0 (``@columns``), as written and as read.
+"""Group layout (schema 3.0: a group's samples and scores field by field), as written and read.
 
 Schema 3.0 carries a group's samples (and scores) field by field: lists of G values, and the
 arrays of all samples back to back, cut by ``prompt_lengths`` / ``response_lengths`` (a prompt
 shared by every sample travels once). Its refusals: column lists or arrays that disagree with
 the group's size (``length_mismatch``), a list where the columns belong (``wrong_type``).
-
-Schema 2.0 (one model per sample, the samples' arrays as one array per field plus a rows table
-under ``"@columns"``) and 1.x (per-item arrays) are still read: the frames here are written by
-the legacy classes (``RolloutV2.of`` / ``ScoredRolloutV2.of``), and decoding one gives the 3.0
-message it came from. A corpus of malformed 2.0 columns is refused as ``bad_array`` (or
-``array_too_large``) with the column's path, fast and small.
+Pre-release layouts (1.x, 2.x) are not read: ``unsupported_version``.
 """
 
 from __future__ import annotations
@@ -30,39 +25,13 @@ from schema_factories import (
 from test_codec_refusals import refusal
 
 from dockyard.schemas import ReasonCode, Rollout, ScoredRollout, decode, encode
-from dockyard.schemas.legacy import RolloutV2, ScoredRolloutV2
 from dockyard.schemas.scored import SampleScore
-
-
-def v2(message: Rollout | ScoredRollout) -> RolloutV2 | ScoredRolloutV2:
-    """``message`` in the 2.0 shape (what a 2.x writer sends)."""
-    if isinstance(message, ScoredRollout):
-        return ScoredRolloutV2.of(message)
-    return RolloutV2.of(message)
-
-
-def v2_payload(message: Rollout | ScoredRollout) -> bytes:
-    encoded = encode(v2(message))
-    assert encoded.headers["Dockyard-Schema-Version"] == "2.0"
-    return encoded.payload
-
-
-def v2_envelope(message: Rollout | ScoredRollout, *, columns: bool = True) -> dict[str, Any]:
-    envelope = unpack_payload(v2_payload(message), columns=columns)
-    assert envelope["schema_version"] == "2.0"
-    return envelope
 
 
 def v3_envelope(message: Rollout | ScoredRollout) -> dict[str, Any]:
     envelope = unpack_payload(encode(message).payload)
     assert envelope["schema_version"] == "3.0"
     return envelope
-
-
-def _columns(message: Any) -> dict[str, Any]:
-    """The 2.0 ``@columns`` of the samples of ``message`` (a 3.0 message written as 2.0)."""
-    meta = v2_envelope(message)["meta"]
-    return meta.get("rollout", meta)["@columns"]["samples"]
 
 
 def _with_prompts(prompts: list[np.ndarray], length: int = 8) -> Rollout:
@@ -284,19 +253,18 @@ def test_3_0_columns_or_arrays_of_the_wrong_length_are_refused(case: str) -> Non
 
 def test_3_0_samples_or_scores_given_as_a_list_are_refused_as_wrong_type() -> None:
     scored = make_scored(num_samples=2)
-    # The per-sample maps of the 2.0 layout (arrays per item), where 3.0 wants columns.
-    rows = v2_envelope(scored, columns=False)
+    # One map per sample (the pre-release layout's shape), where 3.0 wants columns.
+    rows = [{"sample_index": 0, "worker_id": "w"}, {"sample_index": 1, "worker_id": "w"}]
 
     def samples_as_list(meta: dict[str, Any]) -> None:
-        meta["rollout"]["samples"] = rows["meta"]["rollout"]["samples"]
+        meta["rollout"]["samples"] = rows
 
     def scores_as_list(meta: dict[str, Any]) -> None:
-        meta["scores"] = rows["meta"]["scores"]
+        meta["scores"] = [{"sample_index": 0, "reward": 1.0}, {"sample_index": 1, "reward": 0.0}]
 
     for change, where in ((samples_as_list, "rollout.samples"), (scores_as_list, "scores")):
         envelope = v3_envelope(scored)
         change(envelope["meta"])
-        envelope["data"] = rows["data"]  # the descriptors point into the 2.0 section
         error = refusal(repack(envelope))
         assert error.reason is ReasonCode.WRONG_TYPE, error.detail
         assert f"{where}: " in error.detail and "must be a map of columns" in error.detail
@@ -327,229 +295,20 @@ def test_an_unknown_major_version_names_the_readable_ones() -> None:
     envelope["schema_version"] = "4.0"
     error = refusal(repack(envelope))
     assert error.reason is ReasonCode.UNSUPPORTED_VERSION
-    assert "reads 1.x, 2.x, 3.x" in error.detail
-    envelope = v3_envelope(make_scored())
-    envelope["schema_version"] = "0.9"
-    error = refusal(repack(envelope))
-    assert error.reason is ReasonCode.UNSUPPORTED_VERSION
-    assert "reads 1.x, 2.x, 3.x" in error.detail
-
-
-# ----------------------------------------------------------------------------- 2.0 layout
-
-
-def test_a_2_0_frame_decodes_into_the_3_0_message_it_came_from() -> None:
-    for message in (make_rollout(num_samples=3), make_scored(num_samples=3)):
-        decoded = decode(None, v2_payload(message))
-        assert type(decoded) is type(message)
-        assert decoded == message
-        assert type(decoded).SCHEMA_VERSION == "3.0"
-    # And a decoded 3.0 message written as 2.0 again (its rows are views of the columns).
-    again = decode(None, encode(make_scored(num_samples=3)).payload)
-    assert decode(None, v2_payload(again)) == make_scored(num_samples=3)
-
-
-def test_2_0_an_array_shared_by_every_sample_is_written_once() -> None:
-    prompt = np.arange(100, 164, dtype=np.int64)
-    samples = [
-        make_sample(i, 8, prompt_token_ids=prompt).model_copy(update={"prompt_token_ids": prompt})
-        for i in range(4)
-    ]
-    rollout = Rollout(group=make_prompt_group(num_generations=4), samples=samples)
-    column = _columns(rollout)["prompt_token_ids"]
-    assert column["shape"] == [64]  # once, not 4 × 64: every row points at the same range
-    decoded = decode(None, v2_payload(rollout))
-    assert decoded == rollout
-    assert decoded.samples.prompt_shared
-    assert all(s.prompt_token_ids.tolist() == prompt.tolist() for s in decoded.samples)
-
-
-def test_2_0_fields_that_cannot_share_a_column_travel_per_item() -> None:
-    scored = make_scored(num_samples=3)
-    # Teacher log-probs for some samples only, and log-probs of two precisions.
-    scores = [
-        score.model_copy(update={"teacher_logprobs": None}) if score.sample_index == 1 else score
-        for score in scored.scores
-    ]
-    samples = list(scored.rollout.samples)
-    samples[2] = samples[2].model_copy(
-        update={"behaviour_logprobs": samples[2].behaviour_logprobs.astype(np.float64)}
-    )
-    mixed = ScoredRollout(
-        rollout=Rollout(
-            group=scored.rollout.group,
-            samples=samples,
-            created_at_unix_s=scored.rollout.created_at_unix_s,
-        ),
-        scores=scores,
-        scorer_id=scored.scorer_id,
-    )
-    payload = v2_payload(mixed)
-    meta = unpack_payload(payload, columns=True)["meta"]
-    assert "@columns" not in meta  # the scores' teacher log-probs: per item
-    assert meta["scores"][1]["teacher_logprobs"] is None
-    assert "behaviour_logprobs" not in meta["rollout"]["@columns"]["samples"]
-    assert meta["rollout"]["samples"][2]["behaviour_logprobs"]["dtype"] == "float64"
-    assert meta["rollout"]["samples"][0]["behaviour_logprobs"]["dtype"] == "float32"
-    decoded = decode(None, payload)
-    assert decoded == mixed
-    # 3.0 has one log-prob column: the widest precision any sample had.
-    assert decoded.rollout.samples.behaviour_logprobs.dtype == np.float64
-    assert decoded.rollout.samples[2].behaviour_logprobs.dtype == np.float64
-    assert decoded.scores.teacher_lengths == [8, None, 8]
-    assert decoded.scores[1].teacher_logprobs is None
-
-
-def test_2_0_teacher_log_probs_of_every_sample_travel_as_a_column() -> None:
-    scored = make_scored(num_samples=3)
-    envelope = v2_envelope(scored)
-    assert set(envelope["meta"]["@columns"]["scores"]) == {"teacher_logprobs"}
-    assert decode(None, v2_payload(scored)) == scored
-
-
-@pytest.mark.parametrize("version", ["1.0", "1.1", "2.0"])
-def test_a_1x_or_2_0_frame_with_per_item_arrays_still_decodes(version: str) -> None:
-    for message in (make_rollout(num_samples=3), make_scored(num_samples=3)):
-        envelope = v2_envelope(message, columns=False)  # columns rewritten per item
-        assert "@columns" not in envelope["meta"]
-        assert isinstance(envelope["meta"].get("rollout", envelope["meta"])["samples"], list)
+    assert "reads 3.x" in error.detail
+    for version in ("2.0", "1.1", "0.9"):  # pre-release layouts are not read
+        envelope = v3_envelope(make_scored())
         envelope["schema_version"] = version
-        decoded = decode(None, repack(envelope))
-        assert type(decoded) is type(message)
-        assert decoded == message
-
-
-def test_2_0_a_bad_value_in_a_column_is_refused_with_the_samples_path() -> None:
-    envelope = v2_envelope(make_rollout(num_samples=3))
-    column = envelope["meta"]["@columns"]["samples"]["behaviour_logprobs"]
-    error = refusal(_nan_in_sample_2(envelope, column))
-    assert error.reason is ReasonCode.NON_FINITE
-    assert "samples.2.behaviour_logprobs" in error.detail
-
-
-def _column_change(change: Callable[[dict[str, Any], dict[str, Any]], None]) -> bytes:
-    envelope = v2_envelope(make_rollout(num_samples=3))
-    change(envelope, envelope["meta"]["@columns"]["samples"])
-    return repack(envelope)
-
-
-def _rows_bytes(envelope: dict[str, Any], column: dict[str, Any], rows: np.ndarray) -> None:
-    """Overwrite a column's rows in the array section (same dtype and size)."""
-    offset, nbytes = column["rows"]["data"]
-    data = bytearray(envelope["data"])
-    data[offset : offset + nbytes] = rows.astype(column["rows"]["dtype"]).tobytes()
-    envelope["data"] = bytes(data)
-
-
-MALFORMED_COLUMNS: dict[str, tuple[Callable[[dict[str, Any], dict[str, Any]], None], str]] = {
-    "columns-not-a-map": (
-        lambda env, cols: env["meta"].__setitem__("@columns", [1]),
-        "must be a map",
-    ),
-    "unknown-list": (
-        lambda env, cols: env["meta"]["@columns"].__setitem__("segments", {}),
-        "names no list of models with array fields",
-    ),
-    "fields-not-a-map": (
-        lambda env, cols: env["meta"]["@columns"].__setitem__("samples", [1]),
-        "must be a map of field",
-    ),
-    "unknown-field": (
-        lambda env, cols: cols.__setitem__("worker_id", cols["loss_mask"]),
-        "is not an array field",
-    ),
-    "missing-rows": (
-        lambda env, cols: cols["loss_mask"].pop("rows"),
-        "keys dtype, shape, data, rows",
-    ),
-    "float-token-ids": (
-        lambda env, cols: cols["response_token_ids"].__setitem__("dtype", "float16"),
-        "is not allowed here",
-    ),
-    "float-rows": (
-        lambda env, cols: cols["loss_mask"]["rows"].__setitem__("dtype", "float32"),
-        "is not allowed here",
-    ),
-    "rows-for-too-few-items": (
-        lambda env, cols: cols["loss_mask"]["rows"].__setitem__("shape", [2, 2]),
-        "does not fit shape",
-    ),
-    "rows-of-wrong-width": (
-        lambda env, cols: cols["loss_mask"]["rows"].update(shape=[3, 3], data=[0, 36]),
-        "rows has shape [3, 3] for 3 items",
-    ),
-    "row-past-the-end": (
-        lambda env, cols: _rows_bytes(env, cols["loss_mask"], np.array([[0, 8], [8, 8], [20, 8]])),
-        "reaches past the column",
-    ),
-    "row-overflowing-uint32": (
-        lambda env, cols: _rows_bytes(
-            env, cols["loss_mask"], np.array([[0, 8], [8, 8], [2**32 - 1, 2]])
-        ),
-        "reaches past the column",
-    ),
-    "shape-disagrees-with-bytes": (
-        lambda env, cols: cols["loss_mask"].__setitem__("shape", [25]),
-        "does not fit shape",
-    ),
-    "range-outside-section": (
-        lambda env, cols: cols["loss_mask"].__setitem__("data", [len(env["data"]), 24]),
-        "does not fit shape",
-    ),
-    "unaligned-offset": (
-        lambda env, cols: cols["loss_mask"]["data"].__setitem__(0, 3),
-        "does not fit shape",
-    ),
-    "negative-dim": (
-        lambda env, cols: cols["loss_mask"].__setitem__("shape", [-1]),
-        "needs shape",
-    ),
-    "item-carries-the-field-too": (
-        lambda env, cols: env["meta"]["samples"][1].__setitem__("loss_mask", [True] * 8),
-        "carries the column's field itself",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(MALFORMED_COLUMNS))
-def test_2_0_malformed_columns_are_refused(case: str) -> None:
-    change, message = MALFORMED_COLUMNS[case]
-    error = refusal(_column_change(change))
-    assert error.reason is ReasonCode.BAD_ARRAY, error.detail
-    assert message in error.detail and "@columns" in error.detail
-
-
-def test_2_0_a_column_declaring_a_billion_elements_is_refused_before_allocating() -> None:
-    def huge(env: dict[str, Any], cols: dict[str, Any]) -> None:
-        cols["loss_mask"].update(shape=[10**9], data=[cols["loss_mask"]["data"][0], 10**9])
-
-    error = refusal(_column_change(huge))
-    assert error.reason is ReasonCode.ARRAY_TOO_LARGE
+        error = refusal(repack(envelope))
+        assert error.reason is ReasonCode.UNSUPPORTED_VERSION
+        assert "reads 3.x" in error.detail
 
 
 def test_columns_round_trip_scores_of_one_sample() -> None:
     scored = make_scored(num_samples=1)
     assert decode(None, encode(scored).payload) == scored
-    assert decode(None, v2_payload(scored)) == scored
     assert isinstance(scored.scores[0], SampleScore)
-    assert isinstance(decode(None, v2_payload(scored)).scores[0], SampleScore)
-
-
-def test_a_2_0_frame_with_signed_and_unsigned_64_bit_ids_decodes() -> None:
-    # Every whitelisted integer dtype is valid for token ids, per sample: one sample's ids as
-    # int64 and another's as uint64 (values beyond uint32, so the encoder keeps them) make a
-    # valid 2.0 frame. Its upgrade joins them into one 3.0 column, which must keep them as
-    # integers — or at worst be refused as a CodecError, never escape ``decode`` otherwise.
-    ids = [1, 2, 3, 2**40]
-    signed = make_sample(0, 4, response_token_ids=np.array(ids, dtype=np.int64))
-    unsigned = make_sample(1, 4, response_token_ids=np.array(ids, dtype=np.uint64))
-    legacy = RolloutV2(group=make_prompt_group(num_generations=2), samples=[signed, unsigned])
-    payload = encode(legacy).payload
-    meta = unpack_payload(payload, columns=True)["meta"]
-    assert [s["response_token_ids"]["dtype"] for s in meta["samples"]] == ["int64", "uint64"]
-    decoded = decode(None, payload, expected=Rollout)
-    assert decoded.samples.response_token_ids.dtype.kind in "iu"
-    assert [s.response_token_ids.tolist() for s in decoded.samples] == [ids, ids]
+    assert isinstance(decode(None, encode(scored).payload).scores[0], SampleScore)
 
 
 def test_3_0_an_absent_column_of_a_defaulted_field_reads_as_its_default() -> None:

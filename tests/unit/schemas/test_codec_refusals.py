@@ -307,6 +307,17 @@ def _descriptor(field: str, **changes: Any) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def _shortened(field: str) -> Callable[[dict[str, Any]], None]:
+    """The field's array cut to its first element (its own bytes: still a valid array)."""
+
+    def change(envelope: dict[str, Any]) -> None:
+        descriptor = sample_columns(envelope)[field]
+        itemsize = np.dtype(descriptor["dtype"]).itemsize
+        descriptor.update(shape=[1], data=[descriptor["data"][0], itemsize])
+
+    return change
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
@@ -331,7 +342,7 @@ def _descriptor(field: str, **changes: Any) -> Callable[[dict[str, Any]], None]:
         ),
         (_descriptor("behaviour_logprobs", shape=[4], data=[0, 16]), ReasonCode.LENGTH_MISMATCH),
         (_descriptor("token_weight_versions", shape=[9], data=[0, 9]), ReasonCode.LENGTH_MISMATCH),
-        (_descriptor("loss_mask", shape=[1], data=[0, 1]), ReasonCode.LENGTH_MISMATCH),
+        (_shortened("loss_mask"), ReasonCode.LENGTH_MISMATCH),
     ],
     ids=[
         "data-not-a-range",

@@ -38,7 +38,7 @@ from dockyard.schemas.compiled import _python_pattern, has_compiled_reader, read
 from dockyard.schemas.envelope import parse_envelope, scan_envelope
 from dockyard.schemas.frames import decompress_bounded
 from dockyard.schemas.limits import DEFAULT_LIMITS
-from dockyard.schemas.messages import MESSAGE_TYPES, OLDER_READERS
+from dockyard.schemas.messages import MESSAGE_TYPES
 from dockyard.schemas.rollout import Segment
 from dockyard.schemas.scored import FLAG_PATTERN
 
@@ -112,11 +112,6 @@ def assert_same(left: Any, right: Any, where: str = "message") -> None:
 def test_every_current_message_type_has_a_compiled_reader():
     # Otherwise decoding silently takes the slower reference path for that type.
     assert {name for name, cls in MESSAGE_TYPES.items() if not has_compiled_reader(cls)} == set()
-
-
-def test_legacy_readers_are_left_to_the_reference_path():
-    # 2.x frames carry list columns (``@columns``), which the derivation does not expand.
-    assert not any(has_compiled_reader(cls) for cls in OLDER_READERS.values())
 
 
 @pytest.mark.parametrize("name", sorted(MESSAGES))

@@ -1,7 +1,6 @@
 """scored_rollout 1.1+: SampleScore.flags and .detail (round trip, bounds, compatibility).
 
-Since 3.0 the scores travel as columns (``meta["scores"]["flags"][i]``); 1.x and 2.x frames
-(one map per score) still decode, into the 3.0 message.
+Since 3.0 the scores travel as columns (``meta["scores"]["flags"][i]``).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from dockyard.consumers.scoring import to_scored_rollout
 from dockyard.environments.base import GroupScore, ScoreFlag
 from dockyard.environments.base import SampleScore as EnvSampleScore
 from dockyard.schemas import CodecError, ReasonCode, SampleScore, ScoredRollout, decode, encode
-from dockyard.schemas.legacy import ScoredRolloutV2
 from dockyard.schemas.scored import MAX_SCORE_DETAIL_CHARS, MAX_SCORE_FLAGS
 
 
@@ -34,15 +32,6 @@ def columns_meta(message: ScoredRollout) -> dict[str, Any]:
     return envelope
 
 
-def per_score_meta(message: ScoredRollout) -> dict[str, Any]:
-    """The envelope of ``message`` as a 2.x writer sends it: one map per score, the arrays as
-    per-item descriptors (the 1.x layout, too)."""
-    envelope = unpack_payload(encode(ScoredRolloutV2.of(message)).payload, columns=False)
-    assert envelope["schema_version"] == "2.0"
-    assert isinstance(envelope["meta"]["scores"], list)
-    return envelope
-
-
 def test_flags_and_detail_round_trip() -> None:
     message = scored_with(["integrity_violation", "test_timeout"], "2 of 5 tests passed; ✓ utf-8")
     decoded = decode(None, encode(message).payload, expected=ScoredRollout)
@@ -53,9 +42,6 @@ def test_flags_and_detail_round_trip() -> None:
     scores = columns_meta(message)["meta"]["scores"]
     assert scores["flags"] == [["integrity_violation", "test_timeout"]] * 2
     assert scores["detail"] == ["2 of 5 tests passed; ✓ utf-8"] * 2
-    # Written for 2.x readers, one map per score: the same message back.
-    legacy = encode(ScoredRolloutV2.of(message)).payload
-    assert decode(None, legacy, expected=ScoredRollout) == message
 
 
 def test_defaults_are_empty() -> None:
@@ -65,28 +51,6 @@ def test_defaults_are_empty() -> None:
 
 def _payload(meta: dict[str, Any], version: str, data: bytes) -> bytes:
     return craft(meta, schema="scored_rollout", version=version, data=data)
-
-
-def test_a_1_0_payload_without_the_new_fields_decodes_with_defaults() -> None:
-    message = make_scored()
-    envelope = per_score_meta(message)  # 1.0 had one map per score, arrays per item
-    for score in envelope["meta"]["scores"]:
-        del score["flags"], score["detail"]
-        assert set(score) == {
-            "sample_index",
-            "reward",
-            "reward_components",
-            "invalid_action",
-            "timed_out",
-            "teacher_logprobs",
-        }
-    for sample in envelope["meta"]["rollout"]["samples"]:
-        assert isinstance(sample["response_token_ids"], dict)  # a per-item descriptor
-    decoded = decode(None, _payload(envelope["meta"], "1.0", envelope["data"]))
-    assert isinstance(decoded, ScoredRollout)  # read as 1.0, brought up to 3.0
-    assert [(s.flags, s.detail) for s in decoded.scores] == [([], ""), ([], "")]
-    assert (decoded.scores.flags, decoded.scores.detail) == ([[], []], ["", ""])
-    assert decoded == message  # the factory sets neither field
 
 
 def test_a_later_minor_with_unknown_score_fields_decodes() -> None:
@@ -101,17 +65,6 @@ def test_a_later_minor_with_unknown_score_fields_decodes() -> None:
     decoded = decode(None, _payload(meta, "3.7", envelope["data"]))
     assert decoded == message
     assert decoded.scores[0].flags == ["timeout"] and decoded.scores[1].detail == "ran past 30 s"
-
-
-def test_a_later_2_x_minor_with_unknown_per_score_fields_decodes() -> None:
-    # The same rule for the per-score maps of the 2.x layout a 2.x writer still sends.
-    message = scored_with(["timeout"], "ran past 30 s")
-    envelope = per_score_meta(message)
-    for score in envelope["meta"]["scores"]:
-        score["added_in_2_7"] = {"x": [1, 2]}
-    envelope["meta"]["added_in_2_7"] = 1
-    decoded = decode(None, _payload(envelope["meta"], "2.7", envelope["data"]))
-    assert decoded == message
 
 
 @pytest.mark.parametrize(
@@ -138,13 +91,6 @@ def test_out_of_bounds_flags_and_detail_are_refused(flags: list[str], detail: st
         decode(None, _payload(envelope["meta"], "3.0", envelope["data"]))
     assert caught.value.reason is ReasonCode.INVALID_FIELD
     assert f"scores.{field}.1" in caught.value.detail
-    # 1.1 (one map per score): the same bounds.
-    envelope = per_score_meta(make_scored())
-    envelope["meta"]["scores"][1].update(flags=flags, detail=detail)
-    with pytest.raises(CodecError) as caught:
-        decode(None, _payload(envelope["meta"], "1.1", envelope["data"]))
-    assert caught.value.reason is ReasonCode.INVALID_FIELD
-    assert f"scores.1.{field}" in caught.value.detail
 
 
 def test_the_bounds_themselves_are_accepted() -> None:
@@ -166,12 +112,6 @@ def test_non_finite_rewards_are_refused_as_non_finite() -> None:
                 decode(None, _payload(envelope["meta"], "3.0", envelope["data"]))
             assert caught.value.reason is ReasonCode.NON_FINITE
             assert f"scores.{field}.0" in caught.value.detail
-            envelope = per_score_meta(make_scored())
-            envelope["meta"]["scores"][0][field] = value
-            with pytest.raises(CodecError) as caught:
-                decode(None, _payload(envelope["meta"], "1.1", envelope["data"]))
-            assert caught.value.reason is ReasonCode.NON_FINITE
-            assert f"scores.0.{field}" in caught.value.detail
 
 
 def test_to_scored_rollout_carries_every_flag_and_the_detail() -> None:
