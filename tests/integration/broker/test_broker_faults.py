@@ -212,7 +212,10 @@ async def test_a_request_lost_with_a_killed_broker_is_retried_once_it_is_back(
                 return plane.nc.stats["out_msgs"] > sent_before and not plane.nc.pending_data_size
 
             await eventually(handed_to_the_socket, what="the request sent")
-            assert not request.done()
+            # (what it ended with, if it did: seen once under a full suite, not reproduced)
+            assert not request.done(), (
+                request.exception() if not request.cancelled() else "cancelled"
+            ) or request.result()
         finally:
             server.kill()  # type: ignore[attr-defined]
         started = time.monotonic()
