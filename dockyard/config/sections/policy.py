@@ -190,6 +190,10 @@ def sampling_parameter_issues(
     return issues
 
 
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
 class PolicyConfig(Section):
     model_name: str
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
@@ -248,6 +252,7 @@ class PolicyConfig(Section):
                     f"got {self.train_micro_batch_size}",
                 )
             )
+        issues += self._token_budget_issues()
         if self.generation.max_new_tokens > self.max_total_sequence_length:
             issues.append(
                 ConfigIssue(
@@ -256,4 +261,35 @@ class PolicyConfig(Section):
                     f"({self.max_total_sequence_length})",
                 )
             )
+        return issues
+
+    def _token_budget_issues(self) -> list[ConfigIssue]:
+        """A token budget must hold the longest sequence allowed (rounded up, for dynamic
+        batching): a longer one could only be trained by cutting it, which changes the loss."""
+        issues: list[ConfigIssue] = []
+        for section, enabled, longest in (
+            ("sequence_packing", self.sequence_packing.enabled, self.max_total_sequence_length),
+            (
+                "dynamic_batching",
+                self.dynamic_batching.enabled,
+                _round_up(
+                    self.max_total_sequence_length, self.dynamic_batching.sequence_length_round
+                ),
+            ),
+        ):
+            if not enabled:
+                continue
+            budgets = getattr(self, section)
+            for name in ("train_mb_tokens", "logprob_mb_tokens"):
+                budget = getattr(budgets, name)
+                if budget is not None and budget < longest:
+                    issues.append(
+                        ConfigIssue(
+                            f"{section}.{name}",
+                            f"{budget} tokens cannot hold one sequence of "
+                            f"max_total_sequence_length ({longest} tokens"
+                            + (", rounded up to sequence_length_round" if section[0] == "d" else "")
+                            + "); raise it or lower max_total_sequence_length",
+                        )
+                    )
         return issues

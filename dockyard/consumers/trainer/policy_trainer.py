@@ -24,6 +24,12 @@ from dockyard.algorithms.loss_metrics import LossMetrics, merge_loss_metrics
 from dockyard.algorithms.masked import per_sequence_mean
 from dockyard.algorithms.rewards import overlong_filter, prepare_rewards
 from dockyard.consumers.trainer.batch import TrainingBatch
+from dockyard.consumers.trainer.micro_batches import (
+    MicroBatch,
+    micro_token_logprobs,
+    next_token_logprobs,
+    plan_micro_batches,
+)
 from dockyard.consumers.trainer.optim import build_optimizer, build_scheduler
 
 
@@ -32,11 +38,7 @@ def token_logprobs(
 ) -> torch.Tensor:
     """``[B, L-1]`` log-probs of each next token under ``model`` (grad follows the caller)."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    logits = logits[:, :-1].float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    targets = batch.input_ids[:, 1:].unsqueeze(-1)
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
+    return next_token_logprobs(logits, batch.input_ids, temperature)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,17 @@ class StepOutcome:
         return metrics
 
 
+@dataclass(frozen=True)
+class Gradients:
+    """What :meth:`PolicyTrainer.gradients` computed besides the gradients themselves."""
+
+    loss: LossMetrics
+    prev_logprobs: torch.Tensor  # [B, L-1]
+    advantages: torch.Tensor  # [B, L-1]
+    token_mask: torch.Tensor  # [B, L-1]
+    filtered_fraction: float
+
+
 class PolicyTrainer:
     """Holds the policy, its optimizer and schedule, the loss and the advantage estimator."""
 
@@ -84,13 +97,19 @@ class PolicyTrainer:
             copy.deepcopy(model).eval().requires_grad_(False) if needs_reference else None
         )
 
+    def plan(self, batch: TrainingBatch, purpose: str) -> list[MicroBatch]:
+        """The forward passes of ``purpose`` (``"train"`` / ``"logprob"``), see
+        :mod:`~dockyard.consumers.trainer.micro_batches`."""
+        return plan_micro_batches(batch, self.config.policy, purpose)
+
     @torch.no_grad()
     def batch_logprobs(self, model: torch.nn.Module, batch: TrainingBatch) -> torch.Tensor:
-        parts = [
-            token_logprobs(model, micro, self.temperature)
-            for micro in batch.micro_batches(self.config.policy.logprob_batch_size)
-        ]
-        return torch.cat(parts)
+        """``[B, L-1]`` next-token log-probs of every sample (0 past a sample's last target)."""
+        out = torch.zeros(batch.token_mask.shape, dtype=torch.float32)
+        for micro in self.plan(batch, "logprob"):
+            values = micro_token_logprobs(model, micro, self.temperature)
+            out[micro.indices, : micro.columns] = values.to(out.device)
+        return out
 
     def rewards(self, batch: TrainingBatch) -> torch.Tensor:
         """Scaling, shaping and the invalid-action penalty, as configured."""
@@ -134,8 +153,38 @@ class PolicyTrainer:
         removed = float((batch.sample_mask - mask).sum()) / max(batch.size, 1)
         return dataclasses.replace(batch, sample_mask=mask), removed
 
-    def step(self, batch: TrainingBatch) -> StepOutcome:
-        started = time.perf_counter()
+    def accumulate_gradients(
+        self,
+        batch: TrainingBatch,
+        prev: torch.Tensor,
+        advantages: torch.Tensor,
+        reference: torch.Tensor | None,
+        counts: GlobalCounts,
+    ) -> list[LossMetrics]:
+        """Backward of the loss over every training micro-batch (gradients add up in ``.grad``;
+        each micro-batch's loss is its share of the full-batch loss, see :class:`GlobalCounts`)."""
+        parts: list[LossMetrics] = []
+        for micro in self.plan(batch, "train"):
+            rows, columns = micro.indices, micro.columns
+            part = batch.take(rows, columns)
+            inputs = LossInputs(
+                logprobs=micro_token_logprobs(self.model, micro, self.temperature),
+                prev_logprobs=prev[rows, :columns],
+                generation_logprobs=part.generation_logprobs,
+                advantages=advantages[rows, :columns],
+                token_mask=part.token_mask,
+                sample_mask=part.sample_mask,
+                reference_logprobs=reference[rows, :columns] if reference is not None else None,
+                rewards=part.rewards,
+            )
+            loss, metrics = self.loss(inputs, counts)
+            loss.backward()
+            parts.append(metrics)
+        return parts
+
+    def gradients(self, batch: TrainingBatch) -> Gradients:
+        """π_old, the reference, advantages, then the loss's gradients in ``.grad`` (zeroed
+        first); the parameters are not changed."""
         self.model.eval()  # π_old and the reference without dropout
         prev = (
             torch.zeros_like(batch.generation_logprobs)
@@ -149,24 +198,18 @@ class PolicyTrainer:
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        parts: list[LossMetrics] = []
-        micro_size = self.config.policy.train_micro_batch_size
-        for start in range(0, batch.size, micro_size):
-            stop = min(start + micro_size, batch.size)
-            micro = batch.slice(start, stop)
-            inputs = LossInputs(
-                logprobs=token_logprobs(self.model, micro, self.temperature),
-                prev_logprobs=prev[start:stop],
-                generation_logprobs=micro.generation_logprobs,
-                advantages=advantages[start:stop],
-                token_mask=micro.token_mask,
-                sample_mask=micro.sample_mask,
-                reference_logprobs=reference[start:stop] if reference is not None else None,
-                rewards=micro.rewards,
-            )
-            loss, metrics = self.loss(inputs, counts)
-            loss.backward()
-            parts.append(metrics)
+        parts = self.accumulate_gradients(batch, prev, advantages, reference, counts)
+        return Gradients(
+            loss=merge_loss_metrics(parts),
+            prev_logprobs=prev,
+            advantages=advantages,
+            token_mask=batch.token_mask,
+            filtered_fraction=masked_fraction,
+        )
+
+    def step(self, batch: TrainingBatch) -> StepOutcome:
+        started = time.perf_counter()
+        result = self.gradients(batch)
         max_norm = self.config.policy.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), max_norm if max_norm is not None else float("inf")
@@ -174,14 +217,14 @@ class PolicyTrainer:
         self.optimizer.step()
         learning_rate = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
-        valid = batch.token_mask.bool()
+        advantages, valid = result.advantages, result.token_mask.bool()
         return StepOutcome(
-            loss=merge_loss_metrics(parts),
+            loss=result.loss,
             grad_norm=float(grad_norm),
             learning_rate=float(learning_rate),
             advantage_mean=float(advantages[valid].mean()) if valid.any() else 0.0,
             advantage_abs_mean=float(advantages[valid].abs().mean()) if valid.any() else 0.0,
-            filtered_fraction=masked_fraction,
+            filtered_fraction=result.filtered_fraction,
             seconds=time.perf_counter() - started,
         )
 
