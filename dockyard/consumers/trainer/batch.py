@@ -55,6 +55,16 @@ class TrainingBatch:
         for start in range(0, self.size, size):
             yield self.slice(start, min(start + size, self.size))
 
+    def to(self, device: torch.device) -> TrainingBatch:
+        """Every tensor on ``device`` (no copy for those already there)."""
+        values = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, torch.Tensor):
+                value = value.to(device, non_blocking=True)
+            values[item.name] = value
+        return TrainingBatch(**values)
+
     def take(self, rows: torch.Tensor, columns: int | None = None) -> TrainingBatch:
         """The samples ``rows`` (any order), their per-token arrays cut to ``columns`` targets
         (and ``columns + 1`` input positions)."""

@@ -31,6 +31,7 @@ from dockyard.consumers.trainer.micro_batches import (
     plan_micro_batches,
 )
 from dockyard.consumers.trainer.optim import build_optimizer, build_scheduler
+from dockyard.models.devices import compute_precision, grad_scaler, training_device
 
 
 def token_logprobs(
@@ -80,10 +81,16 @@ class Gradients:
 class PolicyTrainer:
     """Holds the policy, its optimizer and schedule, the loss and the advantage estimator."""
 
-    def __init__(self, model: torch.nn.Module, config: MasterConfig) -> None:
+    def __init__(
+        self, model: torch.nn.Module, config: MasterConfig, device: torch.device | None = None
+    ) -> None:
         self.config = config
-        self.model = model.train()
         policy = config.policy
+        self.device = device if device is not None else training_device()
+        # Master weights in float32 on the training device (moved in place: the caller's model
+        # is the trained one); policy.precision applies to the math, see dockyard.models.devices.
+        self.model = model.to(device=self.device, dtype=torch.float32).train()
+        self.scaler = grad_scaler(self.device, policy.precision)
         self.optimizer = build_optimizer(model, policy.optimizer)
         self.scheduler = build_scheduler(
             self.optimizer, policy.scheduler, config.grpo.max_num_steps
@@ -102,13 +109,18 @@ class PolicyTrainer:
         :mod:`~dockyard.consumers.trainer.micro_batches`."""
         return plan_micro_batches(batch, self.config.policy, purpose)
 
+    def forward_logprobs(self, model: torch.nn.Module, micro: MicroBatch) -> torch.Tensor:
+        """``[n, columns]`` log-probs of ``micro`` under ``model`` in ``policy.precision``."""
+        with compute_precision(self.device, self.config.policy.precision):
+            return micro_token_logprobs(model, micro, self.temperature)
+
     @torch.no_grad()
     def batch_logprobs(self, model: torch.nn.Module, batch: TrainingBatch) -> torch.Tensor:
-        """``[B, L-1]`` next-token log-probs of every sample (0 past a sample's last target)."""
-        out = torch.zeros(batch.token_mask.shape, dtype=torch.float32)
+        """``[B, L-1]`` next-token log-probs of every sample (0 past a sample's last target),
+        on the training device."""
+        out = torch.zeros(batch.token_mask.shape, dtype=torch.float32, device=self.device)
         for micro in self.plan(batch, "logprob"):
-            values = micro_token_logprobs(model, micro, self.temperature)
-            out[micro.indices, : micro.columns] = values.to(out.device)
+            out[micro.indices, : micro.columns] = self.forward_logprobs(model, micro)
         return out
 
     def rewards(self, batch: TrainingBatch) -> torch.Tensor:
@@ -168,7 +180,7 @@ class PolicyTrainer:
             rows, columns = micro.indices, micro.columns
             part = batch.take(rows, columns)
             inputs = LossInputs(
-                logprobs=micro_token_logprobs(self.model, micro, self.temperature),
+                logprobs=self.forward_logprobs(self.model, micro),
                 prev_logprobs=prev[rows, :columns],
                 generation_logprobs=part.generation_logprobs,
                 advantages=advantages[rows, :columns],
@@ -178,7 +190,7 @@ class PolicyTrainer:
                 rewards=part.rewards,
             )
             loss, metrics = self.loss(inputs, counts)
-            loss.backward()
+            self.scaler.scale(loss).backward()
             parts.append(metrics)
         return parts
 
@@ -210,11 +222,15 @@ class PolicyTrainer:
     def step(self, batch: TrainingBatch) -> StepOutcome:
         started = time.perf_counter()
         result = self.gradients(batch)
+        self.scaler.unscale_(self.optimizer)
         max_norm = self.config.policy.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), max_norm if max_norm is not None else float("inf")
         )
-        self.optimizer.step()
+        # With float16 loss scaling, a step whose gradients overflowed is skipped and the scale
+        # lowered; otherwise this is optimizer.step().
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         learning_rate = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
         advantages, valid = result.advantages, result.token_mask.bool()
@@ -229,8 +245,14 @@ class PolicyTrainer:
         )
 
     def state_dict(self) -> dict[str, object]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "grad_scaler": self.scaler.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
         self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
+        if "grad_scaler" in state:  # checkpoints from before float16 loss scaling have none
+            self.scaler.load_state_dict(state["grad_scaler"])  # type: ignore[arg-type]
