@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from dockyard.algorithms.advantages import AdvantageInputs, build_estimator
 from dockyard.algorithms.advantages.pipeline import compute_advantages
@@ -24,6 +26,12 @@ from dockyard.algorithms.loss_metrics import LossMetrics, merge_loss_metrics
 from dockyard.algorithms.masked import per_sequence_mean
 from dockyard.algorithms.rewards import overlong_filter, prepare_rewards
 from dockyard.consumers.trainer.batch import TrainingBatch
+from dockyard.consumers.trainer.data_parallel import (
+    global_counts,
+    gradient_scale,
+    pad_plans,
+    shard_policy,
+)
 from dockyard.consumers.trainer.micro_batches import (
     MicroBatch,
     micro_token_logprobs,
@@ -82,8 +90,16 @@ class PolicyTrainer:
     """Holds the policy, its optimizer and schedule, the loss and the advantage estimator."""
 
     def __init__(
-        self, model: torch.nn.Module, config: MasterConfig, device: torch.device | None = None
+        self,
+        model: torch.nn.Module,
+        config: MasterConfig,
+        device: torch.device | None = None,
+        *,
+        mesh: DeviceMesh | None = None,
     ) -> None:
+        """``mesh``: a data-parallel device mesh (under ``torchrun``): the policy is sharded
+        with FSDP2 and each rank trains on its share of the batch (see
+        :mod:`~dockyard.consumers.trainer.data_parallel`)."""
         self.config = config
         policy = config.policy
         self.device = device if device is not None else training_device()
@@ -91,18 +107,33 @@ class PolicyTrainer:
         # is the trained one); policy.precision applies to the math, see dockyard.models.devices.
         self.model = model.to(device=self.device, dtype=torch.float32).train()
         self.scaler = grad_scaler(self.device, policy.precision)
-        self.optimizer = build_optimizer(model, policy.optimizer)
-        self.scheduler = build_scheduler(
-            self.optimizer, policy.scheduler, config.grpo.max_num_steps
-        )
         self.loss = ClippedPGLoss(config.loss_fn)
         self.estimator = build_estimator(config.grpo, config.loss_fn)
         self.temperature = policy.generation.temperature
-        # A frozen copy of the initial policy; only when some KL term needs it.
+        # A frozen copy of the initial policy; only when some KL term needs it. Copied before
+        # sharding: it stays whole on every rank and needs no collectives.
         needs_reference = config.loss_fn.reference_policy_kl_penalty > 0
         self.reference: torch.nn.Module | None = (
             copy.deepcopy(model).eval().requires_grad_(False) if needs_reference else None
         )
+        self.mesh = mesh
+        if mesh is not None:
+            shard_policy(self.model, mesh)
+        # After sharding: the optimizer holds (and its state follows) the sharded parameters.
+        self.optimizer = build_optimizer(self.model, policy.optimizer)
+        self.scheduler = build_scheduler(
+            self.optimizer, policy.scheduler, config.grpo.max_num_steps
+        )
+
+    def passes(
+        self, model: torch.nn.Module, batch: TrainingBatch, purpose: str
+    ) -> list[MicroBatch | None]:
+        """:meth:`plan`, and for the sharded policy, ``None`` (a zero-weight pass on the first
+        micro-batch) until every rank runs as many passes (FSDP2's collectives must match)."""
+        plans = self.plan(batch, purpose)
+        if self.mesh is None or model is not self.model:
+            return list(plans)
+        return pad_plans(plans, self.device)
 
     def plan(self, batch: TrainingBatch, purpose: str) -> list[MicroBatch]:
         """The forward passes of ``purpose`` (``"train"`` / ``"logprob"``), see
@@ -119,7 +150,11 @@ class PolicyTrainer:
         """``[B, L-1]`` next-token log-probs of every sample (0 past a sample's last target),
         on the training device."""
         out = torch.zeros(batch.token_mask.shape, dtype=torch.float32, device=self.device)
-        for micro in self.plan(batch, "logprob"):
+        plans = self.passes(model, batch, "logprob")
+        for micro in plans:
+            if micro is None:  # only to match the other ranks' collectives
+                self.forward_logprobs(model, plans[0])  # type: ignore[arg-type]
+                continue
             out[micro.indices, : micro.columns] = self.forward_logprobs(model, micro)
         return out
 
@@ -176,7 +211,11 @@ class PolicyTrainer:
         """Backward of the loss over every training micro-batch (gradients add up in ``.grad``;
         each micro-batch's loss is its share of the full-batch loss, see :class:`GlobalCounts`)."""
         parts: list[LossMetrics] = []
-        for micro in self.plan(batch, "train"):
+        plans = self.passes(self.model, batch, "train")
+        for micro in plans:
+            if micro is None:  # a zero-weight pass, only to match the other ranks' collectives
+                self.forward_logprobs(self.model, plans[0]).sum().mul(0.0).backward()  # type: ignore[arg-type]
+                continue
             rows, columns = micro.indices, micro.columns
             part = batch.take(rows, columns)
             inputs = LossInputs(
@@ -190,7 +229,7 @@ class PolicyTrainer:
                 rewards=part.rewards,
             )
             loss, metrics = self.loss(inputs, counts)
-            self.scaler.scale(loss).backward()
+            self.scaler.scale(loss * gradient_scale(self.mesh)).backward()
             parts.append(metrics)
         return parts
 
@@ -207,6 +246,8 @@ class PolicyTrainer:
         batch, masked_fraction = self.filter_samples(batch, prev)
         advantages = self.advantages(batch, prev, reference)
         counts = GlobalCounts.from_batch(batch.token_mask, batch.sample_mask, batch.rewards)
+        if self.mesh is not None:
+            counts = global_counts(counts, self.device)
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -227,6 +268,8 @@ class PolicyTrainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), max_norm if max_norm is not None else float("inf")
         )
+        if isinstance(grad_norm, DTensor):  # sharded gradients: the norm of the whole
+            grad_norm = grad_norm.full_tensor()
         # With float16 loss scaling, a step whose gradients overflowed is skipped and the scale
         # lowered; otherwise this is optimizer.step().
         self.scaler.step(self.optimizer)

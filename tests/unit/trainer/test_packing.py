@@ -104,6 +104,8 @@ DYNAMIC = [
     "policy.dynamic_batching.sequence_length_round=8",
 ]
 
+LAYOUTS = {"padded": [], "packed": PACKED, "dynamic": DYNAMIC}
+
 
 def tiny_model(arch: str):
     spec = TinyModelSpec(arch=arch, max_position_embeddings=64)
