@@ -30,7 +30,7 @@ import torch
 
 from dockyard.config.sections.policy import PolicyConfig
 from dockyard.consumers.trainer.batch import TrainingBatch
-from dockyard.consumers.trainer.bin_packing import pack
+from dockyard.consumers.trainer.bin_packing import PackingAlgorithm, pack
 
 
 @dataclass(frozen=True)
@@ -119,10 +119,10 @@ def dynamic_plan(batch: TrainingBatch, budget: int, round_to: int) -> list[Micro
     ]
 
 
-def packed_plan(batch: TrainingBatch, budget: int, algorithm: str) -> list[MicroBatch]:
+def packed_plan(batch: TrainingBatch, budget: int, algorithm: PackingAlgorithm) -> list[MicroBatch]:
     """One micro-batch per bin: one row (a packed sequence of at most ``budget`` tokens)."""
     lengths = sequence_lengths(batch)
-    bins = pack(lengths, budget, algorithm)  # type: ignore[arg-type]
+    bins = pack(lengths, budget, algorithm)
     return [_packed(batch, b, lengths) for b in bins]
 
 

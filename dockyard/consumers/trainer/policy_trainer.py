@@ -153,7 +153,9 @@ class PolicyTrainer:
         plans = self.passes(model, batch, "logprob")
         for micro in plans:
             if micro is None:  # only to match the other ranks' collectives
-                self.forward_logprobs(model, plans[0])  # type: ignore[arg-type]
+                first = plans[0]
+                assert first is not None  # every rank has at least one group
+                self.forward_logprobs(model, first)
                 continue
             out[micro.indices, : micro.columns] = self.forward_logprobs(model, micro)
         return out
@@ -214,7 +216,9 @@ class PolicyTrainer:
         plans = self.passes(self.model, batch, "train")
         for micro in plans:
             if micro is None:  # a zero-weight pass, only to match the other ranks' collectives
-                self.forward_logprobs(self.model, plans[0]).sum().mul(0.0).backward()  # type: ignore[arg-type]
+                first = plans[0]
+                assert first is not None  # every rank has at least one group
+                self.forward_logprobs(self.model, first).sum().mul(0.0).backward()
                 continue
             rows, columns = micro.indices, micro.columns
             part = batch.take(rows, columns)
@@ -235,7 +239,8 @@ class PolicyTrainer:
 
     def gradients(self, batch: TrainingBatch) -> Gradients:
         """π_old, the reference, advantages, then the loss's gradients in ``.grad`` (zeroed
-        first); the parameters are not changed."""
+        first; times the float16 loss scale, if any); the parameters are not changed."""
+        batch = batch.to(self.device)
         self.model.eval()  # π_old and the reference without dropout
         prev = (
             torch.zeros_like(batch.generation_logprobs)
