@@ -11,8 +11,9 @@ budgets, the training pass the ``train_*`` ones):
   budget; each micro-batch is padded to that rounded length (fewer distinct shapes for the
   kernels).
 - **sequence packing** (``policy.sequence_packing``): samples bin-packed
-  (:mod:`~dockyard.consumers.trainer.bin_packing`) into rows of at most the token budget, laid
-  end to end with position ids that restart at 0 for each sample and no attention mask.
+  (:mod:`~dockyard.consumers.trainer.bin_packing`) into rows (see :func:`packed_plan` for their
+  length), laid end to end with position ids that restart at 0 for each sample and no attention
+  mask; rows are grouped into micro-batches of at most the token budget.
   Transformers reads restarting position ids as packed sequences and builds a block-diagonal
   causal mask from them (``masking_utils.find_packed_sequence_indices``; flash-attention's varlen
   path on GPU uses the same position ids), so no token attends across a sample boundary.
@@ -119,33 +120,55 @@ def dynamic_plan(batch: TrainingBatch, budget: int, round_to: int) -> list[Micro
     ]
 
 
-def packed_plan(batch: TrainingBatch, budget: int, algorithm: PackingAlgorithm) -> list[MicroBatch]:
-    """One micro-batch per bin: one row (a packed sequence of at most ``budget`` tokens)."""
+def packed_plan(
+    batch: TrainingBatch, budget: int, algorithm: PackingAlgorithm, *, varlen: bool = False
+) -> list[MicroBatch]:
+    """Samples bin-packed into rows, rows grouped into micro-batches of at most ``budget`` tokens.
+
+    With a variable-length attention kernel (``varlen``: flash-attention reads the sequence
+    boundaries from the position ids and attends within each sample only) a row is the whole
+    budget. Without one (SDPA / eager), the block-diagonal mask is applied to a full
+    ``T × T`` score matrix, so a row is only as long as the batch's longest sample: attention
+    then costs no more than padded rows, and the padding is gone.
+    """
     lengths = sequence_lengths(batch)
-    bins = pack(lengths, budget, algorithm)
-    return [_packed(batch, b, lengths) for b in bins]
+    row = budget if varlen else min(budget, max(2, *lengths))
+    bins = pack(lengths, row, algorithm)
+    per_micro = max(1, budget // row)
+    return [
+        _packed(batch, bins[start : start + per_micro], lengths)
+        for start in range(0, len(bins), per_micro)
+    ]
 
 
-def _packed(batch: TrainingBatch, indices: list[int], lengths: list[int]) -> MicroBatch:
-    total = max(2, sum(lengths[i] for i in indices))
+def _packed(batch: TrainingBatch, rows: list[list[int]], lengths: list[int]) -> MicroBatch:
+    indices = [index for row in rows for index in row]
+    width = max(2, *(sum(lengths[i] for i in row) for row in rows))
     columns = max(1, max(lengths[i] for i in indices) - 1)
-    input_ids = torch.zeros(1, total, dtype=batch.input_ids.dtype)
-    # Trailing filler (only when the row holds a single token) restarts at 0 like a sample.
-    position_ids = torch.zeros(1, total, dtype=torch.long)
+    input_ids = torch.zeros(len(rows), width, dtype=batch.input_ids.dtype)
+    # Filler after a row's last sample restarts at 0 like a sample: a segment of its own.
+    position_ids = torch.zeros(len(rows), width, dtype=torch.long)
     gather_index = torch.zeros(len(indices), columns, dtype=torch.long)
     gather_valid = torch.zeros(len(indices), columns, dtype=torch.bool)
-    offset = 0
-    for slot, row in enumerate(indices):
-        length = lengths[row]
-        input_ids[0, offset : offset + length] = batch.input_ids[row, :length]
-        position_ids[0, offset : offset + length] = torch.arange(length)
-        targets = max(0, length - 1)
-        # Next-token log-prob ``k`` of the row predicts token ``k + 1``: target ``t`` of this
-        # sample sits at ``offset + t`` (the last token's prediction, which would cross into
-        # the next sample, is never read).
-        gather_index[slot, :targets] = offset + torch.arange(targets)
-        gather_valid[slot, :targets] = True
-        offset += length
+    slot = 0
+    for r, row in enumerate(rows):
+        offset = 0
+        filled = sum(lengths[i] for i in row)
+        position_ids[r, filled:] = torch.arange(width - filled)
+        for index in row:
+            length = lengths[index]
+            input_ids[r, offset : offset + length] = batch.input_ids[index, :length]
+            position_ids[r, offset : offset + length] = torch.arange(length)
+            targets = max(0, length - 1)
+            # Next-token log-prob ``k`` of a row predicts its token ``k + 1``; in the flat
+            # ``[R × (width − 1)]`` log-probs, target ``t`` of this sample sits at
+            # ``r·(width − 1) + offset + t`` (its last token's prediction, which would cross
+            # into the next sample, is never read).
+            first = r * (width - 1) + offset
+            gather_index[slot, :targets] = first + torch.arange(targets)
+            gather_valid[slot, :targets] = True
+            offset += length
+            slot += 1
     return MicroBatch(
         indices=torch.tensor(indices, dtype=torch.long),
         columns=columns,
@@ -158,9 +181,10 @@ def _packed(batch: TrainingBatch, indices: list[int], lengths: list[int]) -> Mic
 
 
 def plan_micro_batches(
-    batch: TrainingBatch, policy: PolicyConfig, purpose: str
+    batch: TrainingBatch, policy: PolicyConfig, purpose: str, *, varlen: bool = False
 ) -> list[MicroBatch]:
-    """The forward passes for ``purpose`` ``"train"`` or ``"logprob"`` under ``policy``."""
+    """The forward passes for ``purpose`` ``"train"`` or ``"logprob"`` under ``policy``;
+    ``varlen``: the model's attention is a variable-length kernel (see :func:`packed_plan`)."""
     train = purpose == "train"
     default_size = policy.train_micro_batch_size if train else policy.logprob_batch_size
     # Without an explicit budget, a token micro-batch holds as many tokens as the fixed
@@ -169,11 +193,17 @@ def plan_micro_batches(
     packing, dynamic = policy.sequence_packing, policy.dynamic_batching
     if packing.enabled:
         budget = packing.train_mb_tokens if train else packing.logprob_mb_tokens
-        return packed_plan(batch, budget or default_budget, packing.algorithm)
+        return packed_plan(batch, budget or default_budget, packing.algorithm, varlen=varlen)
     if dynamic.enabled:
         budget = dynamic.train_mb_tokens if train else dynamic.logprob_mb_tokens
         return dynamic_plan(batch, budget or default_budget, dynamic.sequence_length_round)
     return fixed_plan(batch, default_size)
+
+
+def has_varlen_attention(model: torch.nn.Module) -> bool:
+    """The model attends with flash-attention, whose kernels take packed sequences as such."""
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return isinstance(implementation, str) and implementation.startswith("flash_attention")
 
 
 def micro_token_logprobs(

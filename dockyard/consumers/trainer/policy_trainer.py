@@ -34,6 +34,7 @@ from dockyard.consumers.trainer.data_parallel import (
 )
 from dockyard.consumers.trainer.micro_batches import (
     MicroBatch,
+    has_varlen_attention,
     micro_token_logprobs,
     next_token_logprobs,
     plan_micro_batches,
@@ -116,6 +117,7 @@ class PolicyTrainer:
         self.reference: torch.nn.Module | None = (
             copy.deepcopy(model).eval().requires_grad_(False) if needs_reference else None
         )
+        self.varlen = has_varlen_attention(self.model)
         self.mesh = mesh
         if mesh is not None:
             shard_policy(self.model, mesh)
@@ -138,7 +140,7 @@ class PolicyTrainer:
     def plan(self, batch: TrainingBatch, purpose: str) -> list[MicroBatch]:
         """The forward passes of ``purpose`` (``"train"`` / ``"logprob"``), see
         :mod:`~dockyard.consumers.trainer.micro_batches`."""
-        return plan_micro_batches(batch, self.config.policy, purpose)
+        return plan_micro_batches(batch, self.config.policy, purpose, varlen=self.varlen)
 
     def forward_logprobs(self, model: torch.nn.Module, micro: MicroBatch) -> torch.Tensor:
         """``[n, columns]`` log-probs of ``micro`` under ``model`` in ``policy.precision``."""

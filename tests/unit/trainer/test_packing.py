@@ -94,7 +94,7 @@ BASE = [
 ]
 PACKED = [
     "policy.sequence_packing.enabled=true",
-    "policy.sequence_packing.train_mb_tokens=24",
+    "policy.sequence_packing.train_mb_tokens=32",
     "policy.sequence_packing.logprob_mb_tokens=40",
 ]
 DYNAMIC = [
@@ -119,10 +119,11 @@ def on_policy(batch, arch: str):
     return dataclasses.replace(batch, generation_logprobs=own * batch.token_mask)
 
 
-def gradients_under(overrides: list[str], arch: str, batch):
+def gradients_under(overrides: list[str], arch: str, batch, *, varlen: bool = False):
     config = load_config("configs/quickstart.yaml", BASE + overrides)
     model = tiny_model(arch)
     trainer = PolicyTrainer(model, config)
+    trainer.varlen = varlen  # the one-row layout flash-attention gets, here under SDPA
     result = trainer.gradients(batch)
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     return trainer, result, grads
@@ -134,7 +135,25 @@ def test_loss_and_gradients_equal_the_padded_ones(arch, layout):
     batch = on_policy(varied_batch(), arch)
     _, padded, padded_grads = gradients_under([], arch, batch)
     trainer, other, other_grads = gradients_under(layout, arch, batch)
+    check_equal(batch, padded, padded_grads, other, other_grads)
+    # The layout under test is not the padded one in disguise.
+    plans = trainer.plan(batch, "train")
+    if layout is PACKED:  # rows holding several samples, micro-batches several rows
+        assert any(p.size > p.input_ids.shape[0] > 1 for p in plans)
+    else:  # fewer passes than the fixed plan's 6 of 2 samples
+        assert len(plans) < batch.size // 2
 
+
+def test_one_packed_row_per_micro_batch_equals_padded_too():
+    batch = on_policy(varied_batch(), "qwen2")
+    _, padded, padded_grads = gradients_under([], "qwen2", batch)
+    trainer, other, other_grads = gradients_under(PACKED, "qwen2", batch, varlen=True)
+    check_equal(batch, padded, padded_grads, other, other_grads)
+    assert all(p.input_ids.shape[0] == 1 for p in trainer.plan(batch, "train"))
+
+
+def check_equal(batch, padded, padded_grads, other, other_grads) -> None:
+    """Log-probs, loss, KL, counts and every parameter's gradient as in the padded layout."""
     mask = batch.token_mask.bool()
     torch.testing.assert_close(
         other.prev_logprobs[mask], padded.prev_logprobs[mask], rtol=1e-5, atol=1e-6
@@ -145,23 +164,33 @@ def test_loss_and_gradients_equal_the_padded_ones(arch, layout):
     assert sum(float(g.abs().sum()) for g in padded_grads.values()) > 0
     for name, grad in padded_grads.items():
         torch.testing.assert_close(other_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
-    # The layout under test is not the padded one in disguise.
-    plans = trainer.plan(batch, "train")
-    assert len(plans) < batch.size // 2
 
 
-def test_packed_rows_hold_several_samples_with_restarting_positions():
+@pytest.mark.parametrize("varlen", [False, True], ids=["sdpa", "flash-attention"])
+def test_packed_rows_hold_several_samples_with_restarting_positions(varlen):
     batch = varied_batch()
     config = load_config("configs/quickstart.yaml", BASE + PACKED)
     lengths = sequence_lengths(batch)
-    plans = plan_micro_batches(batch, config.policy, "train")
+    plans = plan_micro_batches(batch, config.policy, "train", varlen=varlen)
     assert sorted(i for p in plans for i in p.indices.tolist()) == list(range(batch.size))
-    assert any(p.size > 1 for p in plans)
+    # Without a variable-length kernel a row is as long as the longest sample (attention is
+    # quadratic in the row); with one, a row is the whole budget of 32 tokens.
+    row_capacity = 32 if varlen else max(lengths)
     for plan in plans:
-        assert plan.input_ids.shape[0] == 1 and plan.num_tokens <= 24
+        assert plan.num_tokens <= 32
         assert plan.attention_mask is None and plan.position_ids is not None
+        assert plan.input_ids.shape[0] == (1 if varlen else 32 // max(lengths)) or plan is plans[-1]
+        assert plan.input_ids.shape[1] <= row_capacity
+        # Positions restart at 0 for each sample, row after row, in the order of the indices.
         expected = [t for i in plan.indices.tolist() for t in range(lengths[i])]
-        assert plan.position_ids[0, : len(expected)].tolist() == expected
+        got = [
+            int(position)
+            for row, ids in zip(plan.position_ids, plan.input_ids, strict=True)
+            for position, token in zip(row, ids, strict=True)
+            if token != PAD
+        ]
+        assert got == expected
+    assert any(p.size > p.input_ids.shape[0] for p in plans)  # a row holds several samples
 
 
 def test_dynamic_micro_batches_keep_to_the_budget_and_the_rounding():
