@@ -41,6 +41,9 @@ from dockyard.consumers.trainer.micro_batches import (
 )
 from dockyard.consumers.trainer.optim import build_optimizer, build_scheduler
 from dockyard.models.devices import compute_precision, grad_scaler, training_device
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
 
 
 def token_logprobs(
@@ -125,6 +128,14 @@ class PolicyTrainer:
         self.optimizer = build_optimizer(self.model, policy.optimizer)
         self.scheduler = build_scheduler(
             self.optimizer, policy.scheduler, config.grpo.max_num_steps
+        )
+        log.info(
+            "trainer.placement",
+            device=str(self.device),
+            precision=policy.precision,
+            master_weights="float32",
+            data_parallel_ranks=mesh.size() if mesh is not None else 1,
+            varlen_attention=self.varlen,
         )
 
     def passes(

@@ -1,5 +1,6 @@
 """``policy.precision``: float32 master weights, the forward in the compute precision, float16
-loss scaling undone before clipping (the usual mixed-precision policy, dockyard.models.devices)."""
+loss scaling undone before clipping (the usual mixed-precision policy, dockyard.models.devices).
+On the machine's training device: the CPU here, CUDA where torch sees a GPU."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
 
+# The CPU always; a GPU too where there is one (scripts/gpu_check.sh).
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 
 def trainer_in(precision: str, model: torch.nn.Module) -> PolicyTrainer:
     config = load_config("configs/quickstart.yaml", [*BASE, f"policy.precision={precision}"])
-    return PolicyTrainer(model, config, device=torch.device("cpu"))
+    return PolicyTrainer(model, config, device=DEVICE)
 
 
 def record_logits_dtype(model: torch.nn.Module) -> list[torch.dtype]:
