@@ -263,33 +263,48 @@ class PolicyConfig(Section):
             )
         return issues
 
+    def token_budget(self, train: bool) -> int:
+        """Tokens per micro-batch under the enabled ``sequence_packing`` or
+        ``dynamic_batching``: its ``train_mb_tokens`` (``train``) or ``logprob_mb_tokens``;
+        unset, as many as a fixed micro-batch holds at ``max_total_sequence_length`` (the same
+        peak memory)."""
+        section = self.sequence_packing if self.sequence_packing.enabled else self.dynamic_batching
+        budget = section.train_mb_tokens if train else section.logprob_mb_tokens
+        size = self.train_micro_batch_size if train else self.logprob_batch_size
+        return budget or size * self.max_total_sequence_length
+
     def _token_budget_issues(self) -> list[ConfigIssue]:
         """A token budget must hold the longest sequence allowed (rounded up, for dynamic
         batching): a longer one could only be trained by cutting it, which changes the loss."""
+        if self.sequence_packing.enabled:
+            section, longest, rounded = "sequence_packing", self.max_total_sequence_length, ""
+        elif self.dynamic_batching.enabled:
+            section, rounded = "dynamic_batching", ", rounded up to sequence_length_round"
+            longest = _round_up(
+                self.max_total_sequence_length, self.dynamic_batching.sequence_length_round
+            )
+        else:
+            return []
         issues: list[ConfigIssue] = []
-        for section, enabled, longest in (
-            ("sequence_packing", self.sequence_packing.enabled, self.max_total_sequence_length),
-            (
-                "dynamic_batching",
-                self.dynamic_batching.enabled,
-                _round_up(
-                    self.max_total_sequence_length, self.dynamic_batching.sequence_length_round
-                ),
-            ),
+        for name, size, train in (
+            ("train_mb_tokens", "train_micro_batch_size", True),
+            ("logprob_mb_tokens", "logprob_batch_size", False),
         ):
-            if not enabled:
+            budget = self.token_budget(train)
+            if budget >= longest:
                 continue
-            budgets = getattr(self, section)
-            for name in ("train_mb_tokens", "logprob_mb_tokens"):
-                budget = getattr(budgets, name)
-                if budget is not None and budget < longest:
-                    issues.append(
-                        ConfigIssue(
-                            f"{section}.{name}",
-                            f"{budget} tokens cannot hold one sequence of "
-                            f"max_total_sequence_length ({longest} tokens"
-                            + (", rounded up to sequence_length_round" if section[0] == "d" else "")
-                            + "); raise it or lower max_total_sequence_length",
-                        )
-                    )
+            given = getattr(getattr(self, section), name) is not None
+            what = (
+                f"{budget} tokens"
+                if given
+                else f"unset, so {size} × max_total_sequence_length = {budget} tokens,"
+            )
+            issues.append(
+                ConfigIssue(
+                    f"{section}.{name}",
+                    f"{what} cannot hold one sequence of "
+                    f"max_total_sequence_length ({longest} tokens{rounded}); set it to at least "
+                    f"{longest} or lower max_total_sequence_length",
+                )
+            )
         return issues

@@ -186,18 +186,14 @@ def plan_micro_batches(
     """The forward passes for ``purpose`` ``"train"`` or ``"logprob"`` under ``policy``;
     ``varlen``: the model's attention is a variable-length kernel (see :func:`packed_plan`)."""
     train = purpose == "train"
-    default_size = policy.train_micro_batch_size if train else policy.logprob_batch_size
-    # Without an explicit budget, a token micro-batch holds as many tokens as the fixed
-    # micro-batch would at the longest allowed sequence: the same peak memory.
-    default_budget = default_size * policy.max_total_sequence_length
     packing, dynamic = policy.sequence_packing, policy.dynamic_batching
     if packing.enabled:
-        budget = packing.train_mb_tokens if train else packing.logprob_mb_tokens
-        return packed_plan(batch, budget or default_budget, packing.algorithm, varlen=varlen)
+        budget = policy.token_budget(train)  # train_mb_tokens / logprob_mb_tokens
+        return packed_plan(batch, budget, packing.algorithm, varlen=varlen)
     if dynamic.enabled:
-        budget = dynamic.train_mb_tokens if train else dynamic.logprob_mb_tokens
-        return dynamic_plan(batch, budget or default_budget, dynamic.sequence_length_round)
-    return fixed_plan(batch, default_size)
+        budget = policy.token_budget(train)
+        return dynamic_plan(batch, budget, dynamic.sequence_length_round)
+    return fixed_plan(batch, policy.train_micro_batch_size if train else policy.logprob_batch_size)
 
 
 def has_varlen_attention(model: torch.nn.Module) -> bool:

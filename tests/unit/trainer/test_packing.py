@@ -208,7 +208,8 @@ def test_dynamic_micro_batches_keep_to_the_budget_and_the_rounding():
     [
         (
             ["policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=8"],
-            "policy.sequence_packing.train_mb_tokens: 8 tokens cannot hold one sequence",
+            "policy.sequence_packing.train_mb_tokens: 8 tokens cannot hold one "
+            "sequence of max_total_sequence_length (16 tokens)",
         ),
         (
             [
@@ -216,8 +217,14 @@ def test_dynamic_micro_batches_keep_to_the_budget_and_the_rounding():
                 "policy.dynamic_batching.logprob_mb_tokens=32",
             ],
             # max_total_sequence_length 16 rounds up to sequence_length_round's default 64.
-            "policy.dynamic_batching.logprob_mb_tokens: 32 tokens cannot hold one sequence of "
-            "max_total_sequence_length (64 tokens",
+            "policy.dynamic_batching.logprob_mb_tokens: 32 tokens cannot hold one "
+            "sequence of max_total_sequence_length (64 tokens",
+        ),
+        (
+            # Unset: train_micro_batch_size 2 × max_total_sequence_length 16 = 32 < 64.
+            ["policy.dynamic_batching.enabled=true", "policy.train_micro_batch_size=2"],
+            "policy.dynamic_batching.train_mb_tokens: unset, so train_micro_batch_size × "
+            "max_total_sequence_length = 32 tokens, cannot hold one sequence",
         ),
     ],
 )
