@@ -174,18 +174,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         for name in ("cpu_offload", "activation_checkpointing", "sequence_parallel")
     ),
     Unsupported(
-        "policy.sequence_packing.*",
-        "warned",
-        "sequence packing is not implemented; micro-batches are padded to their longest sequence",
-        TRAINER_AT_SCALE,
-    ),
-    Unsupported(
-        "policy.dynamic_batching.*",
-        "warned",
-        "dynamic batching is not implemented; micro-batches have train_micro_batch_size sequences",
-        TRAINER_AT_SCALE,
-    ),
-    Unsupported(
         "cluster.gpus_per_node",
         "refused",
         "the trainer is one process on the CPU; it uses no GPU (set 0)",

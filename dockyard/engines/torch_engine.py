@@ -158,7 +158,8 @@ class TorchEngine(GenerationEngine):
         ]
         generator = None
         if params.seed is not None:
-            generator = torch.Generator(device="cpu").manual_seed(params.seed)
+            device = next(self._model.parameters()).device  # multinomial needs it there
+            generator = torch.Generator(device=device).manual_seed(params.seed)
         batch_size = self._max_batch_size or len(rows)
         first_token_at: float | None = None
         self._claim.acquire()
@@ -253,6 +254,9 @@ class TorchEngine(GenerationEngine):
         for index, row in enumerate(rows):
             input_ids[index, prompt_len - len(row.prompt) :] = torch.tensor(row.prompt)
             attention[index, prompt_len - len(row.prompt) :] = 1
+        # The model's device (the trainer's validation runs on its GPU when it has one).
+        device = next(self._model.parameters()).device
+        input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         output = self._model(
             input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True
@@ -293,9 +297,11 @@ class TorchEngine(GenerationEngine):
             # Finished rows keep decoding a pad token (their output is ignored) so the batch
             # and its cache stay rectangular.
             feed = chosen.clone()
-            done = torch.tensor([row.finish_reason is not None for row in rows])
+            done = torch.tensor([row.finish_reason is not None for row in rows], device=device)
             feed[done] = self._pad_token_id
-            attention = torch.cat([attention, torch.ones((len(rows), 1), dtype=torch.long)], 1)
+            attention = torch.cat(
+                [attention, torch.ones((len(rows), 1), dtype=torch.long, device=device)], 1
+            )
             positions = positions[:, -1:] + 1
             output = self._model(
                 input_ids=feed[:, None],

@@ -190,6 +190,10 @@ def sampling_parameter_issues(
     return issues
 
 
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
 class PolicyConfig(Section):
     model_name: str
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
@@ -248,12 +252,59 @@ class PolicyConfig(Section):
                     f"got {self.train_micro_batch_size}",
                 )
             )
+        issues += self._token_budget_issues()
         if self.generation.max_new_tokens > self.max_total_sequence_length:
             issues.append(
                 ConfigIssue(
                     "generation.max_new_tokens",
                     f"{self.generation.max_new_tokens} exceeds max_total_sequence_length "
                     f"({self.max_total_sequence_length})",
+                )
+            )
+        return issues
+
+    def token_budget(self, train: bool) -> int:
+        """Tokens per micro-batch under the enabled ``sequence_packing`` or
+        ``dynamic_batching``: its ``train_mb_tokens`` (``train``) or ``logprob_mb_tokens``;
+        unset, as many as a fixed micro-batch holds at ``max_total_sequence_length`` (the same
+        peak memory)."""
+        section = self.sequence_packing if self.sequence_packing.enabled else self.dynamic_batching
+        budget = section.train_mb_tokens if train else section.logprob_mb_tokens
+        size = self.train_micro_batch_size if train else self.logprob_batch_size
+        return budget or size * self.max_total_sequence_length
+
+    def _token_budget_issues(self) -> list[ConfigIssue]:
+        """A token budget must hold the longest sequence allowed (rounded up, for dynamic
+        batching): a longer one could only be trained by cutting it, which changes the loss."""
+        if self.sequence_packing.enabled:
+            section, longest, rounded = "sequence_packing", self.max_total_sequence_length, ""
+        elif self.dynamic_batching.enabled:
+            section, rounded = "dynamic_batching", ", rounded up to sequence_length_round"
+            longest = _round_up(
+                self.max_total_sequence_length, self.dynamic_batching.sequence_length_round
+            )
+        else:
+            return []
+        issues: list[ConfigIssue] = []
+        for name, size, train in (
+            ("train_mb_tokens", "train_micro_batch_size", True),
+            ("logprob_mb_tokens", "logprob_batch_size", False),
+        ):
+            budget = self.token_budget(train)
+            if budget >= longest:
+                continue
+            given = getattr(getattr(self, section), name) is not None
+            what = (
+                f"{budget} tokens"
+                if given
+                else f"unset, so {size} × max_total_sequence_length = {budget} tokens,"
+            )
+            issues.append(
+                ConfigIssue(
+                    f"{section}.{name}",
+                    f"{what} cannot hold one sequence of "
+                    f"max_total_sequence_length ({longest} tokens{rounded}); set it to at least "
+                    f"{longest} or lower max_total_sequence_length",
                 )
             )
         return issues

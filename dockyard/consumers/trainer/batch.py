@@ -16,6 +16,8 @@ import torch
 
 from dockyard.schemas import ScoredRollout
 
+_INPUT_FIELDS = ("input_ids", "attention_mask")  # [B, L]; every other 2-D field is [B, L-1]
+
 
 @dataclass(frozen=True)
 class TrainingBatch:
@@ -52,6 +54,33 @@ class TrainingBatch:
     def micro_batches(self, size: int) -> Iterator[TrainingBatch]:
         for start in range(0, self.size, size):
             yield self.slice(start, min(start + size, self.size))
+
+    def to(self, device: torch.device) -> TrainingBatch:
+        """Every tensor on ``device`` (no copy for those already there)."""
+        values = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, torch.Tensor):
+                value = value.to(device, non_blocking=True)
+            values[item.name] = value
+        return TrainingBatch(**values)
+
+    def take(self, rows: torch.Tensor, columns: int | None = None) -> TrainingBatch:
+        """The samples ``rows`` (any order), their per-token arrays cut to ``columns`` targets
+        (and ``columns + 1`` input positions)."""
+        index = rows.tolist()
+        values = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, tuple):
+                value = tuple(value[i] for i in index)
+            elif isinstance(value, torch.Tensor):
+                value = value[rows]
+                if columns is not None and value.dim() == 2:
+                    width = columns + 1 if item.name in _INPUT_FIELDS else columns
+                    value = value[:, :width]
+            values[item.name] = value
+        return TrainingBatch(**values)
 
 
 def build_batch(groups: Sequence[ScoredRollout], pad_token_id: int) -> TrainingBatch:

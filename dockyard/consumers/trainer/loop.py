@@ -138,14 +138,17 @@ class TrainerLoop:
 
     # -- set-up ------------------------------------------------------------------------------
     def _build(self) -> None:
-        from dockyard.models import load_policy
+        from dockyard.models import load_policy, precision_dtype
 
         cfg = self.config
         torch.manual_seed(cfg.grpo.seed)
+        # Float32 master weights; policy.precision is the compute precision (autocast) and the
+        # precision of published weights (dockyard.models.devices).
         self.model, self.tokenizer = load_policy(
-            cfg.policy.model_name, cfg.policy.precision, tokenizer_name=cfg.policy.tokenizer.name
+            cfg.policy.model_name, "float32", tokenizer_name=cfg.policy.tokenizer.name
         )
-        self.trainer = PolicyTrainer(self.model, cfg)
+        self.trainer = PolicyTrainer(self.model, cfg)  # moves the model to the training device
+        self.publish_dtype = precision_dtype(cfg.policy.precision)
         default_env = cfg.data.default_env
         self.train_data = build_prompt_dataset(
             cfg.data.train, cfg.data, cfg.policy.tokenizer, self.tokenizer
@@ -556,9 +559,14 @@ class TrainerLoop:
         return metrics
 
     async def _publish_weights(self) -> None:
-        # No copy here: training is paused while the blob is written (it is awaited), and
-        # the serializer copies only tensors that share storage (tied embeddings).
-        state = {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
+        # In policy.precision, on the CPU: what the engines load. No copy when the master
+        # weights already are that (float32 on the CPU): training is paused while the blob is
+        # written (it is awaited), and the serializer copies only tensors that share storage
+        # (tied embeddings).
+        state = {
+            name: tensor.detach().to("cpu", self.publish_dtype)
+            for name, tensor in self.model.state_dict().items()
+        }
         ref = await self.weights.put(self.weight_version, state)
         event = WeightVersion(
             version=self.weight_version,

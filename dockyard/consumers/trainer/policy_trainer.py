@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from dockyard.algorithms.advantages import AdvantageInputs, build_estimator
 from dockyard.algorithms.advantages.pipeline import compute_advantages
@@ -24,7 +26,24 @@ from dockyard.algorithms.loss_metrics import LossMetrics, merge_loss_metrics
 from dockyard.algorithms.masked import per_sequence_mean
 from dockyard.algorithms.rewards import overlong_filter, prepare_rewards
 from dockyard.consumers.trainer.batch import TrainingBatch
+from dockyard.consumers.trainer.data_parallel import (
+    global_counts,
+    gradient_scale,
+    pad_plans,
+    shard_policy,
+)
+from dockyard.consumers.trainer.micro_batches import (
+    MicroBatch,
+    has_varlen_attention,
+    micro_token_logprobs,
+    next_token_logprobs,
+    plan_micro_batches,
+)
 from dockyard.consumers.trainer.optim import build_optimizer, build_scheduler
+from dockyard.models.devices import compute_precision, grad_scaler, training_device
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
 
 
 def token_logprobs(
@@ -32,11 +51,7 @@ def token_logprobs(
 ) -> torch.Tensor:
     """``[B, L-1]`` log-probs of each next token under ``model`` (grad follows the caller)."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    logits = logits[:, :-1].float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    targets = batch.input_ids[:, 1:].unsqueeze(-1)
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
+    return next_token_logprobs(logits, batch.input_ids, temperature)
 
 
 @dataclass(frozen=True)
@@ -64,33 +79,99 @@ class StepOutcome:
         return metrics
 
 
+@dataclass(frozen=True)
+class Gradients:
+    """What :meth:`PolicyTrainer.gradients` computed besides the gradients themselves."""
+
+    loss: LossMetrics
+    prev_logprobs: torch.Tensor  # [B, L-1]
+    advantages: torch.Tensor  # [B, L-1]
+    token_mask: torch.Tensor  # [B, L-1]
+    filtered_fraction: float
+
+
 class PolicyTrainer:
     """Holds the policy, its optimizer and schedule, the loss and the advantage estimator."""
 
-    def __init__(self, model: torch.nn.Module, config: MasterConfig) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: MasterConfig,
+        device: torch.device | None = None,
+        *,
+        mesh: DeviceMesh | None = None,
+    ) -> None:
+        """``mesh``: a data-parallel device mesh (under ``torchrun``): the policy is sharded
+        with FSDP2 and each rank trains on its share of the batch (see
+        :mod:`~dockyard.consumers.trainer.data_parallel`)."""
         self.config = config
-        self.model = model.train()
         policy = config.policy
-        self.optimizer = build_optimizer(model, policy.optimizer)
-        self.scheduler = build_scheduler(
-            self.optimizer, policy.scheduler, config.grpo.max_num_steps
-        )
+        self.device = device if device is not None else training_device()
+        # Master weights in float32 on the training device (moved in place: the caller's model
+        # is the trained one); policy.precision applies to the math, see dockyard.models.devices.
+        self.model = model.to(device=self.device, dtype=torch.float32).train()
+        self.scaler = grad_scaler(self.device, policy.precision)
         self.loss = ClippedPGLoss(config.loss_fn)
         self.estimator = build_estimator(config.grpo, config.loss_fn)
         self.temperature = policy.generation.temperature
-        # A frozen copy of the initial policy; only when some KL term needs it.
+        # A frozen copy of the initial policy; only when some KL term needs it. Copied before
+        # sharding: it stays whole on every rank and needs no collectives.
         needs_reference = config.loss_fn.reference_policy_kl_penalty > 0
         self.reference: torch.nn.Module | None = (
             copy.deepcopy(model).eval().requires_grad_(False) if needs_reference else None
         )
+        self.varlen = has_varlen_attention(self.model)
+        self.mesh = mesh
+        if mesh is not None:
+            shard_policy(self.model, mesh)
+        # After sharding: the optimizer holds (and its state follows) the sharded parameters.
+        self.optimizer = build_optimizer(self.model, policy.optimizer)
+        self.scheduler = build_scheduler(
+            self.optimizer, policy.scheduler, config.grpo.max_num_steps
+        )
+        log.info(
+            "trainer.placement",
+            device=str(self.device),
+            precision=policy.precision,
+            master_weights="float32",
+            data_parallel_ranks=mesh.size() if mesh is not None else 1,
+            varlen_attention=self.varlen,
+        )
+
+    def passes(
+        self, model: torch.nn.Module, batch: TrainingBatch, purpose: str
+    ) -> list[MicroBatch | None]:
+        """:meth:`plan`, and for the sharded policy, ``None`` (a zero-weight pass on the first
+        micro-batch) until every rank runs as many passes (FSDP2's collectives must match)."""
+        plans = self.plan(batch, purpose)
+        if self.mesh is None or model is not self.model:
+            return list(plans)
+        return pad_plans(plans, self.device)
+
+    def plan(self, batch: TrainingBatch, purpose: str) -> list[MicroBatch]:
+        """The forward passes of ``purpose`` (``"train"`` / ``"logprob"``), see
+        :mod:`~dockyard.consumers.trainer.micro_batches`."""
+        return plan_micro_batches(batch, self.config.policy, purpose, varlen=self.varlen)
+
+    def forward_logprobs(self, model: torch.nn.Module, micro: MicroBatch) -> torch.Tensor:
+        """``[n, columns]`` log-probs of ``micro`` under ``model`` in ``policy.precision``."""
+        with compute_precision(self.device, self.config.policy.precision):
+            return micro_token_logprobs(model, micro, self.temperature)
 
     @torch.no_grad()
     def batch_logprobs(self, model: torch.nn.Module, batch: TrainingBatch) -> torch.Tensor:
-        parts = [
-            token_logprobs(model, micro, self.temperature)
-            for micro in batch.micro_batches(self.config.policy.logprob_batch_size)
-        ]
-        return torch.cat(parts)
+        """``[B, L-1]`` next-token log-probs of every sample (0 past a sample's last target),
+        on the training device."""
+        out = torch.zeros(batch.token_mask.shape, dtype=torch.float32, device=self.device)
+        plans = self.passes(model, batch, "logprob")
+        for micro in plans:
+            if micro is None:  # only to match the other ranks' collectives
+                first = plans[0]
+                assert first is not None  # every rank has at least one group
+                self.forward_logprobs(model, first)
+                continue
+            out[micro.indices, : micro.columns] = self.forward_logprobs(model, micro)
+        return out
 
     def rewards(self, batch: TrainingBatch) -> torch.Tensor:
         """Scaling, shaping and the invalid-action penalty, as configured."""
@@ -134,8 +215,45 @@ class PolicyTrainer:
         removed = float((batch.sample_mask - mask).sum()) / max(batch.size, 1)
         return dataclasses.replace(batch, sample_mask=mask), removed
 
-    def step(self, batch: TrainingBatch) -> StepOutcome:
-        started = time.perf_counter()
+    def accumulate_gradients(
+        self,
+        batch: TrainingBatch,
+        prev: torch.Tensor,
+        advantages: torch.Tensor,
+        reference: torch.Tensor | None,
+        counts: GlobalCounts,
+    ) -> list[LossMetrics]:
+        """Backward of the loss over every training micro-batch (gradients add up in ``.grad``;
+        each micro-batch's loss is its share of the full-batch loss, see :class:`GlobalCounts`)."""
+        parts: list[LossMetrics] = []
+        plans = self.passes(self.model, batch, "train")
+        for micro in plans:
+            if micro is None:  # a zero-weight pass, only to match the other ranks' collectives
+                first = plans[0]
+                assert first is not None  # every rank has at least one group
+                self.forward_logprobs(self.model, first).sum().mul(0.0).backward()
+                continue
+            rows, columns = micro.indices, micro.columns
+            part = batch.take(rows, columns)
+            inputs = LossInputs(
+                logprobs=self.forward_logprobs(self.model, micro),
+                prev_logprobs=prev[rows, :columns],
+                generation_logprobs=part.generation_logprobs,
+                advantages=advantages[rows, :columns],
+                token_mask=part.token_mask,
+                sample_mask=part.sample_mask,
+                reference_logprobs=reference[rows, :columns] if reference is not None else None,
+                rewards=part.rewards,
+            )
+            loss, metrics = self.loss(inputs, counts)
+            self.scaler.scale(loss * gradient_scale(self.mesh)).backward()
+            parts.append(metrics)
+        return parts
+
+    def gradients(self, batch: TrainingBatch) -> Gradients:
+        """π_old, the reference, advantages, then the loss's gradients in ``.grad`` (zeroed
+        first; times the float16 loss scale, if any); the parameters are not changed."""
+        batch = batch.to(self.device)
         self.model.eval()  # π_old and the reference without dropout
         prev = (
             torch.zeros_like(batch.generation_logprobs)
@@ -146,48 +264,56 @@ class PolicyTrainer:
         batch, masked_fraction = self.filter_samples(batch, prev)
         advantages = self.advantages(batch, prev, reference)
         counts = GlobalCounts.from_batch(batch.token_mask, batch.sample_mask, batch.rewards)
+        if self.mesh is not None:
+            counts = global_counts(counts, self.device)
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        parts: list[LossMetrics] = []
-        micro_size = self.config.policy.train_micro_batch_size
-        for start in range(0, batch.size, micro_size):
-            stop = min(start + micro_size, batch.size)
-            micro = batch.slice(start, stop)
-            inputs = LossInputs(
-                logprobs=token_logprobs(self.model, micro, self.temperature),
-                prev_logprobs=prev[start:stop],
-                generation_logprobs=micro.generation_logprobs,
-                advantages=advantages[start:stop],
-                token_mask=micro.token_mask,
-                sample_mask=micro.sample_mask,
-                reference_logprobs=reference[start:stop] if reference is not None else None,
-                rewards=micro.rewards,
-            )
-            loss, metrics = self.loss(inputs, counts)
-            loss.backward()
-            parts.append(metrics)
+        parts = self.accumulate_gradients(batch, prev, advantages, reference, counts)
+        return Gradients(
+            loss=merge_loss_metrics(parts),
+            prev_logprobs=prev,
+            advantages=advantages,
+            token_mask=batch.token_mask,
+            filtered_fraction=masked_fraction,
+        )
+
+    def step(self, batch: TrainingBatch) -> StepOutcome:
+        started = time.perf_counter()
+        result = self.gradients(batch)
+        self.scaler.unscale_(self.optimizer)
         max_norm = self.config.policy.max_grad_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), max_norm if max_norm is not None else float("inf")
         )
-        self.optimizer.step()
+        if isinstance(grad_norm, DTensor):  # sharded gradients: the norm of the whole
+            grad_norm = grad_norm.full_tensor()
+        # With float16 loss scaling, a step whose gradients overflowed is skipped and the scale
+        # lowered; otherwise this is optimizer.step().
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         learning_rate = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
-        valid = batch.token_mask.bool()
+        advantages, valid = result.advantages, result.token_mask.bool()
         return StepOutcome(
-            loss=merge_loss_metrics(parts),
+            loss=result.loss,
             grad_norm=float(grad_norm),
             learning_rate=float(learning_rate),
             advantage_mean=float(advantages[valid].mean()) if valid.any() else 0.0,
             advantage_abs_mean=float(advantages[valid].abs().mean()) if valid.any() else 0.0,
-            filtered_fraction=masked_fraction,
+            filtered_fraction=result.filtered_fraction,
             seconds=time.perf_counter() - started,
         )
 
     def state_dict(self) -> dict[str, object]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "grad_scaler": self.scaler.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
         self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
+        if "grad_scaler" in state:  # checkpoints from before float16 loss scaling have none
+            self.scaler.load_state_dict(state["grad_scaler"])  # type: ignore[arg-type]

@@ -57,6 +57,7 @@ def run_sft(
     reaches ``stop_at_val_accuracy``."""
     started = time.perf_counter()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
+    device = next(model.parameters()).device  # the trainer's: the model is trained in place
     rng = random.Random(config.seed)
     eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
     pad = tokenizer.pad_token_id  # type: ignore[attr-defined]
@@ -69,7 +70,9 @@ def run_sft(
             tokenizer(r.ground_truth, add_special_tokens=False)["input_ids"] + [eos]  # type: ignore[operator]
             for r in records
         ]
-        input_ids, attention, target_mask = sft_batch(prompts, answers, pad, config.loss_on)
+        input_ids, attention, target_mask = (
+            t.to(device) for t in sft_batch(prompts, answers, pad, config.loss_on)
+        )
         model.train()
         logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
         losses = torch.nn.functional.cross_entropy(

@@ -128,13 +128,15 @@ def test_ignored_speed_settings_only_warn(tmp_path):
 
     config = load_config(
         "configs/quickstart.yaml",
-        ["policy.sequence_packing.enabled=true", "++policy.dtensor_cfg.cpu_offload=true"],
+        ["++policy.dtensor_cfg.sequence_parallel=true", "++policy.dtensor_cfg.cpu_offload=true"],
     )
     assert not_implemented(config) == []
     assert [issue.path for issue in ignored(config)] == [  # in the schema's key order
         "policy.dtensor_cfg.cpu_offload",
-        "policy.sequence_packing.enabled",
+        "policy.dtensor_cfg.sequence_parallel",
     ]
+    packed = load_config("configs/quickstart.yaml", ["policy.sequence_packing.enabled=true"])
+    assert ignored(packed) == [] and not_implemented(packed) == []  # it takes effect
     turns = load_config("configs/quickstart.yaml", ["grpo.max_rollout_turns=3"])
     assert [issue.path for issue in not_implemented(turns)] == ["grpo.max_rollout_turns"]
 

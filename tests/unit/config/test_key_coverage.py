@@ -46,6 +46,15 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "policy.optimizer.*": ("consumers/trainer/optim.py",),
     "policy.scheduler.*": ("consumers/trainer/optim.py",),
     "policy.dtensor_cfg.enabled": ("config/capabilities.py",),
+    # The budgets are resolved by PolicyConfig.token_budget, which micro_batches.py calls.
+    "policy.sequence_packing.*": (
+        "consumers/trainer/micro_batches.py",
+        "config/sections/policy.py",
+    ),
+    "policy.dynamic_batching.*": (
+        "consumers/trainer/micro_batches.py",
+        "config/sections/policy.py",
+    ),
     "policy.generation.vllm_cfg.*": ("engines/",),
     "grpo.adv_estimator.*": ("algorithms/advantages/",),
     "on_policy_distillation.teachers.*.*": ("environments/teacher_env.py",),
