@@ -689,7 +689,7 @@ class JetStreamPlane(DataPlane):
         stored in between is missed, and a reconnect wakes the reader too, for the notices
         lost while disconnected.
         """
-        stream = self.names.stream_for_subject(subject).name
+        stream = self.followed_stream(subject)
         wake = asyncio.Event()
 
         async def on_notice(_: Msg) -> None:

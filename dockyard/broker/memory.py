@@ -423,7 +423,7 @@ class MemoryPlane(DataPlane):
     async def watch(
         self, subject: str, *, include_latest: bool = True
     ) -> AsyncIterator[StoredMessage]:
-        stream = self._stream(self.names.stream_for_subject(subject).name)
+        stream = self._stream(self.followed_stream(subject))
         latest = await self.latest(subject) if include_latest else None
         if latest is not None:
             yield latest

@@ -35,6 +35,10 @@ class StreamSpec:
     max_msgs_per_subject: int = -1
     #: Overrides ``data_plane.streams.max_age_s`` for a stream whose records expire by nature.
     max_age_s: float | None = None
+    #: Each stored message is announced on ``stored_notice`` (headers only), so its subjects can
+    #: be followed (``DataPlane.watch``) without a consumer. Only for streams that are followed:
+    #: on the experience stream the notices would double the server's messages per group.
+    announces: bool = False
 
     def effective_max_age_s(self, configured: float) -> float:
         """This stream's message age limit in seconds (0 = none), given the configured one."""
@@ -121,7 +125,9 @@ class PlaneNames:
 
     @property
     def weights_stream(self) -> StreamSpec:
-        return StreamSpec(f"{self.namespace}_weights", (self.weight_events,), Retention.LIMITS)
+        return StreamSpec(
+            f"{self.namespace}_weights", (self.weight_events,), Retention.LIMITS, announces=True
+        )
 
     @property
     def dead_letters_stream(self) -> StreamSpec:
@@ -148,6 +154,7 @@ class PlaneNames:
             Retention.LIMITS,
             max_msgs_per_subject=1,
             max_age_s=LEASE_RECORD_MAX_AGE_S,
+            announces=True,
         )
 
     def message_streams(self) -> tuple[StreamSpec, ...]:

@@ -357,7 +357,22 @@ class DataPlane(abc.ABC):
 
     @abc.abstractmethod
     def watch(self, subject: str, *, include_latest: bool = True) -> AsyncIterator[StoredMessage]:
-        """New messages on ``subject`` as they arrive (after the latest one, if asked); endless."""
+        """New messages on ``subject`` as they arrive (after the latest one, if asked); endless.
+        Only subjects of a stream that announces its messages can be followed
+        (:meth:`followed_stream`)."""
+
+    def followed_stream(self, subject: str) -> str:
+        """The name of ``subject``'s stream, refusing a stream that does not announce what it
+        stores (``StreamSpec.announces``: weight events and leases): on JetStream a watcher wakes
+        on those announcements, and without them it would never see a new message."""
+        spec = self.names.stream_for_subject(subject)
+        if not spec.announces:
+            raise ValueError(
+                f"{subject!r} cannot be followed: its stream {spec.name} does not announce what "
+                "it stores (only weight events and blob leases are followed; read the others "
+                "through a consumer or replay)"
+            )
+        return spec.name
 
     @abc.abstractmethod
     async def streams(self) -> list[StreamState]:

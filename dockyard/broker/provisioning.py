@@ -59,10 +59,14 @@ def stream_config(
         duplicate_window=limits.duplicate_window_s,
         discard=api.DiscardPolicy.NEW if spec.discard_new else api.DiscardPolicy.OLD,
         allow_direct=spec.allow_direct,
-        # Every stored message is announced (headers only) for watchers, which then read it by
-        # direct get: following a subject needs no consumer of the watcher's own.
-        republish=api.RePublish(
-            src=">", dest=PlaneNames(config.namespace).stored_notices, headers_only=True
+        # A followed stream announces every stored message (headers only) for watchers, which
+        # then read it by direct get: following a subject needs no consumer of the watcher's own.
+        republish=(
+            api.RePublish(
+                src=">", dest=PlaneNames(config.namespace).stored_notices, headers_only=True
+            )
+            if spec.announces
+            else None
         ),
     )
 

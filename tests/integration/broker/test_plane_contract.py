@@ -220,6 +220,17 @@ async def test_latest_and_watch_follow_weight_events(plane: DataPlane) -> None:
     assert seen == [b"v2", b"v3"]
 
 
+async def test_only_announcing_streams_can_be_followed(plane: DataPlane) -> None:
+    # Weight events and leases are announced and followed; the experience stream is read by
+    # consumers (announcing each group would double the server's messages), so a watch on it
+    # is refused at once rather than waiting for announcements that never come.
+    names = plane.names
+    assert names.weights_stream.announces and names.leases_stream.announces
+    assert not names.experience_stream.announces and not names.prompts_stream.announces
+    with pytest.raises(ValueError, match="cannot be followed"):
+        await anext(plane.watch(names.scored))
+
+
 async def _async_value(value: bool) -> bool:
     return value
 
