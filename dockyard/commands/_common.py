@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from dockyard.cli import CliError
+from dockyard.commands._cli import CliError
 
 EXIT_INVALID_CONFIG = 2
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from dockyard.cli import CliError
+from dockyard.commands._cli import CliError
 from dockyard.config.sections.data_plane import DataPlaneConfig
 
 EXIT_INVALID_CONFIG = 2

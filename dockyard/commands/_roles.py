@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dockyard.cli import CliError
+from dockyard.commands._cli import CliError
 from dockyard.commands._common import EXIT_INVALID_CONFIG
 
 if TYPE_CHECKING:
