@@ -12,62 +12,17 @@ import argparse
 import importlib
 import pkgutil
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from rich_argparse import RichHelpFormatter
 
+import dockyard.commands as commands_package
 from dockyard import __version__
+from dockyard.commands._cli import CliError, Handler, add_subcommands
 from dockyard.utils.logging import configure_logging
-
-Handler = Callable[[argparse.Namespace], int]
-
-
-class CliError(Exception):
-    """A failure to report as one line on stderr, with an exit status, and no traceback."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-@dataclass
-class CommandRegistrar:
-    """Hands command modules a way to add their parsers to the top-level command."""
-
-    subparsers: argparse._SubParsersAction  # argparse exposes no public type for this
-
-    def add(
-        self, name: str, *, help: str, description: str | None = None
-    ) -> argparse.ArgumentParser:
-        return self.subparsers.add_parser(
-            name,
-            help=help,
-            description=description or help,
-            formatter_class=RichHelpFormatter,
-        )
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config PATH`` followed by Hydra dot-notation overrides (``a.b=1 +c=2 ~d``)."""
-    parser.add_argument("--config", required=True, metavar="PATH", help="YAML config file")
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="OVERRIDE",
-        help="Hydra-style overrides: key=value, +key=value (add), ++key=value (add or set), ~key",
-    )
-
-
-def add_subcommands(parser: argparse.ArgumentParser, *, dest: str) -> CommandRegistrar:
-    """Nested subcommands (``dockyard config show``) use the same registrar type."""
-    subparsers = parser.add_subparsers(dest=dest, metavar="COMMAND", required=True)
-    return CommandRegistrar(subparsers)
 
 
 def _discover_command_modules() -> list[str]:
-    import dockyard.commands as commands_package
-
     return sorted(
         f"{commands_package.__name__}.{info.name}"
         for info in pkgutil.iter_modules(commands_package.__path__)
@@ -122,7 +77,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Re-import so exception classes match those the command modules import from dockyard.cli.
-    from dockyard.cli import main as package_main
-
-    sys.exit(package_main())
+    sys.exit(main())

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import time
 
-from dockyard.broker.names import PlaneNames
-from dockyard.broker.plane import (
+from dockyard.broker.messages import (
     HEADER_DEAD_DETAIL,
     HEADER_DEAD_REASON,
     HEADER_MSG_ID,
@@ -23,6 +22,7 @@ from dockyard.broker.plane import (
     OutgoingMessage,
     StoredMessage,
 )
+from dockyard.broker.names import PlaneNames
 from dockyard.schemas import DeadLetter, decode, encode
 
 # NATS header values are one line; long details are cut in the header, kept whole in the body.

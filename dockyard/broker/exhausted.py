@@ -17,18 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
-from dockyard.broker.names import ConsumerSpec, Retention
-from dockyard.broker.plane import REASON_MAX_DELIVERIES, StoredMessage
+from dockyard.broker.connection import DockyardClient
+from dockyard.broker.messages import REASON_MAX_DELIVERIES, PublishAck, StoredMessage
+from dockyard.broker.names import ConsumerSpec, PlaneNames, Retention
 from dockyard.utils.logging import get_logger
-
-if TYPE_CHECKING:
-    from dockyard.broker.jetstream import JetStreamPlane
 
 log = get_logger(__name__)
 
@@ -41,7 +40,36 @@ SWEEP_INTERVAL_S = 60.0
 SWEEP_LIMIT = 1000
 
 
-def is_work_queue(plane: JetStreamPlane, spec: ConsumerSpec) -> bool:
+class SweptPlane(Protocol):
+    """What these functions use of :class:`dockyard.broker.jetstream.JetStreamPlane`, declared
+    here so that this module does not import the plane that calls it (imports point one way)."""
+
+    names: PlaneNames
+
+    @property
+    def nc(self) -> DockyardClient: ...
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    async def get(self, stream: str, seq: int) -> StoredMessage: ...
+
+    async def next_stored(
+        self, stream: str, subject: str, from_seq: int
+    ) -> StoredMessage | None: ...
+
+    async def publish_dead_letter(
+        self,
+        original: StoredMessage,
+        reason: str,
+        detail: str,
+        *,
+        stage: str = ...,
+        delivery_count: int = 0,
+    ) -> PublishAck: ...
+
+
+def is_work_queue(plane: SweptPlane, spec: ConsumerSpec) -> bool:
     try:
         stream = plane.names.stream_for_subject(spec.filter_subject)
     except KeyError:
@@ -50,7 +78,7 @@ def is_work_queue(plane: JetStreamPlane, spec: ConsumerSpec) -> bool:
 
 
 async def dead_letter(
-    plane: JetStreamPlane, spec: ConsumerSpec, original: StoredMessage, deliveries: int
+    plane: SweptPlane, spec: ConsumerSpec, original: StoredMessage, deliveries: int
 ) -> None:
     """Publish ``original``'s dead letter and take it out of a work queue."""
     await plane.publish_dead_letter(
@@ -68,7 +96,7 @@ async def dead_letter(
     log.warning("dead_letter.max_deliveries", stream=spec.stream, seq=original.seq)
 
 
-async def watch(plane: JetStreamPlane, spec: ConsumerSpec) -> Subscription:
+async def watch(plane: SweptPlane, spec: ConsumerSpec) -> Subscription:
     """Turn the server's max-deliveries advisories for ``spec`` into dead letters."""
 
     async def on_advisory(msg: Msg) -> None:
@@ -91,7 +119,7 @@ async def watch(plane: JetStreamPlane, spec: ConsumerSpec) -> Subscription:
     )
 
 
-async def sweep(plane: JetStreamPlane, spec: ConsumerSpec, *, limit: int = SWEEP_LIMIT) -> int:
+async def sweep(plane: SweptPlane, spec: ConsumerSpec, *, limit: int = SWEEP_LIMIT) -> int:
     """Dead-letter the exhausted messages a work queue still holds; how many it found.
 
     Only while the consumer is idle: then nothing it delivered is in flight, so whatever it
@@ -119,7 +147,7 @@ async def sweep(plane: JetStreamPlane, spec: ConsumerSpec, *, limit: int = SWEEP
     return found
 
 
-async def sweep_now(plane: JetStreamPlane, spec: ConsumerSpec) -> int:
+async def sweep_now(plane: SweptPlane, spec: ConsumerSpec) -> int:
     """``sweep``, where a failure (the broker away, a credential without the rights) is logged
     and left for the next sweep: it must never stop the role that pulls."""
     try:
@@ -129,7 +157,7 @@ async def sweep_now(plane: JetStreamPlane, spec: ConsumerSpec) -> int:
         return 0
 
 
-async def sweep_periodically(plane: JetStreamPlane, spec: ConsumerSpec) -> None:
+async def sweep_periodically(plane: SweptPlane, spec: ConsumerSpec) -> None:
     """``sweep_now`` every ``SWEEP_INTERVAL_S`` until cancelled."""
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)

@@ -12,39 +12,70 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 
+from dockyard.broker.dead_letters import build_dead_letter
+from dockyard.broker.messages import (
+    HEADER_CHUNK_REF,
+    HEADER_CHUNKS,
+    HEADER_DEAD_DETAIL,
+    HEADER_DEAD_REASON,
+    HEADER_MSG_ID,
+    HEADER_ORIGINAL_SEQ,
+    HEADER_ORIGINAL_STREAM,
+    HEADER_ORIGINAL_SUBJECT,
+    HEADER_PAYLOAD_SHA256,
+    HEADER_PAYLOAD_SIZE,
+    HEADER_UNREADABLE,
+    PLANE_STAGE,
+    REASON_CHUNKS_MISSING,
+    REASON_MAX_DELIVERIES,
+    OutgoingMessage,
+    PublishAck,
+    StoredMessage,
+)
 from dockyard.broker.names import ConsumerSpec, PlaneNames
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
 
-HEADER_MSG_ID = "Nats-Msg-Id"
-# Oversized messages travel by reference to the chunk stream (see chunking.py).
-HEADER_CHUNKS = "Dockyard-Chunks"
-HEADER_CHUNK_REF = "Dockyard-Chunk-Ref"
-HEADER_PAYLOAD_SIZE = "Dockyard-Payload-Size"
-HEADER_PAYLOAD_SHA256 = "Dockyard-Payload-Sha256"
-#: On a message read from history that the plane could not turn into its payload (chunks gone,
-#: malformed chunk headers): ``<reason code>: <detail>``, and why its body is empty. The plane
-#: sets it and never publishes it; one that arrives with a message is dropped on reading.
-HEADER_UNREADABLE = "Dockyard-Unreadable"
-# Set on every dead letter so it can be triaged without decoding its body.
-HEADER_DEAD_REASON = "Dockyard-Dead-Reason"
-HEADER_DEAD_DETAIL = "Dockyard-Dead-Detail"
-HEADER_ORIGINAL_SUBJECT = "Dockyard-Original-Subject"
-HEADER_ORIGINAL_STREAM = "Dockyard-Original-Stream"
-HEADER_ORIGINAL_SEQ = "Dockyard-Original-Seq"
+# The message values are defined in messages.py, so that dead_letters (which the plane uses)
+# need not import this module back; they are re-exported here with the interface that carries them.
+__all__ = [
+    "DEAD_LETTER_RETRY_S",
+    "HEADER_CHUNKS",
+    "HEADER_CHUNK_REF",
+    "HEADER_DEAD_DETAIL",
+    "HEADER_DEAD_REASON",
+    "HEADER_MSG_ID",
+    "HEADER_ORIGINAL_SEQ",
+    "HEADER_ORIGINAL_STREAM",
+    "HEADER_ORIGINAL_SUBJECT",
+    "HEADER_PAYLOAD_SHA256",
+    "HEADER_PAYLOAD_SIZE",
+    "HEADER_UNREADABLE",
+    "PLANE_STAGE",
+    "REASON_CHUNKS_MISSING",
+    "REASON_MAX_DELIVERIES",
+    "AlreadySettled",
+    "ConsumerLag",
+    "DataPlane",
+    "DataPlaneError",
+    "Delivery",
+    "OutgoingMessage",
+    "PayloadError",
+    "PermissionDenied",
+    "ProvisionReport",
+    "ProvisioningDrift",
+    "PublishAck",
+    "PublishError",
+    "StoredMessage",
+    "StreamState",
+]
 
-# Reason codes the plane itself raises (the codec adds its own, e.g. ``schema_mismatch``).
-REASON_MAX_DELIVERIES = "max_deliveries"
-REASON_CHUNKS_MISSING = "chunks_missing"
-#: The plane's stage name in the dead letters it raises itself (max deliveries, lost chunks,
-#: malformed headers).
-PLANE_STAGE = "data_plane"
 #: After a dead letter could not be published: when the refused delivery comes back to be
 #: refused again (nothing is lost meanwhile).
 DEAD_LETTER_RETRY_S = 5.0
@@ -77,37 +108,6 @@ class PayloadError(DataPlaneError):
     def __init__(self, detail: str, *, reason: str) -> None:
         super().__init__(detail)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class OutgoingMessage:
-    subject: str
-    payload: bytes
-    msg_id: str
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PublishAck:
-    stream: str
-    seq: int
-    duplicate: bool
-
-
-@dataclass(frozen=True)
-class StoredMessage:
-    """A message read back from a stream (replay, direct get, watches)."""
-
-    stream: str
-    subject: str
-    seq: int
-    timestamp: datetime
-    headers: Mapping[str, str]
-    data: bytes
-
-    @property
-    def msg_id(self) -> str | None:
-        return self.headers.get(HEADER_MSG_ID)
 
 
 class Delivery(abc.ABC):
@@ -322,8 +322,6 @@ class DataPlane(abc.ABC):
         stage: str = PLANE_STAGE,
         delivery_count: int = 0,
     ) -> PublishAck:
-        from dockyard.broker.dead_letters import build_dead_letter
-
         message = build_dead_letter(
             self.names, original, reason, detail, stage=stage, delivery_count=delivery_count
         )

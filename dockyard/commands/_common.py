@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from dockyard.cli import CliError
+from dockyard.commands._cli import CliError
 
 EXIT_INVALID_CONFIG = 2
 
@@ -33,6 +33,7 @@ def secrets_in_overrides(overrides: list[str]) -> list[str]:
 
 def load_config_report_or_exit(args: argparse.Namespace):  # -> ConfigReport (lazy import)
     """``--config`` + overrides, validated; warnings to stderr; a bad config is exit 2."""
+    from dockyard.algorithms.grpo import registered_names
     from dockyard.config.errors import ConfigError
     from dockyard.config.loader import load_config_report
 
@@ -44,7 +45,7 @@ def load_config_report_or_exit(args: argparse.Namespace):  # -> ConfigReport (la
             exit_code=EXIT_INVALID_CONFIG,
         )
     try:
-        report = load_config_report(args.config, args.overrides)
+        report = load_config_report(args.config, args.overrides, registered=registered_names())
     except ConfigError as error:
         raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
     for warning in report.warnings:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dockyard.cli import CliError
+from dockyard.commands._cli import CliError
 from dockyard.commands._common import on_shutdown_signals
 from dockyard.commands._roles import (
     EXIT_STARVED,

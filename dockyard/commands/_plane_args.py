@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from dockyard.cli import CliError
+from dockyard.commands._cli import CliError
 from dockyard.config.sections.data_plane import DataPlaneConfig
 
 EXIT_INVALID_CONFIG = 2
@@ -34,6 +34,7 @@ def add_plane_arguments(parser: argparse.ArgumentParser, *, url: bool = True) ->
 
 
 def plane_config(args: argparse.Namespace) -> DataPlaneConfig:
+    from dockyard.algorithms.grpo import registered_names
     from dockyard.config.errors import ConfigError
     from dockyard.config.loader import load_config
 
@@ -42,7 +43,7 @@ def plane_config(args: argparse.Namespace) -> DataPlaneConfig:
         raise CliError("give either --config or --url, not both")
     if args.config:
         try:
-            master = load_config(args.config, args.overrides)
+            master = load_config(args.config, args.overrides, registered=registered_names())
         except ConfigError as error:
             raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
         return master.data_plane or DataPlaneConfig()

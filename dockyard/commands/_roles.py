@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dockyard.cli import CliError
+from dockyard.commands._cli import CliError
 from dockyard.commands._common import EXIT_INVALID_CONFIG
 
 if TYPE_CHECKING:
@@ -67,7 +67,8 @@ class TrainerInputs:
 
 def prepare_trainer(config: MasterConfig) -> TrainerInputs:
     """The training data and the tokenizer; an unknown dataset or environment is refused."""
-    from dockyard.data.base import DatasetError, UnknownDatasetError, build_dataset
+    from dockyard.data.base import DatasetError, UnknownDatasetError
+    from dockyard.data.catalog import build_dataset
     from dockyard.data.chat import PromptFormat, PromptFormatError, format_dataset
     from dockyard.environments.registry import available_environments
     from dockyard.models import load_tokenizer

@@ -15,7 +15,7 @@ import signal
 import threading
 from pathlib import Path
 
-from dockyard.cli import CliError, CommandRegistrar, add_subcommands
+from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
 from dockyard.commands._plane_args import add_plane_arguments, plane_config
 
 DEFAULT_PORT = 4222

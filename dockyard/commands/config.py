@@ -7,7 +7,7 @@ import sys
 
 import yaml
 
-from dockyard.cli import CommandRegistrar, add_config_arguments, add_subcommands
+from dockyard.commands._cli import CommandRegistrar, add_config_arguments, add_subcommands
 from dockyard.commands._common import load_config_report_or_exit
 
 

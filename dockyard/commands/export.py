@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dockyard.cli import CliError, CommandRegistrar, add_subcommands
+from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
 
 EXIT_EXPORT_FAILED = 3
 _SIZE_UNITS = {"K": 1000, "M": 1000**2, "G": 1000**3}

@@ -17,7 +17,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from dockyard.cli import CliError, CommandRegistrar, add_subcommands
+from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
 from dockyard.commands._plane_args import add_plane_arguments, plane_config
 
 DEFAULT_SHOW_LIMIT = 50

@@ -7,7 +7,7 @@ import asyncio
 import os
 import socket
 
-from dockyard.cli import CommandRegistrar, add_config_arguments
+from dockyard.commands._cli import CommandRegistrar, add_config_arguments
 from dockyard.commands._common import add_status_argument, load_role_config, on_shutdown_signals
 from dockyard.commands._roles import (
     build_rollout_worker,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from dockyard.cli import CliError, CommandRegistrar, add_config_arguments
+from dockyard.commands._cli import CliError, CommandRegistrar, add_config_arguments
 from dockyard.commands._common import load_role_config
 from dockyard.utils.private_files import private_dir, write_private_text
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dockyard.cli import CliError, CommandRegistrar, add_subcommands
+from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
 
 
 def _serve(args: argparse.Namespace) -> int:

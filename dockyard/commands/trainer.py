@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from dockyard.cli import CliError, CommandRegistrar, add_config_arguments
+from dockyard.commands._cli import CliError, CommandRegistrar, add_config_arguments
 from dockyard.commands._common import add_status_argument, load_role_config, on_shutdown_signals
 from dockyard.commands._roles import (
     EXIT_STARVED,

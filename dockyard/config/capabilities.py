@@ -23,7 +23,7 @@ from dockyard.config.errors import ConfigIssue
 from dockyard.config.schema import leaf_paths, matches, set_values
 
 if TYPE_CHECKING:
-    from dockyard.algorithms.grpo import MasterConfig
+    from dockyard.config.master import MasterConfig
 
 # The open work that will implement what is refused, named in every refusal.
 TRAINER_AT_SCALE = "issue #21 (the trainer on GPUs, sharded, LoRA, packing)"

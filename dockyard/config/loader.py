@@ -20,9 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import TypeAdapter, ValidationError
 
-from dockyard.algorithms.grpo import MasterConfig
 from dockyard.config.base import RULES_ERROR_TYPE
 from dockyard.config.errors import ConfigError, ConfigIssue
+from dockyard.config.master import MasterConfig, RegisteredNames
 from dockyard.config.overrides import apply_overrides
 from dockyard.config.resolvers import register_omegaconf_resolvers
 from dockyard.config.schema import UnknownKey, find_unknown_keys
@@ -113,7 +113,13 @@ def validation_issues(error: ValidationError) -> list[ConfigIssue]:
     return issues
 
 
-def validate_container(container: dict[str, object]) -> ConfigReport:
+def validate_container(
+    container: dict[str, object], *, registered: RegisteredNames | None = None
+) -> ConfigReport:
+    """``registered``: the names other packages register for keys that select an implementation
+    (``dockyard.algorithms.grpo.registered_names()``); a name outside them is refused. Without
+    it that check is left to the code that builds the implementation, which refuses the same
+    name with the same message (``dockyard.algorithms.advantages.estimator_class``)."""
     # Extra top-level keys are allowed and silent (the spec); typos inside sections are not.
     warnings = [
         unknown for unknown in find_unknown_keys(TOP_LEVEL_SCHEMA, container) if "." in unknown.path
@@ -123,13 +129,17 @@ def validate_container(container: dict[str, object]) -> ConfigReport:
     except ValidationError as error:
         issues = validation_issues(error)
         failed_sections = {str(detail["loc"][0]) for detail in error.errors() if detail["loc"]}
-        issues += _cross_section_issues_of_valid_sections(container, failed_sections)
+        issues += _cross_section_issues_of_valid_sections(container, failed_sections, registered)
         raise ConfigError(issues) from None
+    if registered is not None and (issues := config.registered_name_issues(registered)):
+        raise ConfigError(issues)
     return ConfigReport(config=config, warnings=warnings)
 
 
 def _cross_section_issues_of_valid_sections(
-    container: dict[str, object], failed_sections: set[str]
+    container: dict[str, object],
+    failed_sections: set[str],
+    registered: RegisteredNames | None,
 ) -> list[ConfigIssue]:
     """Run the cross-section rules that touch only valid sections, so one launch reports every
     problem instead of revealing them one run at a time."""
@@ -143,7 +153,10 @@ def _cross_section_issues_of_valid_sections(
         valid[name] = TypeAdapter(field_info.annotation).validate_python(value)
     partial = MasterConfig.model_construct(**valid)
     issues: list[ConfigIssue] = []
-    for rule in partial.cross_section_rules():
+    rules = partial.cross_section_rules()
+    if registered is not None:
+        rules.append(lambda: partial.registered_name_issues(registered))
+    for rule in rules:
         try:
             issues += rule()
         except AttributeError:
@@ -151,19 +164,30 @@ def _cross_section_issues_of_valid_sections(
     return issues
 
 
-def load_config_report(path: str | Path, overrides: Sequence[str] = ()) -> ConfigReport:
+def load_config_report(
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    registered: RegisteredNames | None = None,
+) -> ConfigReport:
+    """See :func:`validate_container` for ``registered``."""
     try:
         cfg = load_yaml_tree(path)
         apply_overrides(cfg, overrides, TOP_LEVEL_SCHEMA)
         container = resolve_tree(cfg)
-        return validate_container(container)
+        return validate_container(container, registered=registered)
     except ConfigError as error:
         raise ConfigError(error.issues, source=str(path)) from None
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> MasterConfig:
+def load_config(
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    registered: RegisteredNames | None = None,
+) -> MasterConfig:
     """Load, override, resolve and validate a config; unknown typed keys are logged as warnings."""
-    report = load_config_report(path, overrides)
+    report = load_config_report(path, overrides, registered=registered)
     for unknown in report.warnings:
         log.warning("config.unknown_key", key=unknown.path, detail=str(unknown))
     return report.config

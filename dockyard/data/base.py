@@ -74,40 +74,7 @@ def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
     return decorator
 
 
-def dataset_names() -> list[str]:
-    _import_builtin_datasets()
-    return sorted(_BUILDERS)
-
-
-def build_dataset(config: DatasetConfig, default_env: str) -> Dataset:
-    """Build the dataset a ``data.train`` / ``data.validation`` entry names: the local files at
-    ``path`` when it is set, else the registered builder of ``name``."""
-    _import_builtin_datasets()
-    env = config.env or default_env
-    builder = _builder_for(config.name)
-    if config.path is not None:
-        if builder is not None:
-            raise DatasetError(
-                "path",
-                f"{config.name!r} is a built-in dataset, which reads no path: name a file "
-                "dataset something else, or drop path",
-            )
-        from dockyard.data.files import load_file_dataset
-
-        return load_file_dataset(config, env)
-    # Compared with the default, not "was it given": a resolved config written out in full
-    # (dockyard run hands its roles one) names every key, defaults included.
-    if config.fields != type(config).model_fields["fields"].get_default(call_default_factory=True):
-        raise DatasetError("fields", "a field mapping applies to file datasets (path) only")
-    if builder is None:
-        raise UnknownDatasetError(
-            f"unknown dataset {config.name!r}; registered: {', '.join(sorted(_BUILDERS))} "
-            "(or set path to read local files)"
-        )
-    return builder(config, env)
-
-
-def _builder_for(name: str) -> DatasetBuilder | None:
+def builder_for(name: str) -> DatasetBuilder | None:
     """The builder of ``name``; a family registers as ``family/*`` and builds ``family/<x>``."""
     if name in _BUILDERS:
         return _BUILDERS[name]
@@ -115,5 +82,6 @@ def _builder_for(name: str) -> DatasetBuilder | None:
     return _BUILDERS.get(f"{family}/*") if slash else None
 
 
-def _import_builtin_datasets() -> None:
-    from dockyard.data import arithmetic, procedural  # noqa: F401 - register themselves
+def registered_names() -> list[str]:
+    """The names registered so far (:func:`dockyard.data.catalog.dataset_names` lists them all)."""
+    return sorted(_BUILDERS)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 from dockyard.config.sections.data import DataConfig, DatasetConfig
 from dockyard.config.sections.policy import TokenizerConfig
-from dockyard.data.base import ChatMessage, Dataset, PromptRecord, build_dataset
+from dockyard.data.base import ChatMessage, Dataset, PromptRecord
+from dockyard.data.catalog import build_dataset
 
 CHATML = (
     "{% for message in messages %}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
+from dockyard.environments.latex_braces import balanced_group
 from dockyard.environments.math_symbolic import SymbolicVerdict, symbolically_equal
 
 AnswerFormat = Literal["boxed_or_last_number", "boxed", "last_number"]
@@ -37,25 +38,6 @@ class ExtractedAnswer:
     source: Literal["boxed", "last_number"]
 
 
-def _balanced_group(text: str, open_index: int) -> str | None:
-    """The content of the brace group starting at ``text[open_index] == '{'``; None if unclosed."""
-    depth = 0
-    index = open_index
-    while index < len(text):
-        char = text[index]
-        if char == "\\" and text[index + 1 : index + 2] in ("{", "}"):
-            index += 2  # an escaped brace (``\\{``) is content, not structure
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_index + 1 : index]
-        index += 1
-    return None
-
-
 def extract_boxed(text: str) -> str | None:
     """The content of the last well-formed ``\\boxed{...}`` (or ``\\boxed x``), else None."""
     candidates: list[tuple[int, str]] = []
@@ -65,7 +47,7 @@ def extract_boxed(text: str) -> str | None:
             rest = text[after:]
             stripped = rest.lstrip()
             if stripped.startswith("{"):
-                content = _balanced_group(text, after + (len(rest) - len(stripped)))
+                content = balanced_group(text, after + (len(rest) - len(stripped)))
                 if content is not None:
                     candidates.append((match.start(), content))
             elif rest[:1] == " ":

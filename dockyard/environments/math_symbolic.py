@@ -29,6 +29,8 @@ from sympy.parsing.sympy_parser import (
     standard_transformations,
 )
 
+from dockyard.environments.latex_braces import balanced_group
+
 _MAX_EXPRESSION_CHARS = 300
 _MAX_TREE_NODES = 400
 _MAX_LITERAL_DIGITS = 200
@@ -61,8 +63,6 @@ class SymbolicVerdict(enum.Enum):
 
 def _replace_command_groups(text: str, command: str, arity: int, render) -> str:
     """Rewrite ``\\command{a}{b}`` (balanced braces) with ``render(a, b)``; innermost first."""
-    from dockyard.environments.math_answers import _balanced_group
-
     while True:
         start = text.rfind(command)
         if start < 0:
@@ -74,7 +74,7 @@ def _replace_command_groups(text: str, command: str, arity: int, render) -> str:
                 cursor += 1
             if cursor >= len(text) or text[cursor] != "{":
                 return text  # malformed: leave it, the token whitelist will reject it
-            content = _balanced_group(text, cursor)
+            content = balanced_group(text, cursor)
             if content is None:
                 return text
             arguments.append(content)

@@ -1,1 +1,1 @@
-"""Typed config sections. :class:`dockyard.algorithms.grpo.MasterConfig` assembles them."""
+"""Typed config sections. :class:`dockyard.config.master.MasterConfig` assembles them."""

@@ -1,4 +1,5 @@
-"""``grpo``: the RL loop (:class:`GRPOConfig`). Re-exported by :mod:`dockyard.algorithms.grpo`."""
+"""``grpo``: the RL loop (:class:`GRPOConfig`). Re-exported by :mod:`dockyard.algorithms.grpo`
+(the spec's import path)."""
 
 from __future__ import annotations
 

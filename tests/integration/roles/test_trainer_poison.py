@@ -18,7 +18,7 @@ from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.factory import create_weight_store
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.consumers.trainer.loop import TrainerLoop
-from dockyard.data.base import build_dataset
+from dockyard.data.catalog import build_dataset
 from dockyard.producers.dispatcher import Dispatcher
 from dockyard.schemas import Message, ScoredRollout
 from tests.integration.broker.broker_test_utils import collect

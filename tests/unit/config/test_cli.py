@@ -199,3 +199,12 @@ def test_extra_dataloaders_of_a_sync_run_are_refused_at_launch():
     assert [issue.path for issue in not_implemented(sync_with_extra)] == [
         "data.extra_train_dataloaders"
     ]
+
+
+def test_validate_refuses_an_unregistered_estimator_with_exit_2(write_config, capsys):
+    # The loader in config/ cannot see the algorithms' registry; the command passes it in.
+    args = ["--config", str(write_config()), "grpo.adv_estimator.name=magic"]
+    assert main(["config", "validate", *args]) == 2
+    err = capsys.readouterr().err
+    assert "grpo.adv_estimator.name: unknown estimator 'magic'; choose one of" in err
+    assert "Traceback" not in err

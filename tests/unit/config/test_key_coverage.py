@@ -60,6 +60,12 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "on_policy_distillation.teachers.*.*": ("environments/teacher_env.py",),
     # Resolved against the run directory by the section itself; the trainer loop calls it.
     "checkpointing.checkpoint_dir": ("config/sections/checkpointing.py",),
+    # Read by MasterConfig's cross-section rules (batch shape, async GRPO, OPD); they were read
+    # there when MasterConfig lived in algorithms/grpo.py, before it moved to config/.
+    "policy.train_global_batch_size": ("config/master.py",),
+    "grpo.reward_scaling.enabled": ("config/master.py",),
+    "grpo.reward_shaping.enabled": ("config/master.py",),
+    "on_policy_distillation.enabled": ("config/master.py",),
     "logger.log_dir": ("config/sections/logger.py",),
 }
 

@@ -7,8 +7,10 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from dockyard.algorithms.grpo import registered_names
 from dockyard.config.errors import ConfigError
 from dockyard.config.loader import load_config
+from dockyard.config.master import RegisteredNames
 from dockyard.config.sections.loss import ClippedPGLossConfig
 from dockyard.config.sections.policy import GenerationConfig, sampling_parameter_issues
 
@@ -253,7 +255,8 @@ INVALID_CASES: list[tuple[str, list[str], str]] = [
 )
 def test_invalid_config_names_the_key_path(write_config, overrides, key):
     with pytest.raises(ConfigError) as error:
-        load_config(write_config(), overrides)
+        # As the launch path loads it: with the names the algorithms package registers.
+        load_config(write_config(), overrides, registered=registered_names())
     paths = [issue.path for issue in error.value.issues]
     assert key in paths, f"expected an issue at {key!r}, got {error.value}"
 
@@ -345,3 +348,31 @@ def test_worker_side_sampling_check_is_the_same_function():
     paths = [issue.path for issue in sampling_parameter_issues(math.inf, 0.0, 0)]
     assert paths == ["temperature", "top_p", "top_k"]
     assert sampling_parameter_issues(0.7, 0.95, 50) == []
+
+
+def test_the_estimator_name_is_checked_against_the_registry_the_caller_passes(write_config):
+    # config/ imports no other dockyard package: the names come from the caller, so a registry
+    # without reinforce_plus_plus refuses it, naming the key and the names that are registered.
+    only_two = RegisteredNames(advantage_estimators=("grpo", "opd"))
+    with pytest.raises(ConfigError) as error:
+        load_config(
+            write_config(), ["grpo.adv_estimator.name=reinforce_plus_plus"], registered=only_two
+        )
+    assert [str(issue) for issue in error.value.issues] == [
+        "grpo.adv_estimator.name: unknown estimator 'reinforce_plus_plus'; choose one of grpo, opd"
+    ]
+    # Each registered name loads.
+    for name in ("grpo", "opd"):
+        overrides = OPD_OK if name == "opd" else []
+        load_config(write_config(), overrides, registered=only_two)
+
+
+def test_an_unregistered_estimator_is_reported_with_problems_in_other_sections(write_config):
+    with pytest.raises(ConfigError) as error:
+        load_config(
+            write_config(),
+            ["grpo.adv_estimator.name=magic", "policy.generation.temperature=nan"],
+            registered=registered_names(),
+        )
+    paths = {issue.path for issue in error.value.issues}
+    assert {"grpo.adv_estimator.name", "policy.generation.temperature"} <= paths

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dockyard.config.sections.data import DatasetConfig
-from dockyard.data.base import build_dataset, dataset_names
+from dockyard.data.catalog import build_dataset, dataset_names
 
 
 def build(split: str, **params: int):

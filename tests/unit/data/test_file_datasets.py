@@ -16,7 +16,8 @@ from dockyard.commands._common import EXIT_INVALID_CONFIG
 from dockyard.commands._roles import prepare_trainer
 from dockyard.config.loader import load_config
 from dockyard.config.sections.data import DatasetConfig
-from dockyard.data.base import DatasetError, build_dataset
+from dockyard.data.base import DatasetError
+from dockyard.data.catalog import build_dataset
 
 ROWS = [
     {"question": "What is 2+3?", "solution": "5", "level": 1},

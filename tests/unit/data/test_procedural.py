@@ -13,7 +13,8 @@ from dockyard.commands._common import EXIT_INVALID_CONFIG
 from dockyard.commands._roles import prepare_trainer
 from dockyard.config.loader import load_config
 from dockyard.config.sections.data import DatasetConfig
-from dockyard.data.base import DatasetError, UnknownDatasetError, build_dataset
+from dockyard.data.base import DatasetError, UnknownDatasetError
+from dockyard.data.catalog import build_dataset
 from dockyard.environments import (
     InvalidScoringInput,
     SampleInput,

@@ -9,7 +9,7 @@ from dockyard.broker.memory import MemoryPlane
 from dockyard.broker.typed import MessagePlane
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.ledger import Ledger, read_trail
-from dockyard.data.base import build_dataset
+from dockyard.data.catalog import build_dataset
 from dockyard.models import build_character_tokenizer
 from dockyard.producers.dispatcher import Dispatcher, capacity
 from dockyard.schemas import PromptGroup

@@ -11,7 +11,7 @@ from dockyard.consumers.trainer.evaluation import (
     ValSample,
     log_val_samples,
 )
-from dockyard.data.base import build_dataset
+from dockyard.data.catalog import build_dataset
 from dockyard.environments.registry import build_environment
 from dockyard.models import build_arithmetic_policy
 

@@ -19,7 +19,7 @@ from dockyard.config.loader import load_config
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.consumers.trainer.ledger import read_trail
 from dockyard.consumers.trainer.loop import TrainerLoop
-from dockyard.data.base import build_dataset
+from dockyard.data.catalog import build_dataset
 from dockyard.producers.dispatcher import Dispatcher
 from dockyard.schemas import PromptGroup, SampleScore, ScoredRollout
 from tests.integration.roles.factories import TOKENIZER, rollout

@@ -18,7 +18,7 @@ from dockyard.broker.weights.factory import create_weight_store
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.health import PipelineDiagnosis
 from dockyard.consumers.trainer.loop import TrainerLoop, TrainerStarved
-from dockyard.data.base import build_dataset
+from dockyard.data.catalog import build_dataset
 from dockyard.models import build_character_tokenizer
 from dockyard.producers.dispatcher import Dispatcher
 from dockyard.utils.status import STARTING, StatusFile

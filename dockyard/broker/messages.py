@@ -1,0 +1,67 @@
+"""The values that cross the data plane: header names, reason codes and message records.
+
+They live apart from :mod:`dockyard.broker.plane` (which re-exports them) so that modules the plane
+itself uses, such as :mod:`dockyard.broker.dead_letters`, can build messages without importing
+the plane back: imports point one way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+HEADER_MSG_ID = "Nats-Msg-Id"
+# Oversized messages travel by reference to the chunk stream (see chunking.py).
+HEADER_CHUNKS = "Dockyard-Chunks"
+HEADER_CHUNK_REF = "Dockyard-Chunk-Ref"
+HEADER_PAYLOAD_SIZE = "Dockyard-Payload-Size"
+HEADER_PAYLOAD_SHA256 = "Dockyard-Payload-Sha256"
+#: On a message read from history that the plane could not turn into its payload (chunks gone,
+#: malformed chunk headers): ``<reason code>: <detail>``, and why its body is empty. The plane
+#: sets it and never publishes it; one that arrives with a message is dropped on reading.
+HEADER_UNREADABLE = "Dockyard-Unreadable"
+# Set on every dead letter so it can be triaged without decoding its body.
+HEADER_DEAD_REASON = "Dockyard-Dead-Reason"
+HEADER_DEAD_DETAIL = "Dockyard-Dead-Detail"
+HEADER_ORIGINAL_SUBJECT = "Dockyard-Original-Subject"
+HEADER_ORIGINAL_STREAM = "Dockyard-Original-Stream"
+HEADER_ORIGINAL_SEQ = "Dockyard-Original-Seq"
+
+# Reason codes the plane itself raises (the codec adds its own, e.g. ``schema_mismatch``).
+REASON_MAX_DELIVERIES = "max_deliveries"
+REASON_CHUNKS_MISSING = "chunks_missing"
+#: The plane's stage name in the dead letters it raises itself (max deliveries, lost chunks,
+#: malformed headers).
+PLANE_STAGE = "data_plane"
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    subject: str
+    payload: bytes
+    msg_id: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PublishAck:
+    stream: str
+    seq: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A message read back from a stream (replay, direct get, watches)."""
+
+    stream: str
+    subject: str
+    seq: int
+    timestamp: datetime
+    headers: Mapping[str, str]
+    data: bytes
+
+    @property
+    def msg_id(self) -> str | None:
+        return self.headers.get(HEADER_MSG_ID)

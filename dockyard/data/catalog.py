@@ -1,0 +1,49 @@
+"""What a config's dataset section can name: the built-in datasets (which register themselves
+when their modules are imported, here), other registered builders, and local files (``path``).
+
+This is the top of the data package: it imports the dataset modules, and they import only
+:mod:`dockyard.data.base`, so the registry never imports its entries back.
+"""
+
+from __future__ import annotations
+
+from dockyard.config.sections.data import DatasetConfig
+from dockyard.data import arithmetic, procedural  # noqa: F401 - built-ins register themselves
+from dockyard.data.base import (
+    Dataset,
+    DatasetError,
+    UnknownDatasetError,
+    builder_for,
+    registered_names,
+)
+from dockyard.data.files import load_file_dataset
+
+
+def dataset_names() -> list[str]:
+    """Every dataset name a config can give (the built-ins are registered by now)."""
+    return registered_names()
+
+
+def build_dataset(config: DatasetConfig, default_env: str) -> Dataset:
+    """Build the dataset a ``data.train`` / ``data.validation`` entry names: the local files at
+    ``path`` when it is set, else the registered builder of ``name``."""
+    env = config.env or default_env
+    builder = builder_for(config.name)
+    if config.path is not None:
+        if builder is not None:
+            raise DatasetError(
+                "path",
+                f"{config.name!r} is a built-in dataset, which reads no path: name a file "
+                "dataset something else, or drop path",
+            )
+        return load_file_dataset(config, env)
+    # Compared with the default, not "was it given": a resolved config written out in full
+    # (dockyard run hands its roles one) names every key, defaults included.
+    if config.fields != type(config).model_fields["fields"].get_default(call_default_factory=True):
+        raise DatasetError("fields", "a field mapping applies to file datasets (path) only")
+    if builder is None:
+        raise UnknownDatasetError(
+            f"unknown dataset {config.name!r}; registered: {', '.join(registered_names())} "
+            "(or set path to read local files)"
+        )
+    return builder(config, env)
