@@ -47,6 +47,51 @@ class ReasoningGymEnvConfig(EnvSettings):
     )
 
 
+class ChoiceEnvConfig(EnvSettings):
+    """Multiple-choice scoring: the response's answer letter against the record's letter."""
+
+    answer_format: Literal["boxed", "marked", "any"] = Field(
+        "any",
+        description="where the answer letter may be: boxed = only the last \\boxed{}; marked = "
+        "also 'Answer: C' / 'the answer is C' / '(C)'; any = also the last standalone choice "
+        "letter",
+    )
+    choices: str = Field(
+        "ABCD",
+        pattern=r"^[A-Z]{2,26}$",
+        description="the answer letters when neither the record's metadata 'choices' nor an "
+        "option list in the prompt (lines 'A) ...', '(B) ...', 'C. ...') names them",
+    )
+    max_response_chars: PositiveInt = Field(
+        200_000,
+        description="a longer response scores 0 (bounds the scorer's work on runaway output)",
+    )
+
+
+class GpqaEnvConfig(ChoiceEnvConfig):
+    """GPQA-style multiple choice (``data.*.env: gpqa``)."""
+
+
+class HleEnvConfig(ChoiceEnvConfig):
+    """Humanity's-Last-Exam style: exact answers, and multiple choice per record."""
+
+    answer_format: Literal["boxed", "marked", "any"] = Field(
+        "marked",
+        description="where the answer may be: boxed = only the last \\boxed{}; marked = also "
+        "the last 'Answer: ...' line or 'the answer is ...' sentence (and '(C)' for a letter); "
+        "any = also the last number (for a letter: the last standalone choice letter)",
+    )
+    default_answer_type: Literal["exact_match", "multiple_choice"] = Field(
+        "exact_match",
+        description="how a record without metadata 'answer_type' is scored "
+        "(HLE's values exactMatch / multipleChoice are accepted in the metadata)",
+    )
+    symbolic_equivalence: bool = Field(
+        True, description="exact answers that differ as text may still be equal as math (sympy)"
+    )
+    relative_tolerance: float = Field(1e-6, ge=0.0, description="for numeric exact answers")
+
+
 class SandboxLimits(Section):
     """Limits of one sandboxed run (code tests, SWE patch application and test runs)."""
 
@@ -133,6 +178,8 @@ class EnvConfig(Section):
     swe: SWEEnvConfig = Field(default_factory=SWEEnvConfig)
     teacher: TeacherEnvConfig = Field(default_factory=TeacherEnvConfig)
     reasoning_gym: ReasoningGymEnvConfig = Field(default_factory=ReasoningGymEnvConfig)
+    gpqa: GpqaEnvConfig = Field(default_factory=GpqaEnvConfig)
+    hle: HleEnvConfig = Field(default_factory=HleEnvConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
         issues: list[ConfigIssue] = []
