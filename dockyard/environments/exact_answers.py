@@ -29,11 +29,11 @@ _ANSWER_LINE = re.compile(
     r"^[ \t>*_#-]*(?:final[ \t]+)?answer[ \t]*\**[ \t]*[:：][ \t]*(.*)$",
     re.IGNORECASE | re.MULTILINE,
 )
-# "the (final) answer is X" up to the end of the sentence or line.
-_ANSWER_SENTENCE = re.compile(
-    r"\bthe[ \t]+(?:final[ \t]+)?answer[ \t]+is[ \t]*:?[ \t]*(.+?)(?:[.;](?=\s|$)|\n|$)",
-    re.IGNORECASE,
-)
+# "the (final) answer is X": X runs to the end of the sentence or line (at most _STATED_CHARS;
+# a bounded window keeps a long line of repeated statements linear).
+_ANSWER_SENTENCE = re.compile(r"\bthe[ \t]+(?:final[ \t]+)?answer[ \t]+is\b[ \t]*:?", re.I)
+_SENTENCE_END = re.compile(r"[.;](?=\s|$)|\n")
+_STATED_CHARS = 400
 _EDGE_PUNCTUATION = "\"'`.,;:!?*_ \t"
 
 
@@ -50,10 +50,14 @@ def extract_exact_answer(text: str, answer_format: ExactFormat) -> StatedAnswer 
     if answer_format == "boxed":
         return None
     lines = [m for m in _ANSWER_LINE.finditer(text) if m.group(1).strip(_EDGE_PUNCTUATION)]
-    sentences = list(_ANSWER_SENTENCE.finditer(text))
     # The later of the two statements is the response's last word on its answer.
     candidates = [(m.start(), m.group(1), "answer_line") for m in lines[-1:]]
-    candidates += [(m.start(), m.group(1), "answer_sentence") for m in sentences[-1:]]
+    for sentence in reversed(list(_ANSWER_SENTENCE.finditer(text))):
+        window = text[sentence.end() : sentence.end() + _STATED_CHARS]
+        stated = window[: end.start()] if (end := _SENTENCE_END.search(window)) else window
+        if stated.strip(_EDGE_PUNCTUATION):
+            candidates.append((sentence.start(), stated, "answer_sentence"))
+            break
     if candidates:
         _, stated, source = max(candidates)
         return StatedAnswer(stated.strip(), source)
