@@ -9,6 +9,7 @@ are listed in the prompt (lines ``A) ...`` / ``(B) ...`` / ``C. ...``) or named 
 from __future__ import annotations
 
 from dockyard.config.sections.env import ChoiceEnvConfig, GpqaEnvConfig
+from dockyard.environments.arithmetic_env import answer_before_eos
 from dockyard.environments.base import (
     Environment,
     GroupScore,
@@ -48,6 +49,7 @@ def score_choice_sample(
 ) -> SampleScore:
     if (refused := too_long(response, env_name, settings.max_response_chars)) is not None:
         return refused
+    response, _ = answer_before_eos(response, settings.eos_markers)
     picked = extract_choice(response, choices, settings.answer_format)
     if picked.letter is None:
         return no_answer(picked.reason)

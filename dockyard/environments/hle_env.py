@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from dockyard.config.sections.env import HleEnvConfig
+from dockyard.environments.arithmetic_env import answer_before_eos
 from dockyard.environments.base import (
     Environment,
     GroupScore,
@@ -36,6 +37,7 @@ _ANSWER_TYPES = {
 def score_exact_sample(response: str, truth: str, settings: HleEnvConfig) -> SampleScore:
     if (refused := too_long(response, "hle", settings.max_response_chars)) is not None:
         return refused
+    response, _ = answer_before_eos(response, settings.eos_markers)
     if not response.strip():
         return no_answer("empty response")
     stated = extract_exact_answer(response, settings.answer_format)

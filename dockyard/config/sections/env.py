@@ -19,6 +19,11 @@ class EnvSettings(Section):
     num_scoring_workers: PositiveInt = Field(1, description="scorer processes for this env")
 
 
+def default_eos_markers() -> list[str]:
+    # Scorers decode responses with their special tokens, so the end-of-turn text is there.
+    return ["<eos>", "</s>", "<|endoftext|>", "<|im_end|>"]
+
+
 class MathEnvConfig(EnvSettings):
     answer_format: Literal["boxed_or_last_number", "boxed", "last_number"] = "boxed_or_last_number"
     symbolic_equivalence: bool = True
@@ -29,7 +34,7 @@ class ArithmeticEnvConfig(EnvSettings):
     """The quickstart task: exact integer answers."""
 
     eos_markers: list[str] = Field(
-        default_factory=lambda: ["<eos>", "</s>", "<|endoftext|>", "<|im_end|>"],
+        default_factory=default_eos_markers,
         description="the answer is the text before the first of these, if the text has one",
     )
     require_stop: bool = Field(
@@ -65,6 +70,10 @@ class ChoiceEnvConfig(EnvSettings):
     max_response_chars: PositiveInt = Field(
         200_000,
         description="a longer response scores 0 (bounds the scorer's work on runaway output)",
+    )
+    eos_markers: list[str] = Field(
+        default_factory=default_eos_markers,
+        description="the response is read up to the first of these (decoded special tokens)",
     )
 
 

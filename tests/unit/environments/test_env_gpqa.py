@@ -60,6 +60,8 @@ async def _score(responses: list[str], settings: GpqaEnvConfig | None = None, **
         "It must be blue.\nC",
         # The strongest tier decides: a later bare letter does not override the boxed one.
         "\\boxed{C}\nA note on option A follows",
+        # Decoded special tokens: the response ends at the end-of-turn marker.
+        "Answer: C<|im_end|>\nAnswer: A",
     ],
 )
 async def test_a_response_naming_the_right_letter_scores_1(response: str) -> None:

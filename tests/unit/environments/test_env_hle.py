@@ -58,6 +58,9 @@ async def _score(
         # The later statement is the response's last word.
         ("The answer is 4. On reflection:\nAnswer: 5", "5"),
         ("Answer: 4\nWait, the answer is 5.", "5"),
+        # Decoded special tokens: the response ends at the end-of-turn marker.
+        ("Answer: Paris<|im_end|>", "Paris"),
+        ("Answer: Paris</s><|endoftext|>Answer: Rome", "Paris"),
     ],
 )
 async def test_an_equivalent_exact_answer_scores_1(response: str, truth: str) -> None:
