@@ -8,6 +8,8 @@ are listed in the prompt (lines ``A) ...`` / ``(B) ...`` / ``C. ...``) or named 
 
 from __future__ import annotations
 
+import asyncio
+
 from dockyard.config.sections.env import ChoiceEnvConfig, GpqaEnvConfig
 from dockyard.environments.arithmetic_env import answer_before_eos
 from dockyard.environments.base import (
@@ -69,15 +71,24 @@ def choice_truth(group: ScoringGroup, default_choices: str) -> tuple[str, str]:
 
 @register_environment
 class GpqaEnvironment(Environment):
-    """Regular expressions over bounded text: cheap enough to score on the event loop."""
+    """Scored in a worker thread: extraction is linear, but a 200,000-character response of
+    repeated answer statements still takes about a second, too long to hold the event loop."""
 
     name = "gpqa"
     settings: GpqaEnvConfig
 
     async def score(self, group: ScoringGroup) -> GroupScore:
         choices, truth = choice_truth(group, self.settings.choices)
-        scores = [
-            score_choice_sample(s.response_text, truth, choices, self.settings, self.name)
-            for s in group.samples
-        ]
-        return GroupScore(group_id=group.group_id, samples=scores)
+        return await asyncio.to_thread(
+            score_choice_group, group, truth, choices, self.settings, self.name
+        )
+
+
+def score_choice_group(
+    group: ScoringGroup, truth: str, choices: str, settings: ChoiceEnvConfig, env_name: str
+) -> GroupScore:
+    scores = [
+        score_choice_sample(s.response_text, truth, choices, settings, env_name)
+        for s in group.samples
+    ]
+    return GroupScore(group_id=group.group_id, samples=scores)

@@ -21,7 +21,7 @@ from dockyard.environments.base import (
     ScoreFlag,
     ScoringGroup,
 )
-from dockyard.environments.choice_env import choice_truth, no_answer, score_choice_sample, too_long
+from dockyard.environments.choice_env import choice_truth, no_answer, score_choice_group, too_long
 from dockyard.environments.exact_answers import exact_answers_equal, extract_exact_answer
 from dockyard.environments.math_env import ground_truth_text
 from dockyard.environments.registry import register_environment
@@ -65,7 +65,7 @@ def score_exact_sample(response: str, truth: str, settings: HleEnvConfig) -> Sam
 
 @register_environment
 class HleEnvironment(Environment):
-    """Exact answers may go to sympy (CPU work), so the group is scored in a worker thread."""
+    """Scored in a worker thread: exact answers may go to sympy, letters see long texts."""
 
     name = "hle"
     settings: HleEnvConfig
@@ -73,11 +73,9 @@ class HleEnvironment(Environment):
     async def score(self, group: ScoringGroup) -> GroupScore:
         if self._answer_type(group) == "multiple_choice":
             choices, letter = choice_truth(group, self.settings.choices)
-            scores = [
-                score_choice_sample(s.response_text, letter, choices, self.settings, self.name)
-                for s in group.samples
-            ]
-            return GroupScore(group_id=group.group_id, samples=scores)
+            return await asyncio.to_thread(
+                score_choice_group, group, letter, choices, self.settings, self.name
+            )
         truth = ground_truth_text(group)
         return await asyncio.to_thread(self._score_exact, group, truth)
 
