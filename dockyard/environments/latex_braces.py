@@ -4,11 +4,13 @@ checker (``\\frac{a}{b}``), each of which imports it; neither imports the other 
 from __future__ import annotations
 
 
-def balanced_group(text: str, open_index: int) -> str | None:
-    """The content of the brace group starting at ``text[open_index] == '{'``; None if unclosed."""
+def balanced_group(text: str, open_index: int, end: int | None = None) -> str | None:
+    """The content of the brace group starting at ``text[open_index] == '{'``; None if it is not
+    closed before ``end`` (default: the end of the text)."""
     depth = 0
     index = open_index
-    while index < len(text):
+    stop = len(text) if end is None else end
+    while index < stop:
         char = text[index]
         if char == "\\" and text[index + 1 : index + 2] in ("{", "}"):
             index += 2  # an escaped brace (``\\{``) is content, not structure

@@ -19,6 +19,8 @@ _BUILTIN_MODULES = {
     "swe": "dockyard.environments.swe.environment",
     "teacher": "dockyard.environments.teacher_env",
     "reasoning_gym": "dockyard.environments.reasoning_gym_env",
+    "gpqa": "dockyard.environments.choice_env",
+    "hle": "dockyard.environments.hle_env",
 }
 
 

@@ -19,6 +19,11 @@ class EnvSettings(Section):
     num_scoring_workers: PositiveInt = Field(1, description="scorer processes for this env")
 
 
+def default_eos_markers() -> list[str]:
+    # Scorers decode responses with their special tokens, so the end-of-turn text is there.
+    return ["<eos>", "</s>", "<|endoftext|>", "<|im_end|>"]
+
+
 class MathEnvConfig(EnvSettings):
     answer_format: Literal["boxed_or_last_number", "boxed", "last_number"] = "boxed_or_last_number"
     symbolic_equivalence: bool = True
@@ -29,7 +34,7 @@ class ArithmeticEnvConfig(EnvSettings):
     """The quickstart task: exact integer answers."""
 
     eos_markers: list[str] = Field(
-        default_factory=lambda: ["<eos>", "</s>", "<|endoftext|>", "<|im_end|>"],
+        default_factory=default_eos_markers,
         description="the answer is the text before the first of these, if the text has one",
     )
     require_stop: bool = Field(
@@ -45,6 +50,55 @@ class ReasoningGymEnvConfig(EnvSettings):
         description="the answer is the last <answer_tag>...</answer_tag> of the response "
         "(reasoning-gym's convention); None = the whole response, stripped",
     )
+
+
+class ChoiceEnvConfig(EnvSettings):
+    """Multiple-choice scoring: the response's answer letter against the record's letter."""
+
+    answer_format: Literal["boxed", "marked", "any"] = Field(
+        "any",
+        description="where the answer letter may be: boxed = only the last \\boxed{}; marked = "
+        "also 'Answer: C' / 'the answer is C' / '(C)'; any = also the last standalone choice "
+        "letter",
+    )
+    choices: str = Field(
+        "ABCD",
+        pattern=r"^[A-Z]{2,26}$",
+        description="the answer letters when neither the record's metadata 'choices' nor an "
+        "option list in the prompt (lines 'A) ...', '(B) ...', 'C. ...') names them",
+    )
+    max_response_chars: PositiveInt = Field(
+        200_000,
+        description="a longer response scores 0 (bounds the scorer's work on runaway output)",
+    )
+    eos_markers: list[str] = Field(
+        default_factory=default_eos_markers,
+        description="the response is read up to the first of these (decoded special tokens)",
+    )
+
+
+class GpqaEnvConfig(ChoiceEnvConfig):
+    """GPQA-style multiple choice (``data.*.env: gpqa``)."""
+
+
+class HleEnvConfig(ChoiceEnvConfig):
+    """Humanity's-Last-Exam style: exact answers, and multiple choice per record."""
+
+    answer_format: Literal["boxed", "marked", "any"] = Field(
+        "marked",
+        description="where the answer may be: boxed = only the last \\boxed{}; marked = also "
+        "the last 'Answer: ...' line or 'the answer is ...' sentence (and '(C)' for a letter); "
+        "any = also the last number (for a letter: the last standalone choice letter)",
+    )
+    default_answer_type: Literal["exact_match", "multiple_choice"] = Field(
+        "exact_match",
+        description="how a record without metadata 'answer_type' is scored "
+        "(HLE's values exactMatch / multipleChoice are accepted in the metadata)",
+    )
+    symbolic_equivalence: bool = Field(
+        True, description="exact answers that differ as text may still be equal as math (sympy)"
+    )
+    relative_tolerance: float = Field(1e-6, ge=0.0, description="for numeric exact answers")
 
 
 class SandboxLimits(Section):
@@ -133,6 +187,8 @@ class EnvConfig(Section):
     swe: SWEEnvConfig = Field(default_factory=SWEEnvConfig)
     teacher: TeacherEnvConfig = Field(default_factory=TeacherEnvConfig)
     reasoning_gym: ReasoningGymEnvConfig = Field(default_factory=ReasoningGymEnvConfig)
+    gpqa: GpqaEnvConfig = Field(default_factory=GpqaEnvConfig)
+    hle: HleEnvConfig = Field(default_factory=HleEnvConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
         issues: list[ConfigIssue] = []
