@@ -61,6 +61,7 @@ from dockyard.broker.provisioning import (
 )
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
+from dockyard.utils.prometheus import PUBLISH_RETRIES
 from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)
@@ -295,6 +296,8 @@ class JetStreamPlane(DataPlane):
         settings = self.config.publish
         last_error: BaseException | None = None
         for attempt in range(settings.retries + 1):
+            if attempt:
+                PUBLISH_RETRIES.inc()
             try:
                 return await self._publish_once(subject, payload, headers)
             except _RETRYABLE as error:

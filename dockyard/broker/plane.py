@@ -19,6 +19,7 @@ from types import TracebackType
 from dockyard.broker.names import ConsumerSpec, PlaneNames
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
+from dockyard.utils.prometheus import DEAD_LETTERS
 
 log = get_logger(__name__)
 
@@ -327,9 +328,11 @@ class DataPlane(abc.ABC):
         message = build_dead_letter(
             self.names, original, reason, detail, stage=stage, delivery_count=delivery_count
         )
-        return await self.publish(
+        ack = await self.publish(
             message.subject, message.payload, msg_id=message.msg_id, headers=message.headers
         )
+        DEAD_LETTERS.labels(stage, reason).inc()
+        return ack
 
     # -- reading history ---------------------------------------------------------------------
     @abc.abstractmethod

@@ -76,6 +76,7 @@ def _run_processes(
         run_dir,
         num_rollout_workers=config.run.num_rollout_workers,
         num_scorers=config.run.num_scorers,
+        metrics_port=config.run.metrics_port,
     )
     # SIGTERM (a scheduler, `kill`) stops the fleet the same way Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
