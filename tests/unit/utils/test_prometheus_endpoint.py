@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dockyard.cli import CliError
+from dockyard.cli import CliError, main
 from dockyard.commands._common import EXIT_INVALID_CONFIG
 from dockyard.commands._roles import metrics_endpoint
-from dockyard.config.errors import ConfigError
 from dockyard.config.loader import load_config
 from dockyard.fleet.supervisor import Supervisor
 from dockyard.utils.prometheus import GENERATED_TOKENS
@@ -49,10 +48,18 @@ def test_off_or_a_free_port_is_passed_on_as_configured(tmp_path, port):
     assert all(port_override(role.argv) == [] for role in supervisor.roles)
 
 
-def test_a_base_port_whose_last_role_is_out_of_range_is_refused():
+def test_a_base_port_whose_last_role_is_out_of_range_is_refused_at_launch(tmp_path, capsys):
     # 65534 + 1 worker + 1 scorer: the scorer would need port 65536
-    with pytest.raises(ConfigError, match=r"run\.metrics_port"):
-        load_config(QUICKSTART, ["run.metrics_port=65534"])
+    run_dir = tmp_path / "run"
+    argv = ["run", "--config", str(QUICKSTART), "run.metrics_port=65534", "--run-dir", str(run_dir)]
+    assert main(argv) == EXIT_INVALID_CONFIG
+    assert "run.metrics_port" in capsys.readouterr().err
+    assert not run_dir.exists()  # refused before anything was written or started
+
+
+def test_one_process_of_dockyard_run_may_use_the_last_port():
+    config = load_config(QUICKSTART, ["data_plane=null", "run.metrics_port=65535"])
+    assert config.run.metrics_port == 65535
 
 
 def test_a_port_in_use_is_refused_with_its_key_path():
