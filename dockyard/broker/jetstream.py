@@ -410,6 +410,8 @@ class JetStreamPlane(DataPlane):
                     why = "not sent (outbound buffer full or reconnecting)"
                 first_reason = first_reason or why
                 fallbacks.append(start + offset)
+            # Each one is sent again on the retrying path: a retry like that path's own.
+            PUBLISH_RETRIES.inc(len(fallbacks))
             if fallbacks:  # one line per window, not one per message
                 log.warning(
                     "publish_async.fallback",

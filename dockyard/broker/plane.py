@@ -331,7 +331,8 @@ class DataPlane(abc.ABC):
         ack = await self.publish(
             message.subject, message.payload, msg_id=message.msg_id, headers=message.headers
         )
-        DEAD_LETTERS.labels(stage, reason).inc()
+        if not ack.duplicate:  # several processes reporting one failure make one dead letter
+            DEAD_LETTERS.labels(stage, reason).inc()
         return ack
 
     # -- reading history ---------------------------------------------------------------------
