@@ -61,6 +61,7 @@ from dockyard.broker.provisioning import (
 )
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
+from dockyard.utils.prometheus import PUBLISH_RETRIES
 from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)
@@ -295,6 +296,8 @@ class JetStreamPlane(DataPlane):
         settings = self.config.publish
         last_error: BaseException | None = None
         for attempt in range(settings.retries + 1):
+            if attempt:
+                PUBLISH_RETRIES.inc()
             try:
                 return await self._publish_once(subject, payload, headers)
             except _RETRYABLE as error:
@@ -407,6 +410,8 @@ class JetStreamPlane(DataPlane):
                     why = "not sent (outbound buffer full or reconnecting)"
                 first_reason = first_reason or why
                 fallbacks.append(start + offset)
+            # Each one is sent again on the retrying path: a retry like that path's own.
+            PUBLISH_RETRIES.inc(len(fallbacks))
             if fallbacks:  # one line per window, not one per message
                 log.warning(
                     "publish_async.fallback",

@@ -39,6 +39,7 @@ from dockyard.broker.messages import (
 from dockyard.broker.names import ConsumerSpec, PlaneNames
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
+from dockyard.utils.prometheus import DEAD_LETTERS
 
 log = get_logger(__name__)
 
@@ -325,9 +326,12 @@ class DataPlane(abc.ABC):
         message = build_dead_letter(
             self.names, original, reason, detail, stage=stage, delivery_count=delivery_count
         )
-        return await self.publish(
+        ack = await self.publish(
             message.subject, message.payload, msg_id=message.msg_id, headers=message.headers
         )
+        if not ack.duplicate:  # several processes reporting one failure make one dead letter
+            DEAD_LETTERS.labels(stage, reason).inc()
+        return ack
 
     # -- reading history ---------------------------------------------------------------------
     @abc.abstractmethod

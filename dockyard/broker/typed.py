@@ -36,6 +36,7 @@ from dockyard.schemas import (
     encode,
 )
 from dockyard.utils.logging import get_logger
+from dockyard.utils.prometheus import DECODE_FAILURES, MESSAGES_PUBLISHED, MESSAGES_RECEIVED
 
 log = get_logger(__name__)
 
@@ -92,12 +93,17 @@ class MessagePlane:
 
     async def publish(self, message: Message) -> PublishAck:
         out = self._outgoing(message)
-        return await self.plane.publish(
+        ack = await self.plane.publish(
             out.subject, out.payload, msg_id=out.msg_id, headers=out.headers
         )
+        MESSAGES_PUBLISHED.labels(self.stage, type(message).__name__).inc()
+        return ack
 
     async def publish_many(self, messages: Sequence[Message]) -> list[PublishAck]:
-        return await self.plane.publish_many([self._outgoing(m) for m in messages])
+        acks = await self.plane.publish_many([self._outgoing(m) for m in messages])
+        for message in messages:
+            MESSAGES_PUBLISHED.labels(self.stage, type(message).__name__).inc()
+        return acks
 
     @contextlib.asynccontextmanager
     async def kept_in_progress(self, items: Sequence[Received[M]]) -> AsyncIterator[None]:
@@ -161,6 +167,7 @@ class MessagePlane:
                     delivery.headers, delivery.data, limits=self.limits, expected=expected
                 )
             except CodecError as error:
+                DECODE_FAILURES.labels(self.stage, error.reason.value).inc()
                 # When the dead letter cannot be published the delivery comes back later (and
                 # is refused again); the good messages of this batch still go to the role.
                 if await self.plane.refuse(
@@ -169,6 +176,8 @@ class MessagePlane:
                     self.dead_lettered[error.reason.value] += 1
                 continue
             out.append(Received(message, delivery))
+        if out:
+            MESSAGES_RECEIVED.labels(self.stage, expected.__name__).inc(len(out))
         return out
 
     async def current_weight_version(self) -> WeightVersion | None:

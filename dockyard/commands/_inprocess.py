@@ -24,8 +24,10 @@ from dockyard.commands._roles import (
     build_trainer,
     create_rollout_engine,
     describe_trainer_summary,
+    metrics_endpoint,
     prepare_rollout,
     prepare_trainer,
+    record_metrics_port,
     serve_rollout_worker,
     starting_status,
 )
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from dockyard.engines.base import GenerationEngine, SamplingParams
     from dockyard.fleet.inprocess import InProcessFleet
     from dockyard.fleet.progress import ProgressDisplay
+    from dockyard.utils.prometheus import MetricsServer
 
 #: The one log file of an in-process run, under ``<run dir>/logs``.
 LOG_FILE = "run.log"
@@ -58,13 +61,14 @@ async def run_in_process(config: MasterConfig, run_dir: Path, progress: Progress
     params = prepare_rollout(config)
     _one_compute_thread_per_role()
     engines: list[GenerationEngine] = []
-    with logging_to_file(log_file):
+    # One endpoint for the one process: the roles' series differ by their ``stage`` label.
+    with logging_to_file(log_file), metrics_endpoint(config) as metrics:
         try:
             for index in range(config.run.num_rollout_workers):
                 engines.append(await _load_engine(config, f"rollout-{index}"))
             # The only plane of this run: every role gets this instance.
             async with create_data_plane(None) as plane:
-                fleet = _fleet(config, plane, inputs, params, engines, run_dir)
+                fleet = _fleet(config, plane, inputs, params, engines, run_dir, metrics)
                 on_shutdown_signals(fleet.request_stop)
                 with progress:
                     summary = await fleet.run(progress.refresh, REFRESH_S)
@@ -86,6 +90,7 @@ def _fleet(
     params: SamplingParams,
     engines: list[GenerationEngine],
     run_dir: Path,
+    metrics: MetricsServer | None,
 ) -> InProcessFleet:
     """The trainer, one rollout worker per engine and ``run.num_scorers`` scorers over
     ``plane``, named as the multi-process run names its role processes."""
@@ -113,6 +118,9 @@ def _fleet(
         )
         for i in range(config.run.num_scorers)
     ]
+    record_metrics_port(
+        metrics, trainer.status, *(w.status for w in workers), *(s.status for s in scorers)
+    )
     return InProcessFleet(
         RoleTask("trainer-0", trainer.run, trainer.stop),
         [

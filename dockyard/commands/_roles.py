@@ -10,8 +10,10 @@ Heavy imports stay inside the functions, so ``dockyard --help`` stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from dockyard.data.base import Dataset
     from dockyard.engines.base import GenerationEngine, SamplingParams
     from dockyard.producers.rollout_worker import RolloutWorker
+    from dockyard.utils.prometheus import MetricsServer
     from dockyard.utils.status import StatusFile
 
 
@@ -56,6 +59,37 @@ def starting_status(
     status = StatusFile(status_dir, role, instance)
     status.update(STARTING, detail=detail)
     return status
+
+
+@contextlib.contextmanager
+def metrics_endpoint(config: MasterConfig) -> Iterator[MetricsServer | None]:
+    """This process's ``/metrics`` endpoint while the block runs (None when
+    ``run.metrics_port`` is null). A port that cannot be bound is refused with its key path."""
+    port = config.run.metrics_port
+    if port is None:
+        yield None
+        return
+    from dockyard.utils.prometheus import serve_metrics
+
+    host = config.run.metrics_host
+    try:
+        server = serve_metrics(port, host)
+    except OSError as error:
+        raise CliError(
+            f"run.metrics_port: cannot serve metrics on {host}:{port}: {error}",
+            exit_code=EXIT_INVALID_CONFIG,
+        ) from None
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def record_metrics_port(server: MetricsServer | None, *statuses: StatusFile) -> None:
+    """Where a role's metrics are, in its heartbeat (what finds a port the system picked)."""
+    if server is not None:
+        for status in statuses:
+            status.update(metrics_port=server.port)
 
 
 # -- trainer (and the dispatcher it hosts) ----------------------------------------------------

@@ -12,7 +12,9 @@ from dockyard.commands._common import add_status_argument, load_role_config, on_
 from dockyard.commands._roles import (
     build_rollout_worker,
     create_rollout_engine,
+    metrics_endpoint,
     prepare_rollout,
+    record_metrics_port,
     refuse_in_memory_plane,
     serve_rollout_worker,
     starting_status,
@@ -34,14 +36,17 @@ async def _serve(args: argparse.Namespace) -> int:
         worker_id,
         f"loading the {config.policy.generation.backend} engine",
     )
-    engine = create_rollout_engine(config)
-    plane = create_data_plane(config.data_plane, client_name=f"rollout-{worker_id}")
-    async with plane:
-        worker = build_rollout_worker(
-            config, plane, engine, params, worker_id=worker_id, status=status
-        )
-        on_shutdown_signals(worker.stop)
-        await serve_rollout_worker(worker)
+    # Bound before the engine loads: a port in use is refused at once, not minutes later.
+    with metrics_endpoint(config) as metrics:
+        record_metrics_port(metrics, status)
+        engine = create_rollout_engine(config)
+        plane = create_data_plane(config.data_plane, client_name=f"rollout-{worker_id}")
+        async with plane:
+            worker = build_rollout_worker(
+                config, plane, engine, params, worker_id=worker_id, status=status
+            )
+            on_shutdown_signals(worker.stop)
+            await serve_rollout_worker(worker)
     return 0
 
 

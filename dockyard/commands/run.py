@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_config_arguments
-from dockyard.commands._common import load_role_config
+from dockyard.commands._common import EXIT_INVALID_CONFIG, load_role_config
 from dockyard.utils.private_files import private_dir, write_private_text
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ def _run(args: argparse.Namespace) -> int:
     from dockyard.fleet.progress import ProgressDisplay
 
     config = load_role_config(args)
+    _refuse_metrics_ports_out_of_range(config)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / f"{config.run.name}-{stamp}")
     private_dir(run_dir)  # config.yaml may hold data_plane.credentials; logs, checkpoints
@@ -47,6 +48,21 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         print(progress.summary(), file=sys.stderr)
         print(f"run directory: {run_dir}")
+
+
+def _refuse_metrics_ports_out_of_range(config: MasterConfig) -> None:
+    """Over a data plane every role process gets its own port, ``run.metrics_port`` + its
+    offset (:class:`~dockyard.fleet.supervisor.Supervisor`): the last one must exist."""
+    base = config.run.metrics_port
+    if not base or config.data_plane is None:
+        return
+    last = base + config.run.num_rollout_workers + config.run.num_scorers
+    if last > 65535:
+        raise CliError(
+            f"run.metrics_port: the last role's port ({last} = metrics_port + "
+            "num_rollout_workers + num_scorers) must be at most 65535",
+            exit_code=EXIT_INVALID_CONFIG,
+        )
 
 
 def _run_processes(
@@ -76,6 +92,7 @@ def _run_processes(
         run_dir,
         num_rollout_workers=config.run.num_rollout_workers,
         num_scorers=config.run.num_scorers,
+        metrics_port=config.run.metrics_port,
     )
     # SIGTERM (a scheduler, `kill`) stops the fleet the same way Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -9,7 +9,13 @@ import socket
 
 from dockyard.commands._cli import CommandRegistrar, add_config_arguments
 from dockyard.commands._common import add_status_argument, load_role_config, on_shutdown_signals
-from dockyard.commands._roles import build_scorer, refuse_in_memory_plane, starting_status
+from dockyard.commands._roles import (
+    build_scorer,
+    metrics_endpoint,
+    record_metrics_port,
+    refuse_in_memory_plane,
+    starting_status,
+)
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -21,10 +27,14 @@ async def _serve(args: argparse.Namespace) -> int:
     # ready once it takes rollouts
     status = starting_status(args.status_dir, "scorer", scorer_id, "loading the tokenizer")
     plane = create_data_plane(config.data_plane, client_name=f"scorer-{scorer_id}")
-    async with plane:
-        scorer = build_scorer(config, plane, scorer_id=scorer_id, status=status, only_env=args.env)
-        on_shutdown_signals(scorer.stop)
-        await scorer.run()
+    with metrics_endpoint(config) as metrics:
+        record_metrics_port(metrics, status)
+        async with plane:
+            scorer = build_scorer(
+                config, plane, scorer_id=scorer_id, status=status, only_env=args.env
+            )
+            on_shutdown_signals(scorer.stop)
+            await scorer.run()
     return 0
 
 

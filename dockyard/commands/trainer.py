@@ -12,7 +12,9 @@ from dockyard.commands._roles import (
     EXIT_STARVED,
     build_trainer,
     describe_trainer_summary,
+    metrics_endpoint,
     prepare_trainer,
+    record_metrics_port,
     refuse_in_memory_plane,
 )
 from dockyard.utils.private_files import private_dir
@@ -28,13 +30,15 @@ async def _serve(args: argparse.Namespace) -> int:
     private_dir(run_dir)  # logs, checkpoints, metrics: its owner's only
     inputs = prepare_trainer(config)  # before any server or model starts
     plane = create_data_plane(config.data_plane, client_name="trainer")
-    async with plane:
-        loop = build_trainer(config, inputs, plane, run_dir=run_dir, status_dir=args.status_dir)
-        on_shutdown_signals(loop.stop)
-        try:
-            summary = await loop.run()
-        except TrainerStarved as error:
-            raise CliError(str(error), exit_code=EXIT_STARVED) from None
+    with metrics_endpoint(config) as metrics:
+        async with plane:
+            loop = build_trainer(config, inputs, plane, run_dir=run_dir, status_dir=args.status_dir)
+            record_metrics_port(metrics, loop.status)
+            on_shutdown_signals(loop.stop)
+            try:
+                summary = await loop.run()
+            except TrainerStarved as error:
+                raise CliError(str(error), exit_code=EXIT_STARVED) from None
     print(describe_trainer_summary(summary))
     return 0
 

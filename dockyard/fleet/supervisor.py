@@ -91,24 +91,32 @@ class Supervisor:
         num_rollout_workers: int,
         num_scorers: int,
         max_restarts: int = 3,
+        metrics_port: int | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.status_dir = run_dir / "status"
         self.max_restarts = max_restarts
         base = [sys.executable, "-m", "dockyard", "--log-format", "json"]
         common = ["--config", str(config_path), *overrides, "--status-dir", str(self.status_dir)]
+
+        def port(offset: int) -> list[str]:
+            """Roles of one machine must not share a port: N, N+1, ... (0 and null as given)."""
+            if not metrics_port:
+                return []
+            return [f"run.metrics_port={metrics_port + offset}"]
+
         logs = run_dir / "logs"
         self.trainer = RoleProcess(
             "trainer",
             "0",
-            [*base, "trainer", *common, "--run-dir", str(run_dir)],
+            [*base, "trainer", *common, *port(0), "--run-dir", str(run_dir)],
             logs / "trainer.log",
         )
         self.workers = [
             RoleProcess(
                 "rollout",
                 str(i),
-                [*base, "rollout", *common, "--worker-id", f"w{i}"],
+                [*base, "rollout", *common, *port(1 + i), "--worker-id", f"w{i}"],
                 logs / f"rollout-{i}.log",
             )
             for i in range(num_rollout_workers)
@@ -117,7 +125,14 @@ class Supervisor:
             RoleProcess(
                 "scorer",
                 str(i),
-                [*base, "score", *common, "--scorer-id", f"s{i}"],
+                [
+                    *base,
+                    "score",
+                    *common,
+                    *port(1 + num_rollout_workers + i),
+                    "--scorer-id",
+                    f"s{i}",
+                ],
                 logs / f"scorer-{i}.log",
             )
             for i in range(num_scorers)

@@ -34,6 +34,7 @@ from dockyard.producers.multimodal import ImageInputError, MultimodalLimits, gat
 from dockyard.producers.rollouts import build_rollout
 from dockyard.schemas import EngineInfo, PromptGroup, WeightVersion
 from dockyard.utils.logging import get_logger
+from dockyard.utils.prometheus import GENERATED_TOKENS, REFIT_DURATION
 from dockyard.utils.status import RUNNING, STARTING, StatusFile
 from dockyard.utils.tasks import spawn
 
@@ -211,6 +212,7 @@ class RolloutWorker:
                 for item, images in entries
             ]
             results = await self.engine.generate(requests, self.params, num_generations)
+            GENERATED_TOKENS.inc(sum(result.num_tokens for result in results))
             if self.simulated_latency_per_token_s:
                 # A batched engine decodes one token per step for the longest sample.
                 longest = max(result.num_tokens for result in results)
@@ -288,5 +290,6 @@ class RolloutWorker:
             self.version_changed.notify_all()
         self.refits += 1
         self.last_refit_latency_s = time.perf_counter() - started
+        REFIT_DURATION.observe(self.last_refit_latency_s)
         log.info("refit.done", version=event.version, seconds=self.last_refit_latency_s)
         self.status.update(weight_version=event.version, refit_s=self.last_refit_latency_s)

@@ -25,6 +25,22 @@ class RunConfig(Section):
         "itself starting (loading its engine, waiting for the first weights): end the run naming "
         "it; starvation_timeout_s counts only once they are ready",
     )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="serve Prometheus metrics at http://<metrics_host>:<port>/metrics from every "
+        "role process; null: off; 0: each process takes a free port and writes it into its "
+        "status file (metrics_port); N: one role per machine uses N, and `dockyard run` over a "
+        "data plane gives the trainer N, rollout worker i N+1+i, scorer j "
+        "N+1+num_rollout_workers+j (with data_plane: null the one process uses N)",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="the address the metrics endpoint listens on (0.0.0.0: every interface, "
+        "for a Prometheus server on another machine)",
+    )
     simulated_latency_per_token_s: float = Field(
         0.0,
         ge=0.0,

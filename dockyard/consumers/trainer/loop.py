@@ -33,6 +33,7 @@ import torch
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.rewards import dynamic_sampling_filter
 from dockyard.broker.dead_letters import read_dead_letter
+from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.base import WeightBlobStore
 from dockyard.consumers.trainer.batch import build_batch
@@ -62,6 +63,7 @@ from dockyard.utils.logging import get_logger
 from dockyard.utils.metrics import MetricsLogger
 from dockyard.utils.metrics.gpu_monitor import start_gpu_monitor
 from dockyard.utils.metrics.jsonl_backend import METRICS_FILE
+from dockyard.utils.prometheus import CONSUMER_BACKLOG, TRAIN_STEP_DURATION
 from dockyard.utils.status import StatusFile
 
 log = get_logger(__name__)
@@ -490,6 +492,7 @@ class TrainerLoop:
             dtype=torch.float32,
         )
         outcome = await asyncio.to_thread(self.trainer.step, batch)
+        TRAIN_STEP_DURATION.observe(outcome.seconds)
         self.step += 1
         self.zero_variance_this_step = 0
         self.ledger.record_trained([s.group_id for s in scored], self.step)
@@ -497,6 +500,7 @@ class TrainerLoop:
         self.weight_version += 1
         await self._publish_weights()
         publish_s = time.perf_counter() - publish_started
+        await self._measure_backlogs()
         tokens = batch.num_response_tokens
         metrics: dict[str, float] = {
             **outcome.as_metrics(),
@@ -541,6 +545,18 @@ class TrainerLoop:
         )
         if self.checkpoints is not None and self.step % cfg.checkpointing.save_period == 0:
             await asyncio.to_thread(self._save_checkpoint, metrics)
+
+    async def _measure_backlogs(self) -> None:
+        """Each stage's consumer backlog into the metrics, once a step (three cheap reads of
+        consumer info; a scrape cannot ask the plane itself, it runs on another thread)."""
+        names = self.messages.names
+        for consumer in (names.prompt_consumer, names.rollout_consumer, names.scored_consumer):
+            try:
+                lag = await self.plane.consumer_lag(consumer)
+            except DataPlaneError as error:  # the broker away: the gauge keeps its last value
+                log.warning("trainer.backlog_unread", consumer=consumer.durable, error=repr(error))
+                continue
+            CONSUMER_BACKLOG.labels(lag.durable).set(lag.backlog)
 
     async def _validate(self, step: int, *, log_now: bool = True) -> dict[str, float]:
         if self.evaluator is None:

@@ -15,6 +15,7 @@ import pytest
 from broker_test_utils import SecuredBroker, collect, eventually, fetch_until
 from nats.aio.msg import Msg
 from nats.js import api
+from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from dockyard.broker.connection import ConnectError
@@ -355,8 +356,10 @@ async def test_a_refused_publish_is_retried_at_once_and_lands_once(
                 for i in range(1, 9)
             ]
             started = time.monotonic()
+            retries_before = REGISTRY.get_sample_value("dockyard_publish_retries_total")
             with capture_logs() as logs:
                 acks = await plane.publish_many(messages)
+            retries = REGISTRY.get_sample_value("dockyard_publish_retries_total") - retries_before
             # Noticed when the refusal arrives, not when the 30 s ack timeout runs out.
             assert time.monotonic() - started < 15
     finally:
@@ -366,6 +369,8 @@ async def test_a_refused_publish_is_retried_at_once_and_lands_once(
     events = [entry["event"] for entry in logs]
     assert events.count("publish_async.fallback") == 1  # one line per window
     assert events.count("publish.retry") == 8
+    # Each message was sent three times: two retries each (the window's and the awaited one's).
+    assert retries == 2 * 8
     assert all("429" in entry["error"] for entry in logs if entry["event"].startswith("publish"))
 
 
