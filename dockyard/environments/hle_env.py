@@ -18,12 +18,11 @@ from dockyard.environments.base import (
     GroupScore,
     InvalidScoringInput,
     SampleScore,
-    ScoreFlag,
     ScoringGroup,
 )
 from dockyard.environments.choice_env import choice_truth, no_answer, score_choice_group, too_long
 from dockyard.environments.exact_answers import exact_answers_equal, extract_exact_answer
-from dockyard.environments.math_env import ground_truth_text
+from dockyard.environments.math_env import ground_truth_text, judged_answer_score
 from dockyard.environments.registry import register_environment
 
 _ANSWER_TYPES = {
@@ -51,16 +50,7 @@ def score_exact_sample(response: str, truth: str, settings: HleEnvConfig) -> Sam
         relative_tolerance=settings.relative_tolerance,
         symbolic=settings.symbolic_equivalence,
     )
-    flags = (
-        frozenset({ScoreFlag.REFUSED_EXPRESSION}) if verdict.method == "refused" else frozenset()
-    )
-    correct = 1.0 if verdict.equal else 0.0
-    return SampleScore(
-        reward=correct,
-        components={"correct": correct, "has_answer": 1.0},
-        flags=flags,
-        detail=f"{stated.source} answer {stated.text[:80]!r}: {verdict.method}",
-    )
+    return judged_answer_score(verdict, stated.source, stated.text)
 
 
 @register_environment

@@ -14,7 +14,7 @@ from dockyard.environments.base import (
     ScoreFlag,
     ScoringGroup,
 )
-from dockyard.environments.math_answers import answers_equivalent, extract_answer
+from dockyard.environments.math_answers import Equivalence, answers_equivalent, extract_answer
 from dockyard.environments.registry import register_environment
 
 
@@ -46,6 +46,12 @@ def score_math_answer(response: str, truth: str, settings: MathEnvConfig) -> Sam
         relative_tolerance=settings.relative_tolerance,
         symbolic=settings.symbolic_equivalence,
     )
+    return judged_answer_score(verdict, extracted.source, extracted.text)
+
+
+def judged_answer_score(verdict: Equivalence, source: str, text: str) -> SampleScore:
+    """The score of a stated answer (found as ``source``) that a checker judged: 1 if equal to
+    the truth, else 0; an expression the checker refused to evaluate is flagged."""
     flags = (
         frozenset({ScoreFlag.REFUSED_EXPRESSION}) if verdict.method == "refused" else frozenset()
     )
@@ -54,7 +60,7 @@ def score_math_answer(response: str, truth: str, settings: MathEnvConfig) -> Sam
         reward=correct,
         components={"correct": correct, "has_answer": 1.0},
         flags=flags,
-        detail=f"{extracted.source} answer {extracted.text[:80]!r}: {verdict.method}",
+        detail=f"{source} answer {text[:80]!r}: {verdict.method}",
     )
 
 
