@@ -27,6 +27,12 @@ HEADER_DEAD_DETAIL = "Dockyard-Dead-Detail"
 HEADER_ORIGINAL_SUBJECT = "Dockyard-Original-Subject"
 HEADER_ORIGINAL_STREAM = "Dockyard-Original-Stream"
 HEADER_ORIGINAL_SEQ = "Dockyard-Original-Seq"
+# On a message a role produced in answer to a delivery (a rollout for a prompt, a scored rollout
+# for a rollout): that delivery's stream sequence and delivery count, so that ``replay trace``
+# can tell from the stored messages alone which delivery of the input was answered and how many
+# earlier ones were not (nak'ed, timed out, lost with a worker).
+HEADER_ANSWERS_SEQ = "Dockyard-Answers-Seq"
+HEADER_ANSWERS_DELIVERY = "Dockyard-Answers-Delivery"
 
 # Reason codes the plane itself raises (the codec adds its own, e.g. ``schema_mismatch``).
 REASON_MAX_DELIVERIES = "max_deliveries"

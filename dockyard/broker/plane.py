@@ -18,6 +18,8 @@ from types import TracebackType
 
 from dockyard.broker.dead_letters import build_dead_letter
 from dockyard.broker.messages import (
+    HEADER_ANSWERS_DELIVERY,
+    HEADER_ANSWERS_SEQ,
     HEADER_CHUNK_REF,
     HEADER_CHUNKS,
     HEADER_DEAD_DETAIL,
@@ -47,6 +49,8 @@ log = get_logger(__name__)
 # need not import this module back; they are re-exported here with the interface that carries them.
 __all__ = [
     "DEAD_LETTER_RETRY_S",
+    "HEADER_ANSWERS_DELIVERY",
+    "HEADER_ANSWERS_SEQ",
     "HEADER_CHUNKS",
     "HEADER_CHUNK_REF",
     "HEADER_DEAD_DETAIL",

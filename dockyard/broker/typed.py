@@ -16,6 +16,8 @@ from typing import Generic, TypeVar
 
 from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import (
+    HEADER_ANSWERS_DELIVERY,
+    HEADER_ANSWERS_SEQ,
     DataPlane,
     Delivery,
     OutgoingMessage,
@@ -85,22 +87,33 @@ class MessagePlane:
         except KeyError:
             raise TypeError(f"no subject carries {message_type.__name__}") from None
 
-    def _outgoing(self, message: Message) -> OutgoingMessage:
+    def _outgoing(self, message: Message, answers: Delivery | None = None) -> OutgoingMessage:
         encoded = encode(message)
         headers = dict(encoded.headers)
         msg_id = headers.pop("Nats-Msg-Id")
+        if answers is not None:
+            headers[HEADER_ANSWERS_SEQ] = str(answers.seq)
+            headers[HEADER_ANSWERS_DELIVERY] = str(answers.num_delivered)
         return OutgoingMessage(self.subject_for(type(message)), encoded.payload, msg_id, headers)
 
-    async def publish(self, message: Message) -> PublishAck:
-        out = self._outgoing(message)
+    async def publish(self, message: Message, *, answers: Delivery | None = None) -> PublishAck:
+        """Publish ``message``; ``answers`` is the delivery it was made from (its provenance is
+        stored in the message's headers for ``replay trace``)."""
+        out = self._outgoing(message, answers)
         ack = await self.plane.publish(
             out.subject, out.payload, msg_id=out.msg_id, headers=out.headers
         )
         MESSAGES_PUBLISHED.labels(self.stage, type(message).__name__).inc()
         return ack
 
-    async def publish_many(self, messages: Sequence[Message]) -> list[PublishAck]:
-        acks = await self.plane.publish_many([self._outgoing(m) for m in messages])
+    async def publish_many(
+        self, messages: Sequence[Message], *, answers: Sequence[Delivery] | None = None
+    ) -> list[PublishAck]:
+        if answers is not None and len(answers) != len(messages):
+            raise ValueError(f"{len(answers)} deliveries answered by {len(messages)} messages")
+        sources: Sequence[Delivery | None] = answers or [None] * len(messages)
+        outgoing = [self._outgoing(m, a) for m, a in zip(messages, sources, strict=True)]
+        acks = await self.plane.publish_many(outgoing)
         for message in messages:
             MESSAGES_PUBLISHED.labels(self.stage, type(message).__name__).inc()
         return acks

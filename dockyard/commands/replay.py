@@ -1,4 +1,5 @@
-"""``dockyard replay ls|show|export|requeue``: look into the streams of a running data plane.
+"""``dockyard replay ls|show|export|requeue``: look into the streams of a running data plane
+(``trace`` lives in :mod:`dockyard.commands._replay_trace`).
 
     dockyard replay ls      (--config PATH [overrides] | --url nats://...)
     dockyard replay show    --subject S [--from-seq N | --since TIME] [--limit K] (...)
@@ -269,3 +270,8 @@ def register(registrar: CommandRegistrar) -> None:
     requeue.add_argument("--dry-run", action="store_true", help="list, publish nothing")
     add_plane_arguments(requeue)
     requeue.set_defaults(handler=_requeue)
+
+    from dockyard.commands import _replay_trace
+
+    # The plane helpers are handed over, not imported back: _replay_trace stays a leaf.
+    _replay_trace.register(commands, open_plane=_open_plane, run=_run)

@@ -164,7 +164,9 @@ class Scorer:
         if any(ScoreFlag.TIMEOUT in sample.flags for sample in score.samples):
             stats.timeouts += 1
         try:
-            await self.messages.publish(to_scored_rollout(rollout, score, self.scorer_id))
+            await self.messages.publish(
+                to_scored_rollout(rollout, score, self.scorer_id), answers=item.delivery
+            )
             await item.ack()
         except DataPlaneError as error:  # the broker, not the group: score it again later
             stats.failures += 1

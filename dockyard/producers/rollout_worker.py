@@ -228,7 +228,7 @@ class RolloutWorker:
                 )
                 for index, item in enumerate(items)
             ]
-            await self.messages.publish_many(rollouts)
+            await self.messages.publish_many(rollouts, answers=[i.delivery for i in items])
             for item in items:
                 await item.ack()  # only once the rollout is stored
             self.groups_done += len(items)

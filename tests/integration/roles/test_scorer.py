@@ -214,10 +214,10 @@ async def test_a_failed_publish_of_the_score_naks_the_group_for_later(data_plane
         publish = messages.publish
         refusals = [PublishError("stand-in: the broker refused the publish")]
 
-        async def refuse_once(message):  # stands in for a broker that refuses once
+        async def refuse_once(message, **provenance):  # a broker that refuses once
             if refusals:
                 raise refusals.pop()
-            return await publish(message)
+            return await publish(message, **provenance)
 
         messages.publish = refuse_once  # type: ignore[method-assign]
         async with running_scorer(messages) as scorer:
