@@ -4,6 +4,7 @@
     dockyard replay ls      (--config PATH [overrides] | --url nats://...)
     dockyard replay show    --subject S [--from-seq N | --since TIME] [--limit K] (...)
     dockyard replay export  --subject S [--from-seq N | --since TIME] [--limit K] --out F.jsonl
+                            [--format jsonl|parquet]
     dockyard replay requeue [--reason R ...] [--from-seq N | --since TIME] [--limit K] [--dry-run]
 
 ``--subject`` takes a full subject or a short name: prompts, rollouts, scored, weights, dead.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
@@ -169,6 +171,8 @@ def _export(args: argparse.Namespace) -> int:
     from dockyard.broker.inspect import export_record
 
     out = Path(args.out)
+    if args.format == "parquet":
+        return _export_parquet(args, out)
 
     async def run() -> int:
         count = 0
@@ -183,6 +187,32 @@ def _export(args: argparse.Namespace) -> int:
     count = _run(run())
     print(f"wrote {count} messages to {out}")
     return 0
+
+
+def _export_parquet(args: argparse.Namespace, out: Path) -> int:
+    """Scored groups as Parquet rows; every message left out is named on stderr and kept, with
+    its bytes, in ``OUT.refused.jsonl``, and the exit status is 1."""
+    from dockyard.broker.inspect import export_record
+    from dockyard.broker.parquet_export import export_parquet
+
+    async def run():  # type: ignore[no-untyped-def]
+        async with _open_plane(args) as plane:
+            subject, selection = _selection(args, plane.names)
+            return await export_parquet(plane.replay(subject, **selection), out)
+
+    result = _run(run())
+    print(f"wrote {result.rows} samples of {result.groups} groups to {out}")
+    if not result.refused:
+        return 0
+    side = out.with_name(out.name + ".refused.jsonl")
+    with side.open("w") as handle:
+        for item in result.refused:
+            record = export_record(item.stored)
+            record["refused"] = {"reason": item.reason, "detail": item.detail}
+            handle.write(json.dumps(record) + "\n")
+            print(f"left out seq {item.stored.seq}: {item.reason}: {item.detail}", file=sys.stderr)
+    print(f"{len(result.refused)} messages left out, listed in {side}", file=sys.stderr)
+    return 1
 
 
 def _requeue(args: argparse.Namespace) -> int:
@@ -252,9 +282,17 @@ def register(registrar: CommandRegistrar) -> None:
     add_plane_arguments(show)
     show.set_defaults(handler=_show)
 
-    export = commands.add("export", help="Decoded messages as JSON lines")
+    export = commands.add(
+        "export", help="Decoded messages as JSON lines, or scored samples as Parquet rows"
+    )
     _add_selection(export, default_limit=None)
-    export.add_argument("--out", required=True, metavar="FILE.jsonl")
+    export.add_argument("--out", required=True, metavar="FILE")
+    export.add_argument(
+        "--format",
+        choices=("jsonl", "parquet"),
+        default="jsonl",
+        help="jsonl: every message; parquet: one row per scored sample (docs/wire-format.md)",
+    )
     add_plane_arguments(export)
     export.set_defaults(handler=_export)
 
