@@ -36,7 +36,8 @@ class ScoreFlag(enum.StrEnum):
     TEST_TIMEOUT = "test_timeout"  # a sandboxed run hit its wall or CPU limit
     OUTPUT_LIMIT = "output_limit"  # a sandboxed run printed more than max_output_bytes
     PATCH_FAILED = "patch_failed"  # the diff did not apply to the snapshot
-    REFUSED_EXPRESSION = "refused_expression"  # too costly to evaluate symbolically
+    CHECK_TIMEOUT = "check_timeout"  # an answer check ran past env.<name>.check_timeout_s
+    CHECK_CRASHED = "check_crashed"  # the worker process checking an answer died
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"  # no sandbox URL answered
 
 

@@ -5,7 +5,7 @@ response format is ``Explanation: / Answer: / Confidence:``) or ``the answer is 
 with ``answer_format: any``, the last number. Comparison: equal after normalisation (case,
 whitespace, surrounding punctuation and markdown, LaTeX ``\\text{}``/``$``/spacing), else the
 math checker (:func:`dockyard.environments.math_answers.answers_equivalent`: exact rationals,
-tolerance, guarded sympy) for answers that are numbers or expressions.
+tolerance, math-verify in a killable worker) for answers that are numbers or expressions.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Literal
 
 from dockyard.environments.math_answers import (
     Equivalence,
+    SymbolicChecker,
     answers_equivalent,
     extract_boxed,
     extract_last_number,
@@ -76,11 +77,9 @@ def normalize_exact(text: str) -> str:
 
 
 def exact_answers_equal(
-    answer: str, truth: str, *, relative_tolerance: float, symbolic: bool
+    answer: str, truth: str, *, relative_tolerance: float, checker: SymbolicChecker | None
 ) -> Equivalence:
     normalized = normalize_exact(answer)
     if normalized and normalized == normalize_exact(truth):
         return Equivalence(True, "exact")
-    return answers_equivalent(
-        answer, truth, relative_tolerance=relative_tolerance, symbolic=symbolic
-    )
+    return answers_equivalent(answer, truth, relative_tolerance=relative_tolerance, checker=checker)

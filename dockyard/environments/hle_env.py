@@ -22,7 +22,9 @@ from dockyard.environments.base import (
 )
 from dockyard.environments.choice_env import choice_truth, no_answer, score_choice_group, too_long
 from dockyard.environments.exact_answers import exact_answers_equal, extract_exact_answer
-from dockyard.environments.math_env import ground_truth_text, judged_answer_score
+from dockyard.environments.math_answers import SymbolicChecker
+from dockyard.environments.math_check_pool import MathCheckPool
+from dockyard.environments.math_env import ground_truth_text, judged_answer_score, symbolic_checker
 from dockyard.environments.registry import register_environment
 
 _ANSWER_TYPES = {
@@ -33,7 +35,9 @@ _ANSWER_TYPES = {
 }
 
 
-def score_exact_sample(response: str, truth: str, settings: HleEnvConfig) -> SampleScore:
+def score_exact_sample(
+    response: str, truth: str, settings: HleEnvConfig, checker: SymbolicChecker | None
+) -> SampleScore:
     if (refused := too_long(response, "hle", settings.max_response_chars)) is not None:
         return refused
     response, _ = answer_before_eos(response, settings.eos_markers)
@@ -48,17 +52,26 @@ def score_exact_sample(response: str, truth: str, settings: HleEnvConfig) -> Sam
         stated.text,
         truth,
         relative_tolerance=settings.relative_tolerance,
-        symbolic=settings.symbolic_equivalence,
+        checker=checker,
     )
     return judged_answer_score(verdict, stated.source, stated.text)
 
 
 @register_environment
 class HleEnvironment(Environment):
-    """Scored in a worker thread: exact answers may go to sympy, letters see long texts."""
+    """Scored in a worker thread: exact answers may go to math-verify (in worker processes),
+    letters see long texts."""
 
     name = "hle"
     settings: HleEnvConfig
+
+    def __init__(self, settings: HleEnvConfig) -> None:
+        super().__init__(settings)
+        self._pool = MathCheckPool(max_workers=settings.max_concurrency)
+        self._checker = symbolic_checker(self._pool, settings)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._pool.close)
 
     async def score(self, group: ScoringGroup) -> GroupScore:
         if self._answer_type(group) == "multiple_choice":
@@ -70,7 +83,10 @@ class HleEnvironment(Environment):
         return await asyncio.to_thread(self._score_exact, group, truth)
 
     def _score_exact(self, group: ScoringGroup, truth: str) -> GroupScore:
-        scores = [score_exact_sample(s.response_text, truth, self.settings) for s in group.samples]
+        scores = [
+            score_exact_sample(s.response_text, truth, self.settings, self._checker)
+            for s in group.samples
+        ]
         return GroupScore(group_id=group.group_id, samples=scores)
 
     def _answer_type(self, group: ScoringGroup) -> str:

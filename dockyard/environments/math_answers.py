@@ -3,7 +3,9 @@
 Extraction: the *last* ``\\boxed{...}`` (balanced braces, so ``\\boxed{\\frac{1}{2}}`` works) or
 the last number in the text. Equivalence: exact rational comparison when both sides are numbers
 (integers, decimals, fractions, ``\\frac``, percentages, thousands separators, scientific
-notation), else a guarded symbolic comparison (:mod:`dockyard.environments.math_symbolic`).
+notation) — kept by hand because math-verify gets ``50\\%`` vs ``0.5`` and ``2.5e3`` vs ``2500``
+wrong (docs/benchmarks.md) — else math-verify, through a checker that runs it in a killable worker
+process (:mod:`dockyard.environments.math_check_pool`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Literal, Protocol
 
 from dockyard.environments.latex_braces import balanced_group
-from dockyard.environments.math_symbolic import SymbolicVerdict, symbolically_equal
+from dockyard.environments.math_check_pool import CheckVerdict
 
 AnswerFormat = Literal["boxed_or_last_number", "boxed", "last_number"]
 
@@ -157,10 +159,16 @@ def numbers_equal(answer: ParsedNumber, truth: ParsedNumber, relative_tolerance:
     return any(_close(value, truth.value, relative_tolerance) for value in candidates)
 
 
+class SymbolicChecker(Protocol):
+    """Judges two answers that are not both plain numbers (bound to its deadline)."""
+
+    def __call__(self, answer: str, truth: str) -> CheckVerdict: ...
+
+
 @dataclass(frozen=True)
 class Equivalence:
     equal: bool
-    method: Literal["exact", "numeric", "symbolic", "refused", "unparsed"]
+    method: Literal["exact", "numeric", "symbolic", "unparsed", "timeout", "crashed"]
 
 
 def answers_equivalent(
@@ -168,9 +176,10 @@ def answers_equivalent(
     truth: str,
     *,
     relative_tolerance: float = 1e-6,
-    symbolic: bool = True,
+    checker: SymbolicChecker | None = None,
 ) -> Equivalence:
-    """Whether ``answer`` and ``truth`` denote the same value. Never hangs (see module doc)."""
+    """Whether ``answer`` and ``truth`` denote the same value. Without a ``checker`` only text
+    and numbers are compared; the checker bounds its own time (see module doc)."""
     normalized_answer, normalized_truth = normalize_answer(answer), normalize_answer(truth)
     if normalized_answer == normalized_truth and normalized_answer:
         return Equivalence(True, "exact")
@@ -179,13 +188,11 @@ def answers_equivalent(
         return Equivalence(
             numbers_equal(answer_number, truth_number, relative_tolerance), "numeric"
         )
-    if not symbolic:
+    if checker is None or not answer.strip():
         return Equivalence(False, "unparsed")
-    verdict = symbolically_equal(normalized_answer, normalized_truth, relative_tolerance)
-    if verdict is SymbolicVerdict.EQUAL:
+    verdict = checker(answer, truth)
+    if verdict == "equal":
         return Equivalence(True, "symbolic")
-    if verdict is SymbolicVerdict.REFUSED:
-        return Equivalence(False, "refused")
-    if verdict is SymbolicVerdict.UNPARSED:
-        return Equivalence(False, "unparsed")
-    return Equivalence(False, "symbolic")
+    if verdict == "not_equal":
+        return Equivalence(False, "symbolic")
+    return Equivalence(False, verdict)

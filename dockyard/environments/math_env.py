@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 
-from dockyard.config.sections.env import MathEnvConfig
+from dockyard.config.sections.env import HleEnvConfig, MathEnvConfig
 from dockyard.environments.base import (
     Environment,
     GroupScore,
@@ -14,7 +15,13 @@ from dockyard.environments.base import (
     ScoreFlag,
     ScoringGroup,
 )
-from dockyard.environments.math_answers import Equivalence, answers_equivalent, extract_answer
+from dockyard.environments.math_answers import (
+    Equivalence,
+    SymbolicChecker,
+    answers_equivalent,
+    extract_answer,
+)
+from dockyard.environments.math_check_pool import MathCheckPool
 from dockyard.environments.registry import register_environment
 
 
@@ -31,7 +38,19 @@ def ground_truth_text(group: ScoringGroup, keys: tuple[str, ...] = ("answer", "s
     )
 
 
-def score_math_answer(response: str, truth: str, settings: MathEnvConfig) -> SampleScore:
+def symbolic_checker(
+    pool: MathCheckPool, settings: MathEnvConfig | HleEnvConfig
+) -> SymbolicChecker | None:
+    """The pool's check bound to ``env.<name>.check_timeout_s``; None when
+    ``symbolic_equivalence`` is off (text and numbers only)."""
+    if not settings.symbolic_equivalence:
+        return None
+    return functools.partial(pool.check, timeout_s=settings.check_timeout_s)
+
+
+def score_math_answer(
+    response: str, truth: str, settings: MathEnvConfig, checker: SymbolicChecker | None
+) -> SampleScore:
     extracted = extract_answer(response, settings.answer_format)
     if extracted is None:
         return SampleScore(
@@ -44,16 +63,18 @@ def score_math_answer(response: str, truth: str, settings: MathEnvConfig) -> Sam
         extracted.text,
         truth,
         relative_tolerance=settings.relative_tolerance,
-        symbolic=settings.symbolic_equivalence,
+        checker=checker,
     )
     return judged_answer_score(verdict, extracted.source, extracted.text)
 
 
 def judged_answer_score(verdict: Equivalence, source: str, text: str) -> SampleScore:
     """The score of a stated answer (found as ``source``) that a checker judged: 1 if equal to
-    the truth, else 0; an expression the checker refused to evaluate is flagged."""
-    flags = (
-        frozenset({ScoreFlag.REFUSED_EXPRESSION}) if verdict.method == "refused" else frozenset()
+    the truth, else 0; a check that timed out or whose worker died is flagged."""
+    flags = frozenset(
+        {"timeout": {ScoreFlag.CHECK_TIMEOUT}, "crashed": {ScoreFlag.CHECK_CRASHED}}.get(
+            verdict.method, ()
+        )
     )
     correct = 1.0 if verdict.equal else 0.0
     return SampleScore(
@@ -68,16 +89,28 @@ def judged_answer_score(verdict: Equivalence, source: str, text: str) -> SampleS
 class MathEnvironment(Environment):
     """Reward 1 for an answer equivalent to the ground truth, else 0.
 
-    Equivalence is CPU work (sympy), so the group is scored in a worker thread.
+    Equivalence is CPU work (math-verify in worker processes, one per task in flight), so the
+    group is scored in a worker thread that waits on them.
     """
 
     name = "math"
     settings: MathEnvConfig
+
+    def __init__(self, settings: MathEnvConfig) -> None:
+        super().__init__(settings)
+        self._pool = MathCheckPool(max_workers=settings.max_concurrency)
+        self._checker = symbolic_checker(self._pool, settings)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._pool.close)
 
     async def score(self, group: ScoringGroup) -> GroupScore:
         truth = ground_truth_text(group)
         return await asyncio.to_thread(self._score_sync, group, truth)
 
     def _score_sync(self, group: ScoringGroup, truth: str) -> GroupScore:
-        scores = [score_math_answer(s.response_text, truth, self.settings) for s in group.samples]
+        scores = [
+            score_math_answer(s.response_text, truth, self.settings, self._checker)
+            for s in group.samples
+        ]
         return GroupScore(group_id=group.group_id, samples=scores)

@@ -24,10 +24,17 @@ def default_eos_markers() -> list[str]:
     return ["<eos>", "</s>", "<|endoftext|>", "<|im_end|>"]
 
 
+CHECK_TIMEOUT_DESCRIPTION = (
+    "seconds one symbolic answer check (math-verify, in a worker process) may run; past it the "
+    "worker is killed and replaced, and the answer scores 0 flagged check_timeout"
+)
+
+
 class MathEnvConfig(EnvSettings):
     answer_format: Literal["boxed_or_last_number", "boxed", "last_number"] = "boxed_or_last_number"
     symbolic_equivalence: bool = True
     relative_tolerance: float = Field(1e-6, ge=0.0)
+    check_timeout_s: PositiveFloat = Field(5.0, description=CHECK_TIMEOUT_DESCRIPTION)
 
 
 class ArithmeticEnvConfig(EnvSettings):
@@ -96,9 +103,11 @@ class HleEnvConfig(ChoiceEnvConfig):
         "(HLE's values exactMatch / multipleChoice are accepted in the metadata)",
     )
     symbolic_equivalence: bool = Field(
-        True, description="exact answers that differ as text may still be equal as math (sympy)"
+        True,
+        description="exact answers that differ as text may still be equal as math (math-verify)",
     )
     relative_tolerance: float = Field(1e-6, ge=0.0, description="for numeric exact answers")
+    check_timeout_s: PositiveFloat = Field(5.0, description=CHECK_TIMEOUT_DESCRIPTION)
 
 
 class SandboxLimits(Section):

@@ -41,7 +41,11 @@ async def _score(
         ground_truth=truth,
         extra=extra,
     )
-    return list((await HleEnvironment(settings or HleEnvConfig()).score(group)).samples)
+    environment = HleEnvironment(settings or HleEnvConfig())
+    try:
+        return list((await environment.score(group)).samples)
+    finally:
+        await environment.aclose()
 
 
 @pytest.mark.parametrize(
