@@ -1,13 +1,15 @@
-"""Math answer checking: the hand-written checker (``environments/math_answers.py`` +
-``math_symbolic.py``) against math-verify, on a labelled corpus of real answers.
+"""Math answer checking: the math environment's checker (``environments/math_answers.py``:
+exact numbers by hand, the rest math-verify in a killable worker pool) against math-verify
+alone, on a labelled corpus of real answers.
 
 Each case is (reference answer, model response, whether a mathematician would call the response
 correct). The label comes from the mathematics, not from either checker. Printed: each
 checker's accuracy against the labels, their agreement, and every case where they differ —
 the evidence for which path to keep.
 
-math-verify runs in the main thread here (its timeouts use ``signal.alarm``, which works only
-there); the scorer runs checks in worker threads, where math-verify must run without a timeout.
+math-verify alone runs in the main thread here (its timeouts use ``signal.alarm``, which works
+only there); the environment's checker runs it in worker processes killed at
+``check_timeout_s`` (default 5 s), as the scorer does.
 
     python benchmarks/math_answer_agreement.py
 """
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 from math_verify import parse, verify
 
 from dockyard.config.sections.env import MathEnvConfig
-from dockyard.environments.math_env import score_math_answer
+from dockyard.environments.math_check_pool import MathCheckPool
+from dockyard.environments.math_env import score_math_answer, symbolic_checker
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,13 @@ CASES = (
 Verdict = bool | str  # a checker's verdict, or "crash: ..." when it raised
 
 
-def hand_written(case: Case) -> Verdict:
+def environment_checker(case: Case, pool: MathCheckPool) -> Verdict:
+    settings = MathEnvConfig()
     try:
-        return score_math_answer(case.response, case.truth, MathEnvConfig()).reward == 1.0
+        score = score_math_answer(
+            case.response, case.truth, settings, symbolic_checker(pool, settings)
+        )
+        return score.reward == 1.0
     except Exception as error:  # a crash is a finding here, not the end of the measurement
         return f"crash: {type(error).__name__}"
 
@@ -98,16 +105,20 @@ def math_verify(case: Case) -> Verdict:
 
 def main() -> None:
     results = []
-    for case in CASES:
-        mine = hand_written(case)
-        theirs = math_verify(case)
-        results.append((case, mine, theirs))
+    pool = MathCheckPool(max_workers=1)
+    try:
+        for case in CASES:
+            mine = environment_checker(case, pool)
+            theirs = math_verify(case)
+            results.append((case, mine, theirs))
+    finally:
+        pool.close()
     n = len(results)
     right_mine = sum(mine == case.correct for case, mine, _ in results)
     right_theirs = sum(theirs == case.correct for case, _, theirs in results)
     agree = sum(mine == theirs for _, mine, theirs in results)
     print(f"cases: {n}")
-    print(f"hand-written checker: {right_mine}/{n} agree with the labels")
+    print(f"math environment:     {right_mine}/{n} agree with the labels")
     print(f"math-verify:          {right_theirs}/{n} agree with the labels")
     print(f"the two agree on {agree}/{n}")
     crashes = [(c, m, t) for c, m, t in results if isinstance(m, str) or isinstance(t, str)]
@@ -116,7 +127,7 @@ def main() -> None:
         if mine != theirs or mine != case.correct:
             print(
                 f"  truth {case.truth!r:18} response {case.response!r:38} label {case.correct!s:5}"
-                f" hand-written {mine!s:5} math-verify {theirs!s:5}"
+                f" environment {mine!s:5} math-verify {theirs!s:5}"
             )
 
 
