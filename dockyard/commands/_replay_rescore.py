@@ -67,6 +67,7 @@ def _rescore(
     async def run() -> int:
         written = 0
         async with open_plane(args) as plane:
+            await _check_stream_holds(plane, target)
             if await plane.latest(target) is not None:
                 raise CliError(
                     f"--to-subject {target} already holds messages: give a new name, so that "
@@ -103,6 +104,22 @@ def _rescore(
         print(f"{len(refused)} messages not re-scored", file=sys.stderr)
         return 1
     return 0
+
+
+async def _check_stream_holds(plane, target: str) -> None:  # type: ignore[no-untyped-def]
+    """Refuse a plane provisioned before re-scores had a subject: publishing there would fail
+    with the server's bare "no responders"."""
+    names = plane.names
+    experience = names.experience_stream.name
+    for state in await plane.streams():
+        if state.name == experience and names.rescored_wildcard in state.subjects:
+            return
+    raise CliError(
+        f"stream {experience} has no subject {names.rescored_wildcard} for {target}: it was "
+        "provisioned by an older dockyard; provision it again as the admin (e.g. start any "
+        "role, or `dockyard broker up`, with this version) to add the subject in place",
+        EXIT_INVALID_CONFIG,
+    )
 
 
 def _default_plane():  # type: ignore[no-untyped-def]

@@ -180,3 +180,20 @@ def test_a_target_that_already_holds_a_rescore_is_refused(
     capsys.readouterr()
     assert main(["replay", "rescore", *args, *_config_args(data_plane_config)]) == 2
     assert "already holds messages" in capsys.readouterr().err
+
+
+def test_a_plane_provisioned_before_rescores_existed_is_refused_with_the_fix(
+    data_plane_config, capsys: pytest.CaptureFixture[str]
+):
+    _store_rollouts(data_plane_config, {"g-old": [r"\boxed{2}"]})
+
+    async def as_an_older_version_left_it() -> None:
+        async with JetStreamPlane(data_plane_config, provision=False) as plane:
+            info = await plane.js.stream_info(plane.names.experience_stream.name)
+            info.config.subjects = [plane.names.rollouts, plane.names.scored]
+            await plane.js.update_stream(info.config)
+
+    asyncio.run(as_an_older_version_left_it())
+    args = ["--subject", "rollouts", "--env", "math", "--to-subject", "late"]
+    assert main(["replay", "rescore", *args, *_config_args(data_plane_config)]) == 2
+    assert "provision it again" in capsys.readouterr().err
