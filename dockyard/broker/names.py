@@ -72,6 +72,16 @@ class PlaneNames:
         return f"{self.namespace}.experience.scored"
 
     @property
+    def rescored_wildcard(self) -> str:
+        """Where ``replay rescore`` writes: ``NS.rescored.<name>`` is experience scored again
+        offline (another environment or checker setting). Its own prefix, not under
+        ``experience.``, so no live consumer's filter can ever match it."""
+        return f"{self.namespace}.rescored.>"
+
+    def rescored(self, name: str) -> str:
+        return f"{self.namespace}.rescored.{name}"
+
+    @property
     def weight_events(self) -> str:
         return f"{self.namespace}.weights.events"
 
@@ -119,8 +129,13 @@ class PlaneNames:
 
     @property
     def experience_stream(self) -> StreamSpec:
+        # Rescored experience is kept with the experience it was made from, under the same
+        # limits, so it can be replayed and diffed against it (adding a subject updates an
+        # existing stream in place).
         return StreamSpec(
-            f"{self.namespace}_experience", (self.rollouts, self.scored), Retention.LIMITS
+            f"{self.namespace}_experience",
+            (self.rollouts, self.scored, self.rescored_wildcard),
+            Retention.LIMITS,
         )
 
     @property

@@ -8,9 +8,13 @@ overrides + validation); ``--url nats://...`` points at a bare server with defau
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from dockyard.commands._cli import CliError
 from dockyard.config.sections.data_plane import DataPlaneConfig
+
+if TYPE_CHECKING:
+    from dockyard.config.master import MasterConfig
 
 EXIT_INVALID_CONFIG = 2
 
@@ -33,20 +37,24 @@ def add_plane_arguments(parser: argparse.ArgumentParser, *, url: bool = True) ->
     )
 
 
-def plane_config(args: argparse.Namespace) -> DataPlaneConfig:
+def master_config(args: argparse.Namespace) -> MasterConfig:
+    """The whole config of ``--config PATH [overrides]``; an invalid one exits 2."""
     from dockyard.algorithms.grpo import registered_names
     from dockyard.config.errors import ConfigError
     from dockyard.config.loader import load_config
 
+    try:
+        return load_config(args.config, args.overrides, registered=registered_names())
+    except ConfigError as error:
+        raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
+
+
+def plane_config(args: argparse.Namespace) -> DataPlaneConfig:
     url = getattr(args, "url", None)
     if args.config and url:
         raise CliError("give either --config or --url, not both")
     if args.config:
-        try:
-            master = load_config(args.config, args.overrides, registered=registered_names())
-        except ConfigError as error:
-            raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
-        return master.data_plane or DataPlaneConfig()
+        return master_config(args).data_plane or DataPlaneConfig()
     if args.overrides:
         raise CliError("overrides need --config")
     fields: dict[str, object] = {}

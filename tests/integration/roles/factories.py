@@ -35,12 +35,16 @@ def prompt_group(group_id: str, a: int = 12, b: int = 34, generations: int = 2) 
     )
 
 
-def rollout(group: PromptGroup, answers: list[str], *, version: int = 0) -> Rollout:
-    """One sample per answer, every token generated with weight ``version``."""
-    eos = TOKENIZER.eos_token_id
+def rollout(
+    group: PromptGroup, answers: list[str], *, version: int = 0, tokenizer: object = TOKENIZER
+) -> Rollout:
+    """One sample per answer, every token generated with weight ``version`` (the character
+    tokenizer by default: ``tokenizer`` for answers it cannot spell, such as LaTeX)."""
+    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
     samples = []
     for index, answer in enumerate(answers):
-        tokens = np.array(TOKENIZER(answer, add_special_tokens=False)["input_ids"] + [eos])
+        ids = tokenizer(answer, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+        tokens = np.array([*ids, eos])
         samples.append(
             RolloutSample(
                 sample_index=index,
