@@ -100,11 +100,16 @@ def _run_processes(
     try:
         supervisor.start()
         with progress:
-            while (code := supervisor.check()) is None:
-                time.sleep(POLL_S)
-                progress.refresh()
-    except KeyboardInterrupt:
-        print("dockyard run: interrupted, stopping every role", file=sys.stderr)
+            try:
+                while (code := supervisor.check()) is None:
+                    time.sleep(POLL_S)
+                    progress.refresh()
+            except KeyboardInterrupt:
+                print("dockyard run: interrupted, stopping every role", file=sys.stderr)
+                code = 130
+            # Drained while the display is up, so the frame it leaves shows how the roles ended.
+            supervisor.stop()
+    except KeyboardInterrupt:  # a second Ctrl-C while the roles drain
         code = 130
     finally:
         supervisor.stop()

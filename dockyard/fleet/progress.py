@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from types import TracebackType
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from dockyard.utils.status import RoleStatus, read_statuses
 
@@ -28,22 +28,24 @@ def trainer_status(statuses: list[RoleStatus]) -> RoleStatus | None:
     return next((s for s in statuses if s.role == "trainer"), None)
 
 
-def render(status_dir: Path, started_at: float, max_steps: int) -> Table:
+def render(status_dir: Path, started_at: float, max_steps: int) -> Group:
+    """The headline (the trainer's latest numbers) over one row per role."""
     statuses = read_statuses(status_dir) if status_dir.exists() else []
     trainer = trainer_status(statuses)
     counters = trainer.counters if trainer else {}
     step = int(counters.get("step", 0))
     elapsed = time.time() - started_at
-    table = Table(
-        title=(
-            f"dockyard run — step {step}/{max_steps} — "
-            f"reward {_fmt(counters.get('reward'))} — "
-            f"val acc {_fmt(counters.get('val_accuracy'))} — "
-            f"staleness {_fmt(counters.get('staleness'), 2)} — "
-            f"{_fmt(counters.get('tokens_per_s'), 0)} tok/s — {elapsed:.0f}s"
-        ),
-        expand=False,
+    # A line of its own, not the table's title: a title wraps at the table's width, and the
+    # table is narrow while the roles have little to say.
+    headline = Text(
+        f"dockyard run — step {step}/{max_steps} — "
+        f"reward {_fmt(counters.get('reward'))} — "
+        f"val acc {_fmt(counters.get('val_accuracy'))} — "
+        f"staleness {_fmt(counters.get('staleness'), 2)} — "
+        f"{_fmt(counters.get('tokens_per_s'), 0)} tok/s — {elapsed:.0f}s",
+        style="bold",
     )
+    table = Table(expand=False)
     for column in ("role", "state", "detail", "progress", "heartbeat"):
         table.add_column(column)
     now = time.time()
@@ -62,7 +64,7 @@ def render(status_dir: Path, started_at: float, max_steps: int) -> Table:
             progress,
             f"{age:.0f}s ago",
         )
-    return table
+    return Group(headline, table)
 
 
 def summary_line(status_dir: Path, started_at: float, max_steps: int) -> str:
@@ -82,11 +84,11 @@ class ProgressDisplay:
     a summary line every ``PLAIN_PROGRESS_EVERY_S`` otherwise. Whoever watches the roles calls
     :meth:`refresh` as often as it looks at them (both ways of running a fleet use this)."""
 
-    def __init__(self, status_dir: Path, max_steps: int) -> None:
+    def __init__(self, status_dir: Path, max_steps: int, console: Console | None = None) -> None:
         self.status_dir = status_dir
         self.max_steps = max_steps
         self.started_at = time.time()
-        self.console = Console(stderr=True)
+        self.console = console if console is not None else Console(stderr=True)
         self._live: Live | None = None
         self._last_line = 0.0
 
@@ -103,6 +105,9 @@ class ProgressDisplay:
         traceback: TracebackType | None,
     ) -> None:
         if self._live is not None:
+            # The table left on screen is the run's last word: read the roles once more, or it
+            # shows them as of the last poll (still "running" after they stopped).
+            self._live.update(self._table())
             self._live.__exit__(kind, error, traceback)
             self._live = None
 
@@ -110,11 +115,11 @@ class ProgressDisplay:
         if self._live is not None:
             self._live.update(self._table())
         elif time.time() - self._last_line >= PLAIN_PROGRESS_EVERY_S:
-            print(self.summary(), file=sys.stderr, flush=True)
+            self.console.print(self.summary(), markup=False, highlight=False, soft_wrap=True)
             self._last_line = time.time()
 
     def summary(self) -> str:
         return summary_line(self.status_dir, self.started_at, self.max_steps)
 
-    def _table(self) -> Table:
+    def _table(self) -> Group:
         return render(self.status_dir, self.started_at, self.max_steps)

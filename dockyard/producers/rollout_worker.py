@@ -135,7 +135,7 @@ class RolloutWorker:
                     continue
                 consecutive_failures += 1
                 if consecutive_failures >= self.max_consecutive_failures:
-                    self.status.update("unhealthy")
+                    self.status.update("unhealthy", detail=f"engine error: {error!r}")
                     raise WorkerUnhealthy(
                         f"{consecutive_failures} consecutive engine failures; last: {error!r}"
                     ) from error

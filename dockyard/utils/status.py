@@ -39,6 +39,10 @@ class StatusFile:
         self, state: str | None = None, detail: str | None = None, **counters: float
     ) -> None:
         if state is not None:
+            if state != self.status.state and detail is None:
+                # A detail describes the state it was given with ("loading the tokenizer" while
+                # starting); left in place it would be read as the new state's.
+                self.status.detail = ""
             self.status.state = state
         if detail is not None:
             self.status.detail = detail

@@ -521,10 +521,8 @@ class TrainerLoop:
         if cfg.grpo.val_period and self.step % cfg.grpo.val_period == 0:
             metrics.update(await self._validate(self.step, log_now=False))
         gpu_series = self.gpu_monitor.take_due() if self.gpu_monitor is not None else {}
-        self.metrics.log_metrics(
-            {**metrics, **gpu_series, "timing/generation_timeline": generation_timeline(scored)},
-            step=self.step,
-        )
+        timeline = self.metrics.log_generation_timeline(generation_timeline(scored), self.step)
+        self.metrics.log_metrics({**metrics, **gpu_series, **timeline}, step=self.step)
         log.info(
             "trainer.step",
             step=self.step,
@@ -634,15 +632,15 @@ class TrainerLoop:
         self.summary.steps = self.step
 
 
-def generation_timeline(groups: Iterable[ScoredRollout]) -> dict[str, list[float]]:
-    """Per rollout worker, the generation time (s) of each sample trained this step: full
-    series for W&B and the JSONL file, merged and summarised for scalar-only trackers."""
-    timeline: dict[str, list[float]] = {}
+def generation_timeline(groups: Iterable[ScoredRollout]) -> dict[str, list[tuple[float, float]]]:
+    """Per rollout worker, the (started, finished) Unix times of each sample trained this step,
+    as the worker reported them (raw to ``generation_timeline.jsonl``, summarised in metrics)."""
+    timeline: dict[str, list[tuple[float, float]]] = {}
     for group in groups:
         samples = group.rollout.samples
         timings = samples.timings
         for worker, started, finished in zip(
             samples.worker_id, timings.started_at_unix_s, timings.finished_at_unix_s, strict=True
         ):
-            timeline.setdefault(worker, []).append(max(0.0, finished - started))
+            timeline.setdefault(worker, []).append((started, finished))
     return timeline

@@ -3,6 +3,7 @@
 Layout of a run's log dir::
 
     <log_dir>/metrics.jsonl        always (full values, one JSON object per log call)
+    <log_dir>/generation_timeline.jsonl  always (the raw generation intervals, one line per step)
     <log_dir>/hyperparams.json     always (the resolved config, once)
     <log_dir>/wandb/               logger.wandb_enabled
     <log_dir>/tensorboard/         logger.tensorboard_enabled
@@ -43,6 +44,12 @@ from dockyard.utils.metrics.base import (
 )
 from dockyard.utils.metrics.jsonl_backend import JsonlBackend
 from dockyard.utils.metrics.summarize import to_scalars, validate_metric
+from dockyard.utils.metrics.timeline import (
+    Timeline,
+    TimelineFile,
+    summarize_timeline,
+    validate_timeline,
+)
 
 log = get_logger(__name__)
 
@@ -114,10 +121,13 @@ class MetricsLogger:
         check_backend_packages(config)
         self._backends: list[MetricsBackend] = []
         self._last_step: int | None = None
+        self._last_timeline_step: int | None = None
+        self._timeline: TimelineFile | None = None
         self._hyperparams_logged = False
         self._closed = False
         try:
             self._backends.append(JsonlBackend(self.log_dir))
+            self._timeline = TimelineFile(self.log_dir)
             for spec in _BACKENDS:
                 if getattr(config, f"{spec.name}_enabled"):
                     self._backends.append(spec.build(config, self.log_dir / spec.name))
@@ -162,6 +172,26 @@ class MetricsLogger:
         if failures:
             raise MetricsLoggerError(f"step {step}: backends failed: {'; '.join(failures)}")
 
+    def log_generation_timeline(self, timeline: Timeline, step: int) -> dict[str, float]:
+        """Append the step's raw generation intervals to ``generation_timeline.jsonl`` and
+        return their bounded summary, for the caller to log with the step's other metrics
+        (so ``metrics.jsonl`` keeps one line per step and no series of hundreds of values)."""
+        self._check_open()
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise StepOrderError(f"step must be a non-negative int, got {step!r}")
+        if self._last_timeline_step is not None and step <= self._last_timeline_step:
+            raise StepOrderError(
+                f"generation timeline for step {step} after step {self._last_timeline_step}: "
+                "one timeline per step, in order"
+            )
+        checked = validate_timeline(timeline)
+        summary = summarize_timeline(checked)
+        if self._timeline is None:  # unreachable once constructed; keeps the type narrow
+            raise MetricsLoggerError("the generation timeline file is not open")
+        self._timeline.write(step, checked)
+        self._last_timeline_step = step
+        return summary
+
     def log_hyperparams(self, config: Mapping[str, object] | BaseModel) -> None:
         """Log the resolved config once, to every backend."""
         self._check_open()
@@ -181,6 +211,8 @@ class MetricsLogger:
 
     def _close_backends(self) -> None:
         errors: list[str] = []
+        if self._timeline is not None:
+            self._timeline.close()
         for backend in reversed(self._backends):
             try:
                 backend.close()

@@ -78,9 +78,16 @@ def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode,
         (step, index) for step in validations for index in (0, 1)
     ]
     assert all(e["prompt"].endswith("=") and "reward" in e for e in printed)
-    # The per-worker generation timeline: one series per rollout worker, one entry per sample.
-    timelines = [m["timing/generation_timeline"] for m in step_metrics]
-    assert all(set(t) == {"w0"} and len(t["w0"]) == 4 * 4 for t in timelines)
+    # The generation timeline: a per-worker summary in the metrics (one rollout worker, one entry
+    # per sample), the raw intervals one line per step in their own file.
+    assert all(m["timing/generation_timeline/w0/count"] == 4 * 4 for m in step_metrics)
+    assert not any(isinstance(value, dict) for m in step_metrics for value in m.values())
+    timelines = [
+        json.loads(line)
+        for line in (run_dir / "generation_timeline.jsonl").read_text().splitlines()
+    ]
+    assert [t["step"] for t in timelines] == metric_steps(run_dir)
+    assert all(len(t["workers"]["w0"]["started_at_unix_s"]) == 4 * 4 for t in timelines)
     if mode == "sync":
         assert all(m["staleness/max"] == 0 for m in step_metrics)
         dropped = [e for e in read_trail(run_dir / "ledger.jsonl") if e["event"] == "dropped"]

@@ -36,15 +36,23 @@ def prompt_group(group_id: str, a: int = 12, b: int = 34, generations: int = 2) 
 
 
 def rollout(
-    group: PromptGroup, answers: list[str], *, version: int = 0, tokenizer: object = TOKENIZER
+    group: PromptGroup,
+    answers: list[str],
+    *,
+    version: int = 0,
+    tokenizer: object = TOKENIZER,
+    stamps: list[tuple[str, float, float]] | None = None,
 ) -> Rollout:
     """One sample per answer, every token generated with weight ``version`` (the character
-    tokenizer by default: ``tokenizer`` for answers it cannot spell, such as LaTeX)."""
+    tokenizer by default: ``tokenizer`` for answers it cannot spell, such as LaTeX); ``stamps``
+    gives each sample's (worker id, started, finished) instead of ``w-test`` and the current
+    time."""
     eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
     samples = []
     for index, answer in enumerate(answers):
         ids = tokenizer(answer, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
         tokens = np.array([*ids, eos])
+        stamp = stamps[index] if stamps is not None else ("w-test", time.time(), time.time())
         samples.append(
             RolloutSample(
                 sample_index=index,
@@ -56,10 +64,8 @@ def rollout(
                 finish_reason="stop",
                 sampling=SamplingParams(temperature=1.0, max_new_tokens=4),
                 engine=EngineInfo(name="torch", version="test"),
-                worker_id="w-test",
-                timings=SampleTimings(
-                    started_at_unix_s=time.time(), finished_at_unix_s=time.time()
-                ),
+                worker_id=stamp[0],
+                timings=SampleTimings(started_at_unix_s=stamp[1], finished_at_unix_s=stamp[2]),
             )
         )
     return Rollout(group=group, samples=samples)

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from dockyard.broker.factory import create_data_plane
@@ -46,17 +46,23 @@ def small_config(*overrides: str):
     )
 
 
-def answer(group: PromptGroup, version: int) -> ScoredRollout:
+Stamps = Callable[[PromptGroup], list[tuple[str, float, float]]]
+"""A group's samples' (worker id, generation started, finished), as a worker reports them."""
+
+
+def answer(group: PromptGroup, version: int, stamps: Stamps | None = None) -> ScoredRollout:
     """The right answer for every sample, every token stamped with ``version``."""
     answers = [group.ground_truth] * group.num_generations
     return ScoredRollout(
-        rollout=rollout(group, answers, version=version),
+        rollout=rollout(group, answers, version=version, stamps=stamps(group) if stamps else None),
         scores=[SampleScore(sample_index=i, reward=float(i % 2)) for i in range(len(answers))],
         scorer_id="stand-in",
     )
 
 
-async def answer_prompts(messages: MessagePlane, versions_behind: int) -> None:
+async def answer_prompts(
+    messages: MessagePlane, versions_behind: int, stamps: Stamps | None = None
+) -> None:
     """Stands in for a rollout worker (and scorer) that is ``versions_behind`` refits late."""
     while True:
         for item in await messages.fetch(
@@ -64,7 +70,7 @@ async def answer_prompts(messages: MessagePlane, versions_behind: int) -> None:
         ):
             group = item.message
             version = max(0, group.dispatch_weight_version - versions_behind)
-            await messages.publish(answer(group, version))
+            await messages.publish(answer(group, version, stamps))
             await item.ack()
 
 
@@ -74,6 +80,7 @@ async def trainer(
     *overrides: str,
     versions_behind: int = 0,
     data_plane: DataPlaneConfig | None = None,
+    stamps: Stamps | None = None,
 ) -> AsyncIterator:
     """The first incarnation of a trainer, on the in-memory plane unless ``data_plane``."""
     config = small_config(*overrides)
@@ -82,7 +89,7 @@ async def trainer(
         dataset = build_dataset(config.data.train, config.data.default_env)
         dispatcher = Dispatcher(config, messages, dataset, TOKENIZER, run_id="acct")
         loop = TrainerLoop(config, messages, create_weight_store(plane), run_dir, dispatcher)
-        stand_in = asyncio.create_task(answer_prompts(messages, versions_behind))
+        stand_in = asyncio.create_task(answer_prompts(messages, versions_behind, stamps))
         try:
             yield loop
         finally:
