@@ -14,7 +14,6 @@ import asyncio
 from dockyard.config.sections.env import HleEnvConfig
 from dockyard.environments.arithmetic_env import answer_before_eos
 from dockyard.environments.base import (
-    Environment,
     GroupScore,
     InvalidScoringInput,
     SampleScore,
@@ -23,8 +22,11 @@ from dockyard.environments.base import (
 from dockyard.environments.choice_env import choice_truth, no_answer, score_choice_group, too_long
 from dockyard.environments.exact_answers import exact_answers_equal, extract_exact_answer
 from dockyard.environments.math_answers import SymbolicChecker
-from dockyard.environments.math_check_pool import MathCheckPool
-from dockyard.environments.math_env import ground_truth_text, judged_answer_score, symbolic_checker
+from dockyard.environments.math_env import (
+    MathCheckingEnvironment,
+    ground_truth_text,
+    judged_answer_score,
+)
 from dockyard.environments.registry import register_environment
 
 _ANSWER_TYPES = {
@@ -58,20 +60,12 @@ def score_exact_sample(
 
 
 @register_environment
-class HleEnvironment(Environment):
+class HleEnvironment(MathCheckingEnvironment):
     """Scored in a worker thread: exact answers may go to math-verify (in worker processes),
     letters see long texts."""
 
     name = "hle"
     settings: HleEnvConfig
-
-    def __init__(self, settings: HleEnvConfig) -> None:
-        super().__init__(settings)
-        self._pool = MathCheckPool(max_workers=settings.max_concurrency)
-        self._checker = symbolic_checker(self._pool, settings)
-
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self._pool.close)
 
     async def score(self, group: ScoringGroup) -> GroupScore:
         if self._answer_type(group) == "multiple_choice":

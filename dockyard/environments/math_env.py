@@ -85,8 +85,21 @@ def judged_answer_score(verdict: Equivalence, source: str, text: str) -> SampleS
     )
 
 
+class MathCheckingEnvironment(Environment):
+    """An environment that checks answers with math-verify in a worker-process pool of its own
+    (``symbolic_checker``), closed with the environment."""
+
+    def __init__(self, settings: MathEnvConfig | HleEnvConfig) -> None:
+        super().__init__(settings)
+        self._pool = MathCheckPool(max_workers=settings.max_concurrency)
+        self._checker = symbolic_checker(self._pool, settings)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._pool.close)
+
+
 @register_environment
-class MathEnvironment(Environment):
+class MathEnvironment(MathCheckingEnvironment):
     """Reward 1 for an answer equivalent to the ground truth, else 0.
 
     Equivalence is CPU work (math-verify in worker processes, one per task in flight), so the
@@ -95,14 +108,6 @@ class MathEnvironment(Environment):
 
     name = "math"
     settings: MathEnvConfig
-
-    def __init__(self, settings: MathEnvConfig) -> None:
-        super().__init__(settings)
-        self._pool = MathCheckPool(max_workers=settings.max_concurrency)
-        self._checker = symbolic_checker(self._pool, settings)
-
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self._pool.close)
 
     async def score(self, group: ScoringGroup) -> GroupScore:
         truth = ground_truth_text(group)
