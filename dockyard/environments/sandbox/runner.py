@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -433,17 +433,7 @@ class SandboxSession:
             os.close(status_read)
 
     def _read_status(self, status_read: int, process: subprocess.Popen[bytes]) -> Isolation:
-        report = b""
-        deadline = time.monotonic() + _SETUP_TIMEOUT_S
-        with selectors.DefaultSelector() as selector:
-            selector.register(status_read, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not selector.select(timeout=deadline - time.monotonic()):
-                    break
-                chunk = os.read(status_read, 4096)
-                if not chunk:
-                    break
-                report += chunk
+        report = _read_setup_report(status_read)
         words = report.decode(errors="replace").strip().split(" ", 2)
         if len(words) != 3 or words[0] != "ok":
             reason = report.decode(errors="replace").strip() or _setup_stderr(process)
@@ -601,19 +591,36 @@ def _rlimits(limits: SandboxLimits) -> list[tuple[int, tuple[int, int]]]:
     ]
 
 
-def _read_child_pid(info_read: int, process: subprocess.Popen[bytes]) -> int:
-    """The pid bubblewrap reports on ``--info-fd`` once the namespaces exist."""
+def _read_setup_report(fd: int, *, complete: Callable[[bytes], bool] | None = None) -> bytes:
+    """What a setup step writes on ``fd``: read until it closes, ``complete(report)`` holds, or
+    ``_SETUP_TIMEOUT_S`` passes (a setup that hangs must not hang the scorer)."""
     report = b""
     deadline = time.monotonic() + _SETUP_TIMEOUT_S
     with selectors.DefaultSelector() as selector:
-        selector.register(info_read, selectors.EVENT_READ)
+        selector.register(fd, selectors.EVENT_READ)
         while time.monotonic() < deadline:
             if not selector.select(timeout=deadline - time.monotonic()):
                 break
-            chunk = os.read(info_read, 4096)
+            chunk = os.read(fd, 4096)
             if not chunk:
                 break
             report += chunk
-            with contextlib.suppress(ValueError):
-                return int(json.loads(report)["child-pid"])
-    raise SandboxUnavailableError(f"sandbox setup failed: {_setup_stderr(process)}")
+            if complete is not None and complete(report):
+                break
+    return report
+
+
+def _child_pid(report: bytes) -> int | None:
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        return int(json.loads(report)["child-pid"])
+    return None
+
+
+def _read_child_pid(info_read: int, process: subprocess.Popen[bytes]) -> int:
+    """The pid bubblewrap reports on ``--info-fd`` once the namespaces exist."""
+    pid = _child_pid(
+        _read_setup_report(info_read, complete=lambda report: _child_pid(report) is not None)
+    )
+    if pid is None:
+        raise SandboxUnavailableError(f"sandbox setup failed: {_setup_stderr(process)}")
+    return pid
