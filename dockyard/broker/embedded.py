@@ -139,22 +139,25 @@ def _conf_list(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(_conf_string(v) for v in values) + "]"
 
 
+def _permission(kind: str, allow: tuple[str, ...], deny: tuple[str, ...]) -> str | None:
+    """One ``publish``/``subscribe`` permission block, or None when it lists nothing."""
+    parts = [
+        f"{verb}: {_conf_list(subjects)}"
+        for verb, subjects in (("allow", allow), ("deny", deny))
+        if subjects
+    ]
+    return f"{kind}: {{ {', '.join(parts)} }}" if parts else None
+
+
 def _user_entry(user: ServerUser) -> str:
-    permissions = []
-    if user.publish_allow or user.publish_deny:
-        parts = []
-        if user.publish_allow:
-            parts.append(f"allow: {_conf_list(user.publish_allow)}")
-        if user.publish_deny:
-            parts.append(f"deny: {_conf_list(user.publish_deny)}")
-        permissions.append(f"publish: {{ {', '.join(parts)} }}")
-    if user.subscribe_allow or user.subscribe_deny:
-        parts = []
-        if user.subscribe_allow:
-            parts.append(f"allow: {_conf_list(user.subscribe_allow)}")
-        if user.subscribe_deny:
-            parts.append(f"deny: {_conf_list(user.subscribe_deny)}")
-        permissions.append(f"subscribe: {{ {', '.join(parts)} }}")
+    permissions = [
+        rule
+        for rule in (
+            _permission("publish", user.publish_allow, user.publish_deny),
+            _permission("subscribe", user.subscribe_allow, user.subscribe_deny),
+        )
+        if rule is not None
+    ]
     if user.nkey:
         # An nkey user proves possession of the seed; no password travels.
         entry = f"nkey: {_conf_string(user.nkey)}"
