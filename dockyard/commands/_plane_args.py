@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 EXIT_INVALID_CONFIG = 2
 
 
-def add_plane_arguments(parser: argparse.ArgumentParser, *, url: bool = True) -> None:
+def add_plane_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    url: bool = True,
+    overrides_help: str = "Hydra-style overrides with --config (key=value, +key=value, ~key)",
+) -> None:
     parser.add_argument("--config", metavar="PATH", help="YAML config file (its data_plane)")
     if url:
         parser.add_argument("--url", help="nats:// URL of a bare server (instead of --config)")
@@ -33,7 +38,7 @@ def add_plane_arguments(parser: argparse.ArgumentParser, *, url: bool = True) ->
         "overrides",
         nargs="*",
         metavar="OVERRIDE",
-        help="Hydra-style overrides with --config (key=value, +key=value, ~key)",
+        help=overrides_help,
     )
 
 

@@ -1,6 +1,6 @@
 """``dockyard replay ls|show|export|requeue``: look into the streams of a running data plane
 (``trace`` lives in :mod:`dockyard.commands._replay_trace`, ``rescore`` and ``diff`` in
-:mod:`dockyard.commands._replay_rescore`).
+:mod:`dockyard.commands._replay_rescore`, ``retrain`` in :mod:`dockyard.commands._replay_retrain`).
 
     dockyard replay ls      (--config PATH [overrides] | --url nats://...)
     dockyard replay show    --subject S [--from-seq N | --since TIME] [--limit K] (...)
@@ -310,10 +310,11 @@ def register(registrar: CommandRegistrar) -> None:
     add_plane_arguments(requeue)
     requeue.set_defaults(handler=_requeue)
 
-    from dockyard.commands import _replay_rescore, _replay_trace
+    from dockyard.commands import _replay_rescore, _replay_retrain, _replay_trace
 
     # The plane helpers are handed over, not imported back: _replay_trace stays a leaf.
     _replay_trace.register(commands, open_plane=_open_plane, run=_run)
+    _replay_retrain.register(commands)
     _replay_rescore.register(
         commands,
         open_plane=_open_plane,
