@@ -1,4 +1,5 @@
-"""Scored experience as Parquet: one row per sample (``replay export --format parquet``).
+"""Scored experience as Parquet: one row per sample (``replay export --format parquet`` into one
+file, ``dockyard archive`` into files partitioned by run and step; one writer serves both).
 
 The columns are documented in docs/wire-format.md ("Parquet export"). The per-token arrays are
 list columns built straight from the wire's back-to-back columns (offsets from the lengths), so
@@ -11,7 +12,7 @@ gets each one (its sequence, reason and stored bytes) to report.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +90,10 @@ class ExportResult:
     groups: int = 0
     rows: int = 0
     refused: list[Refused] = field(default_factory=list)
+    #: The sequence of the message the placement stopped at (None: the selection's end).
+    stopped_at: int | None = None
+    #: Rows written to each file.
+    files: dict[Path, int] = field(default_factory=dict)
 
 
 def _list_column(values: np.ndarray, lengths: list[int], kind: pa.DataType) -> pa.ListArray:
@@ -188,7 +193,13 @@ def group_batch(stored: StoredMessage, scored: ScoredRollout) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
 
 
-def _batch_or_refusal(stored: StoredMessage) -> pa.RecordBatch | Refused:
+@dataclass(frozen=True)
+class _Rows:
+    scored: ScoredRollout
+    batch: pa.RecordBatch
+
+
+def _batch_or_refusal(stored: StoredMessage) -> _Rows | Refused:
     message = decode_stored(stored)
     if isinstance(message, Undecodable):
         return Refused(stored, message.reason, message.detail)
@@ -199,28 +210,84 @@ def _batch_or_refusal(stored: StoredMessage) -> pa.RecordBatch | Refused:
             f"a {type(message).SCHEMA_NAME} message: the Parquet export holds scored rollouts",
         )
     try:
-        return group_batch(stored, message)
+        return _Rows(message, group_batch(stored, message))
     except NotRepresentable as error:
         return Refused(stored, "not_representable", str(error))
 
 
-async def export_parquet(messages: AsyncIterator[StoredMessage], out: Path) -> ExportResult:
-    """Write every scored group of ``messages`` to ``out`` (a file with the schema even when
-    no group qualifies); the others are returned in ``refused``, in stream order."""
+class _FileWriter:
+    """One Parquet file, written as ``NAME.partial`` and renamed when complete: a reader never
+    sees half a file, and an interrupted write leaves no file of the final name."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.partial = path.with_name(path.name + ".partial")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.writer = pq.ParquetWriter(self.partial, SCHEMA)
+        self.pending: list[pa.RecordBatch] = []
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.pending.append(batch)
+        if len(self.pending) >= GROUPS_PER_ROW_GROUP:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.Table.from_batches(self.pending, SCHEMA))
+            self.pending.clear()
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+        self.partial.replace(self.path)
+
+    def abandon(self) -> None:
+        self.writer.close()
+        self.partial.unlink(missing_ok=True)
+
+
+#: Where a scored group's rows go: a file, or None to stop before its message (the caller will
+#: place it on a later pass, e.g. once the trainer has settled its group).
+Placement = Callable[[ScoredRollout], Path | None]
+
+
+async def write_parquet(
+    messages: AsyncIterator[StoredMessage], place: Placement, *, always: Path | None = None
+) -> ExportResult:
+    """Every scored group of ``messages`` into the file ``place`` names for it (one writer per
+    file, bounded row groups), until ``place`` says stop (``stopped_at``: that message's
+    sequence). The others are returned in ``refused``, in stream order. ``always``: a file
+    written even when no group goes there (the schema, no rows)."""
     result = ExportResult()
-    pending: list[pa.RecordBatch] = []
-    with pq.ParquetWriter(out, SCHEMA) as writer:
+    writers: dict[Path, _FileWriter] = {}
+    if always is not None:
+        writers[always] = _FileWriter(always)
+    try:
         async for stored in messages:
             outcome = _batch_or_refusal(stored)
             if isinstance(outcome, Refused):
                 result.refused.append(outcome)
                 continue
-            pending.append(outcome)
+            path = place(outcome.scored)
+            if path is None:
+                result.stopped_at = stored.seq
+                break
+            if path not in writers:
+                writers[path] = _FileWriter(path)
+            writers[path].add(outcome.batch)
             result.groups += 1
-            result.rows += outcome.num_rows
-            if len(pending) >= GROUPS_PER_ROW_GROUP:
-                writer.write_table(pa.Table.from_batches(pending, SCHEMA))
-                pending.clear()
-        if pending:
-            writer.write_table(pa.Table.from_batches(pending, SCHEMA))
+            result.rows += outcome.batch.num_rows
+            result.files[path] = result.files.get(path, 0) + outcome.batch.num_rows
+    except BaseException:
+        for writer in writers.values():
+            writer.abandon()
+        raise
+    for writer in writers.values():
+        writer.close()
     return result
+
+
+async def export_parquet(messages: AsyncIterator[StoredMessage], out: Path) -> ExportResult:
+    """Write every scored group of ``messages`` to ``out`` (a file with the schema even when
+    no group qualifies); the others are returned in ``refused``, in stream order."""
+    return await write_parquet(messages, lambda _: out, always=out)
