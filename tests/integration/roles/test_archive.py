@@ -158,3 +158,39 @@ def test_the_archive_waits_for_the_ledger_at_the_first_unsettled_group(
     by_group = final.groupby("group_id")["step"].agg(lambda s: set(s.astype(int))).to_dict()
     assert by_group == {"g1": {1}, "g2": {-1}, "g3": {2}}
     assert len(final) == 3 * 2  # each group once, two samples each
+
+
+def test_a_pass_over_more_steps_than_open_files_loses_no_row(
+    data_plane_config, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    # One group per step for more steps than a pass keeps files open, then a group of step 1
+    # again: step 1's file was closed meanwhile, so that group goes to a second file beside it.
+    from dockyard.broker.parquet_export import MAX_OPEN_FILES
+
+    run_dir, out = tmp_path / "run", tmp_path / "archive"
+    run_dir.mkdir()
+    count = MAX_OPEN_FILES + 2
+    ids = [f"g{i}" for i in range(count + 1)]
+    ledger = Ledger(trail=run_dir / "ledger.jsonl")
+    ledger.record_dispatched(ids)
+    for i, group_id in enumerate(ids[:count]):
+        ledger.record_trained([group_id], i + 1)
+    ledger.record_trained([ids[count]], 1)
+
+    async def publish() -> None:
+        async with JetStreamPlane(data_plane_config) as plane:
+            messages = MessagePlane(plane, stage="test")
+            for i, group_id in enumerate(ids):
+                await messages.publish(_scored(group_id, 10 + i))
+
+    asyncio.run(publish())
+    args = ["archive", "--run-dir", str(run_dir), "--out", str(out)]
+    assert main([*args, *_target(data_plane_config)]) == 0
+    frame = pd.read_parquet(out)
+    steps = frame.groupby("group_id")["step"].agg(lambda s: set(s.astype(int))).to_dict()
+    assert steps == {**{g: {i + 1} for i, g in enumerate(ids[:count])}, ids[count]: {1}}
+    assert len(frame) == len(ids) * 2
+    assert sorted(p.name for p in (out / "run=run" / "step=1").iterdir()) == [
+        "part-000000000001-2.parquet",
+        "part-000000000001.parquet",
+    ]
