@@ -68,6 +68,7 @@ def _run(plan, plane_settings, out_dir: Path):  # type: ignore[no-untyped-def]
     from dockyard.broker.plane import DataPlaneError
     from dockyard.consumers.retrain import published_digests, retrain, stored_groups
     from dockyard.consumers.retrain_plan import RetrainRefused
+    from dockyard.utils.private_files import private_dir
 
     async def read():  # type: ignore[no-untyped-def]
         plane = JetStreamPlane(plane_settings, provision=False, client_name="dockyard-retrain")
@@ -76,7 +77,8 @@ def _run(plan, plane_settings, out_dir: Path):  # type: ignore[no-untyped-def]
 
     try:
         groups, digests = asyncio.run(read())  # refused before anything is written
-        out_dir.mkdir(parents=True, exist_ok=True)
+        # Its hyperparams.json is the run's config, credentials included: its owner's only.
+        private_dir(out_dir)
         return retrain(plan, groups, digests, out_dir)
     except RetrainRefused as error:
         raise CliError(str(error), EXIT_INVALID_CONFIG) from None
