@@ -66,20 +66,16 @@ def _plane_config(args: argparse.Namespace, plan):  # type: ignore[no-untyped-de
 def _run(plan, plane_settings, out_dir: Path):  # type: ignore[no-untyped-def]
     from dockyard.broker.jetstream import JetStreamPlane
     from dockyard.broker.plane import DataPlaneError
-    from dockyard.consumers.retrain import published_digests, retrain, stored_groups
+    from dockyard.consumers.retrain import retrain
     from dockyard.consumers.retrain_plan import RetrainRefused
-    from dockyard.utils.private_files import private_dir
 
-    async def read():  # type: ignore[no-untyped-def]
+    async def run():  # type: ignore[no-untyped-def]
         plane = JetStreamPlane(plane_settings, provision=False, client_name="dockyard-retrain")
         async with plane:
-            return await stored_groups(plane, plan), await published_digests(plane)
+            return await retrain(plane, plan, out_dir)
 
     try:
-        groups, digests = asyncio.run(read())  # refused before anything is written
-        # Its hyperparams.json is the run's config, credentials included: its owner's only.
-        private_dir(out_dir)
-        return retrain(plan, groups, digests, out_dir)
+        return asyncio.run(run())
     except RetrainRefused as error:
         raise CliError(str(error), EXIT_INVALID_CONFIG) from None
     except DataPlaneError as error:

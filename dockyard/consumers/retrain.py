@@ -16,9 +16,10 @@ which a re-training does not have. Validation is not run again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
 from dockyard.schemas import CodecError, ScoredRollout, WeightVersion, decode
 from dockyard.utils.logging import get_logger
 from dockyard.utils.metrics.jsonl_backend import JsonlBackend
+from dockyard.utils.private_files import private_dir
 
 log = get_logger(__name__)
 
@@ -112,31 +114,35 @@ class RetrainReport:
 
 
 # -- the experience --------------------------------------------------------------------------
-async def stored_groups(plane: DataPlane, plan: RetrainPlan) -> dict[str, ScoredRollout]:
-    """The scored group of every group the plan trains, read from the experience stream (the
-    first stored copy of each, as the trainer took it). Refuses, before anything is trained,
-    when one is no longer there, saying whether the stream's limits dropped it."""
+async def check_stored(plane: DataPlane, plan: RetrainPlan) -> None:
+    """Refuse, before anything is trained, when a group the plan trains is no longer in the
+    experience stream (or no stored copy of it decodes), saying whether the stream's limits
+    dropped it. Keeps only ids: the groups themselves are read again while training."""
     needed = plan.needed_groups()
-    found: dict[str, ScoredRollout] = {}
+    found: set[str] = set()
     unreadable: dict[str, str] = {}
+    async for scored in _scored_copies(plane, plan, unreadable):
+        if scored.group_id in needed:
+            found.add(scored.group_id)
+            if len(found) == len(needed):
+                return
+    raise RetrainRefused(
+        _describe_missing(plan, needed - found, await _experience_state(plane), unreadable)
+    )
+
+
+async def _scored_copies(
+    plane: DataPlane, plan: RetrainPlan, unreadable: dict[str, str]
+) -> AsyncIterator[ScoredRollout]:
+    """The scored groups stored from the checkpoint's replay position on, decoded; the copies
+    that do not decode are noted in ``unreadable`` (by message id) and passed over: a group
+    counts as missing if no readable copy follows (chunks of an oversized message can age out
+    on their own stream)."""
     async for stored in plane.replay(plane.names.scored, from_seq=plan.replay_from_seq):
         try:
-            scored = decode(stored.headers, stored.data, expected=ScoredRollout)
+            yield decode(stored.headers, stored.data, expected=ScoredRollout)
         except CodecError as error:
-            # Its group id is in the message id; it counts as missing if no readable copy
-            # follows (chunks of an oversized message can age out on their own stream).
             unreadable[stored.msg_id or f"seq {stored.seq}"] = error.reason.value
-            continue
-        if scored.group_id in needed and scored.group_id not in found:
-            found[scored.group_id] = scored
-            if len(found) == len(needed):
-                break
-    missing = needed - found.keys()
-    if missing:
-        raise RetrainRefused(
-            _describe_missing(plan, missing, await _experience_state(plane), unreadable)
-        )
-    return found
 
 
 async def published_digests(plane: DataPlane) -> dict[int, str]:
@@ -271,55 +277,91 @@ def _override_hyperparameters(trainer: PolicyTrainer, configured: _Hyperparamete
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr says
 
 
-def retrain(
-    plan: RetrainPlan,
-    groups: dict[str, ScoredRollout],
-    digests: dict[int, str],
-    out_dir: Path,
-) -> RetrainReport:
-    """Restore the plan's checkpoint and train its steps (blocking); every step's metrics go to
-    ``out_dir/metrics.jsonl`` and the comparison to ``out_dir/retrain.json``."""
-    from dockyard.models import load_policy
+class _Retraining:
+    """The restored trainer and the output files; :meth:`train` one step at a time."""
 
-    config = plan.config
-    report = RetrainReport(plan, out_dir)
-    writer = JsonlBackend(out_dir)
-    writer.log_hyperparams(config.model_dump(mode="json"))
-    try:
-        with deterministic_algorithms():
-            # As the trainer builds itself (TrainerLoop._build), then as it resumes.
-            torch.manual_seed(config.grpo.seed)
-            model, tokenizer = load_policy(
-                config.policy.model_name, "float32", tokenizer_name=config.policy.tokenizer.name
+    def __init__(self, plan: RetrainPlan, digests: dict[int, str], out_dir: Path) -> None:
+        from dockyard.models import load_policy
+
+        self.plan, self.digests = plan, digests
+        self.report = RetrainReport(plan, out_dir)
+        config = plan.config
+        # As the trainer builds itself (TrainerLoop._build), then as it resumes.
+        torch.manual_seed(config.grpo.seed)
+        model, self.tokenizer = load_policy(
+            config.policy.model_name, "float32", tokenizer_name=config.policy.tokenizer.name
+        )
+        self.trainer = PolicyTrainer(model, config)
+        configured = _hyperparameters(self.trainer)
+        state = read_checkpoint(plan.checkpoint.path, self.trainer)
+        if state.step != plan.checkpoint.step:
+            raise RetrainRefused(
+                f"{plan.checkpoint.path}: holds step {state.step}, not {plan.checkpoint.step}"
             )
-            trainer = PolicyTrainer(model, config)
-            configured = _hyperparameters(trainer)
-            state = read_checkpoint(plan.checkpoint.path, trainer)
-            if any(key.startswith(SCHEDULE_KEYS) for key in plan.changed_keys):
-                _override_hyperparameters(trainer, configured)
-            if state.step != plan.checkpoint.step:
-                raise RetrainRefused(
-                    f"{plan.checkpoint.path}: holds step {state.step}, not {plan.checkpoint.step}"
-                )
-            for step, group_ids in sorted(plan.steps.items()):
-                batch = build_batch([groups[g] for g in group_ids], tokenizer.pad_token_id)
-                outcome = trainer.step(batch)
-                result = StepResult(
-                    step=step,
-                    metrics=step_metrics(outcome, batch),
-                    digest=weights_digest(trainer.model, config.policy.precision),
-                    original=plan.original_metrics.get(step),
-                    original_digest=digests.get(step),
-                )
-                writer.log_metrics({**result.metrics, "timing/train_step_s": outcome.seconds}, step)
-                report.steps.append(result)
-                log.info(
-                    "retrain.step",
-                    step=step,
-                    differing=len(result.differing),
-                    digest_equal=result.digest_equal,
-                )
-    finally:
-        writer.close()
-        (out_dir / REPORT_FILE).write_text(json.dumps(report.to_json(), indent=2))
-    return report
+        if any(key.startswith(SCHEDULE_KEYS) for key in plan.changed_keys):
+            _override_hyperparameters(self.trainer, configured)
+        self.writer = JsonlBackend(out_dir)
+        self.writer.log_hyperparams(config.model_dump(mode="json"))
+
+    def train(self, step: int, groups: list[ScoredRollout]) -> None:
+        batch = build_batch(groups, self.tokenizer.pad_token_id)  # type: ignore[attr-defined]
+        outcome = self.trainer.step(batch)
+        result = StepResult(
+            step=step,
+            metrics=step_metrics(outcome, batch),
+            digest=weights_digest(self.trainer.model, self.plan.config.policy.precision),
+            original=self.plan.original_metrics.get(step),
+            original_digest=self.digests.get(step),
+        )
+        self.writer.log_metrics({**result.metrics, "timing/train_step_s": outcome.seconds}, step)
+        self.report.steps.append(result)
+        log.info(
+            "retrain.step",
+            step=step,
+            differing=len(result.differing),
+            digest_equal=result.digest_equal,
+        )
+
+    def close(self) -> None:
+        self.writer.close()
+        path = self.report.out_dir / REPORT_FILE
+        path.write_text(json.dumps(self.report.to_json(), indent=2))
+
+
+async def retrain(plane: DataPlane, plan: RetrainPlan, out_dir: Path) -> RetrainReport:
+    """Check that the plan's groups are stored, restore its checkpoint and train its steps in
+    order, each as soon as its groups have been read (so memory holds the groups read ahead of
+    the step being trained, not the range's); every step's metrics go to
+    ``out_dir/metrics.jsonl`` and the comparison to ``out_dir/retrain.json``."""
+    await check_stored(plane, plan)
+    digests = await published_digests(plane)
+    # Created once the check passed; its hyperparams.json is the run's config, credentials
+    # included: its owner's only.
+    private_dir(out_dir)
+    steps = sorted(plan.steps)
+    needed = plan.needed_groups()
+    read: dict[str, ScoredRollout] = {}  # read, not trained yet
+    taken: set[str] = set()  # the first copy of a group is the one the trainer used
+    with deterministic_algorithms():
+        retraining = await asyncio.to_thread(_Retraining, plan, digests, out_dir)
+        try:
+            async for scored in _scored_copies(plane, plan, {}):
+                if scored.group_id not in needed or scored.group_id in taken:
+                    continue
+                taken.add(scored.group_id)
+                read[scored.group_id] = scored
+                while steps and all(g in read for g in plan.steps[steps[0]]):
+                    step = steps.pop(0)
+                    groups = [read.pop(g) for g in plan.steps[step]]
+                    # Off the event loop: the broker connection stays served during a step.
+                    await asyncio.to_thread(retraining.train, step, groups)
+                if not steps:
+                    break
+        finally:
+            retraining.close()
+    if steps:  # deleted between the check and the training: say so, do not pass it over
+        raise RetrainRefused(
+            f"the groups of steps {_ranges(steps)} disappeared from the stream while "
+            "re-training (its limits dropped them meanwhile?); the steps before were written"
+        )
+    return retraining.report
