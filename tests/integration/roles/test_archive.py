@@ -6,6 +6,10 @@ wrote, and the per-token arrays against the codec's decode of the stored message
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -194,3 +198,36 @@ def test_a_pass_over_more_steps_than_open_files_loses_no_row(
         "part-000000000001-2.parquet",
         "part-000000000001.parquet",
     ]
+
+
+def test_archive_follow_trails_the_ledger_until_stopped(data_plane_config, tmp_path: Path):
+    # A real `dockyard archive --follow` process: its first pass waits at the unsettled g2; once
+    # the ledger settles g2, a later pass archives g2 and g3; SIGTERM ends it cleanly.
+    run_dir, out = tmp_path / "run", tmp_path / "archive"
+    run_dir.mkdir()
+    ledger = Ledger(trail=run_dir / "ledger.jsonl")
+    ledger.record_dispatched(["g1", "g2", "g3"])
+    ledger.record_trained(["g1", "g3"], 1)
+
+    async def publish() -> None:
+        async with JetStreamPlane(data_plane_config) as plane:
+            messages = MessagePlane(plane, stage="test")
+            for i, group_id in enumerate(["g1", "g2", "g3"]):
+                await messages.publish(_scored(group_id, 10 + i))
+
+    asyncio.run(publish())
+    command = [sys.executable, "-m", "dockyard", "archive", "--run-dir", str(run_dir)]
+    command += ["--out", str(out), "--follow", "--interval", "0.2", *_target(data_plane_config)]
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=environment) as process:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert "archived 2 samples of 1 groups" in first and "waiting at seq" in first
+        ledger.record_dropped("g2", "stale: age 2 > 1")
+        for line in process.stdout:  # passes find nothing new until they read the new trail
+            if "of 2 groups" in line:
+                break
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    steps = pd.read_parquet(out).groupby("group_id")["step"].agg(lambda s: set(s.astype(int)))
+    assert steps.to_dict() == {"g1": {1}, "g2": {-1}, "g3": {1}}
