@@ -47,6 +47,7 @@ from dockyard.consumers.trainer.plot import plot_run
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.prompt_source import PromptSource
 from dockyard.consumers.trainer.sft import run_sft
+from dockyard.consumers.trainer.worker_trust import WorkerScreen
 from dockyard.data.chat import build_prompt_dataset
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
@@ -122,6 +123,7 @@ class TrainerLoop:
             weights, enabled=patches.enabled, snapshot_every=patches.snapshot_every
         )
         self.published_blob: PublishedBlob | None = None
+        self.worker_screen: WorkerScreen | None = None  # grpo.worker_trust, set by _build
         self.run_dir = run_dir
         self.status = status or StatusFile(None, "trainer", "0")
         self.producer_id = producer_id or f"trainer-{uuid.uuid4().hex[:8]}"
@@ -185,6 +187,18 @@ class TrainerLoop:
         self.metrics = MetricsLogger(cfg.logger, cfg.logger.directory(self.run_dir))
         self.gpu_monitor = start_gpu_monitor(cfg.logger)
         self.ledger = Ledger(trail=self.run_dir / LEDGER_FILE)
+        trust = cfg.grpo.worker_trust
+        self.worker_screen = (
+            WorkerScreen(
+                trust,
+                lambda batch: self.trainer.batch_logprobs(self.trainer.model, batch),
+                self.tokenizer.pad_token_id,  # type: ignore[attr-defined]
+                self.plane,
+                lambda: self.ledger,
+            )
+            if trust.enabled
+            else None
+        )
 
     async def _resume_or_start(self) -> int:
         """Returns the scored-stream sequence to replay from (0 = nothing to replay)."""
@@ -304,6 +318,8 @@ class TrainerLoop:
                 break
             else:
                 await self._check_starvation(last_data)
+            if self.worker_screen is not None and len(self.pending) >= per_step:
+                self.pending = await self.worker_screen.screen(self.pending)
             if len(self.pending) >= per_step:
                 wait_s = time.monotonic() - waiting_since
                 await self._train_step(self.pending[:per_step], wait_s)
@@ -524,6 +540,7 @@ class TrainerLoop:
             "timing/publish_weights_s": publish_s,
             "weights/version": float(self.weight_version),
             **weight_blob_metrics(self.published_blob),
+            **(self.worker_screen.trust.metrics() if self.worker_screen else {}),
         }
         if cfg.grpo.val_period and self.step % cfg.grpo.val_period == 0:
             metrics.update(await self._validate(self.step, log_now=False))
