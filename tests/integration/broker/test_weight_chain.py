@@ -16,7 +16,15 @@ import torch
 from dockyard.broker.plane import DataPlane
 from dockyard.broker.weights import BlobNotFound, WeightBlobStore, create_weight_store
 from dockyard.broker.weights.chain import ChainFollower, ChainPublisher, PublishedBlob
-from dockyard.broker.weights.patch import PATCH_FORMAT, SNAPSHOT_FORMAT, PatchError
+from dockyard.broker.weights.patch import (
+    PATCH_FORMAT,
+    SNAPSHOT_FORMAT,
+    ChainLink,
+    PatchError,
+    PatchHeader,
+    encode_patch,
+    state_digest,
+)
 from dockyard.schemas import WeightVersion
 
 SNAPSHOT_EVERY = 4
@@ -154,4 +162,35 @@ async def test_an_event_that_contradicts_its_patch_is_refused_and_the_weights_st
         await follower.resolve(unknown)
     assert follower.version == 1
     assert _same(await follower.resolve(events[2]), states[2])
+    assert follower.catch_ups == 0
+
+
+async def test_a_patch_whose_result_is_not_what_it_claims_is_refused_and_the_weights_stay(
+    plane: DataPlane,
+) -> None:
+    store = create_weight_store(plane)
+    states = _trajectory(3)
+    publisher, events = await _publish_all(store, states[:2])
+    follower = ChainFollower(create_weight_store(plane, reader_id="worker-1"), retain=True)
+    for event in events:
+        await follower.resolve(event)
+    # A stored, correctly addressed patch whose elements do not make the weights it names.
+    header = PatchHeader(
+        version=2,
+        base_version=1,
+        base_digest=state_digest(states[1]),
+        result_digest=state_digest(states[2]),
+        snapshot=ChainLink(0, events[0].digest, events[0].nbytes),
+        chain=(ChainLink(1, events[1].digest, events[1].nbytes),),
+    )
+    tampered = {name: t.clone() for name, t in states[2].items()}
+    tampered["w"][0, 0] = 1.0
+    blob, _ = encode_patch(states[1], tampered, header)
+    forged = await store.put(2, blob)
+    event = _event(2, PublishedBlob(forged, PATCH_FORMAT, 1, None))
+    with pytest.raises(PatchError, match="refusing them"):
+        await follower.resolve(event)
+    assert follower.version == 1  # still the weights it had, and still patchable
+    genuine = _event(2, await publisher.publish(2, states[2]))
+    assert _same(await follower.resolve(genuine), states[2])
     assert follower.catch_ups == 0

@@ -33,13 +33,13 @@ from dockyard.commands._roles import (
     prepare_rollout,
     prepare_trainer,
 )
-from dockyard.config.loader import load_config
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.consumers.trainer.ledger import read_trail
 from dockyard.schemas import ScoredRollout, decode
 from dockyard.schemas.prompt import group_id_of
 from dockyard.utils.status import StatusFile
 from tests.integration.broker.broker_test_utils import collect
+from tests.unit.trainer.test_trainer_accounting import small_config
 
 HONEST, TAMPERED = "w-honest", "w-tampered"
 STEPS = 4
@@ -68,24 +68,15 @@ async def test_a_worker_with_perturbed_weights_is_flagged_and_its_groups_dead_le
     nats_server: EmbeddedNatsServer,
     data_plane_config_factory: Callable[..., DataPlaneConfig],
 ) -> None:
-    config = load_config(
-        "configs/quickstart.yaml",
-        [
-            "sft.enabled=false",
-            "grpo.val_at_start=false",
-            "grpo.val_at_end=false",
-            "grpo.val_period=0",
-            "grpo.num_prompts_per_step=2",
-            "grpo.num_generations_per_prompt=4",
-            "policy.train_global_batch_size=8",
-            "policy.train_micro_batch_size=8",
-            f"grpo.max_num_steps={STEPS}",
-            "run.starvation_warning_s=30",
-            "run.starvation_timeout_s=120",
-            "checkpointing.enabled=false",
-            "grpo.worker_trust.enabled=true",
-            "grpo.worker_trust.min_tokens=1",  # judge from a worker's first group on
-        ],
+    config = small_config(
+        "grpo.num_generations_per_prompt=4",
+        "policy.train_global_batch_size=8",
+        "policy.train_micro_batch_size=8",
+        f"grpo.max_num_steps={STEPS}",
+        "run.starvation_warning_s=30",
+        "run.starvation_timeout_s=120",
+        "grpo.worker_trust.enabled=true",
+        "grpo.worker_trust.min_tokens=1",  # judge from a worker's first group on
     )
     # One group per fetch, so that the two workers share the work.
     plane_config = data_plane_config_factory(
