@@ -56,6 +56,10 @@ class PublishedBlob:
     changed_fraction: float | None  # of the elements, for a patch
 
 
+def _copy(state: State) -> State:
+    return {name: tensor.detach().clone() for name, tensor in state.items()}
+
+
 def _raw_nbytes(state: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
@@ -96,7 +100,10 @@ class ChainPublisher:
             ref = await self.store.put(version, blob)
             self._chain.append(ChainLink(version, ref.digest, ref.nbytes))
             published = PublishedBlob(ref, PATCH_FORMAT, self._base_version, fraction)
-        self._base, self._base_version, self._base_digest = state, version, digest
+        # A copy: the trainer may hand over its live parameters (float32 weights published as
+        # they are), which the next optimizer step changes in place.
+        self._base = await asyncio.to_thread(_copy, state)
+        self._base_version, self._base_digest = version, digest
         return published
 
     async def _try_patch(

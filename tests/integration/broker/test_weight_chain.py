@@ -194,3 +194,21 @@ async def test_a_patch_whose_result_is_not_what_it_claims_is_refused_and_the_wei
     genuine = _event(2, await publisher.publish(2, states[2]))
     assert _same(await follower.resolve(genuine), states[2])
     assert follower.catch_ups == 0
+
+
+async def test_the_trainer_may_publish_its_live_tensors_and_step_them_in_place(
+    plane: DataPlane,
+) -> None:
+    # float32 weights on the CPU are published without a copy: the optimizer then changes the
+    # very tensors the publisher was given.
+    store = create_weight_store(plane)
+    publisher = ChainPublisher(store, enabled=True, snapshot_every=SNAPSHOT_EVERY)
+    follower = ChainFollower(create_weight_store(plane, reader_id="worker-1"), retain=True)
+    live = {"w": torch.zeros(64, 64)}
+    for version in range(3):
+        event = _event(version, await publisher.publish(version, live))
+        expected = {"w": live["w"].clone()}
+        resolved = await follower.resolve(event)
+        assert torch.equal(resolved["w"], expected["w"])
+        live["w"][version, :8] += 1.0  # an in-place step: a few elements change
+    assert event.format == PATCH_FORMAT
