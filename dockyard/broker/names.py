@@ -14,6 +14,10 @@ from enum import StrEnum
 #: A lease record outlives any lease (leases are renewed every few seconds): after a day it can
 #: only be the last word of a reader that died, and the server drops it.
 LEASE_RECORD_MAX_AGE_S = 24 * 3600.0
+#: A heartbeat record is kept this long after its role's last beat (roles beat every few
+#: seconds): long enough to see that a role went silent and what it said last, short enough that
+#: the records of roles long gone leave the fleet view by themselves (the stream's TTL).
+HEARTBEAT_RECORD_MAX_AGE_S = 3600.0
 
 
 class Retention(StrEnum):
@@ -109,6 +113,19 @@ class PlaneNames:
         """Every reader's lease record on one blob."""
         return f"{self.namespace}.leases.{digest}.*"
 
+    def heartbeat_subject(self, role: str, instance_token: str) -> str:
+        """Where one role instance publishes its heartbeat (``instance_token`` is one subject
+        token; see ``heartbeats.subject_token``)."""
+        return f"{self.namespace}.heartbeats.{role}.{instance_token}"
+
+    def heartbeats_of(self, role: str) -> str:
+        """Every instance's heartbeat subject of one role (what a role may publish to)."""
+        return f"{self.namespace}.heartbeats.{role}.*"
+
+    @property
+    def heartbeats_wildcard(self) -> str:
+        return f"{self.namespace}.heartbeats.>"
+
     @property
     def stored_notices(self) -> str:
         """Where every stream announces what it stored (headers only; see ``stored_notice``)."""
@@ -172,6 +189,18 @@ class PlaneNames:
             announces=True,
         )
 
+    @property
+    def heartbeats_stream(self) -> StreamSpec:
+        """Each role instance's last heartbeat (see ``heartbeats.py``): a key-value bucket in all
+        but name (one record per subject, expiring), read by ``dockyard status``."""
+        return StreamSpec(
+            f"{self.namespace}_heartbeats",
+            (self.heartbeats_wildcard,),
+            Retention.LIMITS,
+            max_msgs_per_subject=1,
+            max_age_s=HEARTBEAT_RECORD_MAX_AGE_S,
+        )
+
     def message_streams(self) -> tuple[StreamSpec, ...]:
         """The streams a typed message can land in (the ones replay shows by default)."""
         return (
@@ -187,6 +216,7 @@ class PlaneNames:
             self.chunks_stream,
             self.blobs_stream,
             self.leases_stream,
+            self.heartbeats_stream,
         )
 
     def stream_for_subject(self, subject: str) -> StreamSpec:

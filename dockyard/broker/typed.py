@@ -73,6 +73,10 @@ class MessagePlane:
         self.stage = stage
         self.limits = limits
         self.dead_lettered: Counter[str] = Counter()  # by reason code
+        # This instance's own totals (the Prometheus counters are per process, and
+        # ``dockyard run`` may host several roles in one): what its heartbeat reports.
+        self.received = 0  # deliveries that decoded and went to the role
+        self.published = 0
 
     def subject_for(self, message_type: type[Message]) -> str:
         subjects: dict[type[Message], str] = {
@@ -104,6 +108,7 @@ class MessagePlane:
             out.subject, out.payload, msg_id=out.msg_id, headers=out.headers
         )
         MESSAGES_PUBLISHED.labels(self.stage, type(message).__name__).inc()
+        self.published += 1
         return ack
 
     async def publish_many(
@@ -116,6 +121,7 @@ class MessagePlane:
         acks = await self.plane.publish_many(outgoing)
         for message in messages:
             MESSAGES_PUBLISHED.labels(self.stage, type(message).__name__).inc()
+        self.published += len(messages)
         return acks
 
     @contextlib.asynccontextmanager
@@ -191,6 +197,7 @@ class MessagePlane:
             out.append(Received(message, delivery))
         if out:
             MESSAGES_RECEIVED.labels(self.stage, expected.__name__).inc(len(out))
+            self.received += len(out)
         return out
 
     async def current_weight_version(self) -> WeightVersion | None:

@@ -23,6 +23,7 @@ from dockyard.commands._roles import (
 
 async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.factory import create_data_plane
+    from dockyard.broker.heartbeats import publishing_heartbeats
 
     config = load_role_config(args)
     refuse_in_memory_plane(config, "rollout")
@@ -46,7 +47,8 @@ async def _serve(args: argparse.Namespace) -> int:
                 config, plane, engine, params, worker_id=worker_id, status=status
             )
             on_shutdown_signals(worker.stop)
-            await serve_rollout_worker(worker)
+            async with publishing_heartbeats(plane, status, worker.messages):
+                await serve_rollout_worker(worker)
     return 0
 
 

@@ -20,6 +20,7 @@ from dockyard.commands._roles import (
 
 async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.factory import create_data_plane
+    from dockyard.broker.heartbeats import publishing_heartbeats
 
     config = load_role_config(args)
     refuse_in_memory_plane(config, "score")
@@ -34,7 +35,8 @@ async def _serve(args: argparse.Namespace) -> int:
                 config, plane, scorer_id=scorer_id, status=status, only_env=args.env
             )
             on_shutdown_signals(scorer.stop)
-            await scorer.run()
+            async with publishing_heartbeats(plane, status, scorer.messages):
+                await scorer.run()
     return 0
 
 

@@ -22,6 +22,7 @@ from dockyard.utils.private_files import private_dir
 
 async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.factory import create_data_plane
+    from dockyard.broker.heartbeats import publishing_heartbeats
     from dockyard.consumers.trainer.loop import TrainerStarved
 
     config = load_role_config(args)
@@ -36,7 +37,8 @@ async def _serve(args: argparse.Namespace) -> int:
             record_metrics_port(metrics, loop.status)
             on_shutdown_signals(loop.stop)
             try:
-                summary = await loop.run()
+                async with publishing_heartbeats(plane, loop.status, loop.messages):
+                    summary = await loop.run()
             except TrainerStarved as error:
                 raise CliError(str(error), exit_code=EXIT_STARVED) from None
     print(describe_trainer_summary(summary))
