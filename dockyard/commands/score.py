@@ -21,6 +21,7 @@ from dockyard.commands._roles import (
 async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.factory import create_data_plane
     from dockyard.broker.heartbeats import publishing_heartbeats
+    from dockyard.utils.tracing import tracing
 
     config = load_role_config(args)
     refuse_in_memory_plane(config, "score")
@@ -28,7 +29,10 @@ async def _serve(args: argparse.Namespace) -> int:
     # ready once it takes rollouts
     status = starting_status(args.status_dir, "scorer", scorer_id, "loading the tokenizer")
     plane = create_data_plane(config.data_plane, client_name=f"scorer-{scorer_id}")
-    with metrics_endpoint(config) as metrics:
+    with (
+        metrics_endpoint(config) as metrics,
+        tracing(config.run.tracing, role="scorer", instance=scorer_id),
+    ):
         record_metrics_port(metrics, status)
         async with plane:
             scorer = build_scorer(
