@@ -1,20 +1,25 @@
 """``dockyard status`` on a real fleet (issue #26): every role process of ``dockyard run`` over
 the embedded JetStream beats on the data plane, and the view read from the broker alone names
-them all, with the trainer's weight version and the workers' deliveries."""
+them all, with the trainer's weight version and each role's deliveries."""
 
 from __future__ import annotations
 
 import json
-import signal
 import socket
-import subprocess
-import sys
 
 import pytest
 
-from tests.integration.e2e.conftest import QUICKSTART, ROOT, run_dockyard, trainer_step, wait_until
+from tests.integration.e2e.conftest import (
+    QUICKSTART,
+    run_dockyard,
+    start_dockyard,
+    stop,
+    trainer_step,
+    wait_until,
+)
 
 NAMESPACE = "statuscheck"
+ROLES = {("trainer", "0"), ("rollout", "w0"), ("scorer", "s0"), ("scorer", "s1")}
 
 
 def _free_port() -> int:
@@ -34,49 +39,32 @@ def test_status_shows_every_role_of_a_running_fleet(tmp_path, small_run):
         f"data_plane.embedded.port={port}",
         f"data_plane.namespace={NAMESPACE}",
     ]
-    command = [sys.executable, "-m", "dockyard", "--log-format", "json", "run"]
-    process = subprocess.Popen(
-        [*command, "--config", str(QUICKSTART), *overrides, "--run-dir", str(run_dir)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    process = start_dockyard(
+        "run", "--config", str(QUICKSTART), *overrides, "--run-dir", str(run_dir)
     )
     target = ["status", "--url", f"nats://127.0.0.1:{port}", "--namespace", NAMESPACE, "--json"]
+
+    def view() -> dict:
+        done = run_dockyard(*target, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def roles_of(seen: dict) -> dict:
+        return {(r["role"], r["instance"]): r for r in seen["roles"]}
+
+    def every_role_busy() -> bool:
+        roles = roles_of(view())
+        return set(roles) == ROLES and all(r["received"] > 0 for r in roles.values())
+
     try:
         wait_until(lambda: trainer_step(run_dir / "status") >= 2, 300, "step 2")
-
-        def view() -> dict:
-            done = run_dockyard(*target, timeout=120)
-            assert done.returncode == 0, done.stderr
-            return json.loads(done.stdout)
-
-        def every_role_busy() -> bool:
-            roles = {(r["role"], r["instance"]): r for r in view()["roles"]}
-            return (
-                set(roles)
-                == {
-                    ("trainer", "0"),
-                    ("rollout", "w0"),
-                    ("scorer", "s0"),
-                    ("scorer", "s1"),
-                }
-                and roles[("rollout", "w0")]["received"] > 0
-            )
-
         # Beats come every few seconds: the first ones after step 2 may still say "starting".
         wait_until(every_role_busy, 120, "every role's heartbeat with deliveries")
         seen = view()
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
+        stop(process)
 
-    roles = {(r["role"], r["instance"]): r for r in seen["roles"]}
+    roles = roles_of(seen)
     trainer = roles[("trainer", "0")]
     assert trainer["state"] == "running" and not trainer["silent"]
     assert trainer["weight_version"] >= 1  # it stepped at least twice
