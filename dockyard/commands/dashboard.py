@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 from dockyard.commands._cli import CliError, CommandRegistrar
@@ -71,8 +73,23 @@ async def _serve(args: argparse.Namespace) -> int:
         host, port = listener.getsockname()[:2]
         print(f"dashboard at http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
-        await uvicorn.Server(config).serve(sockets=[listener])
+        with _signals_end_the_server_only():
+            await uvicorn.Server(config).serve(sockets=[listener])
     return 0
+
+
+@contextlib.contextmanager
+def _signals_end_the_server_only() -> Iterator[None]:
+    """uvicorn stops on SIGINT/SIGTERM, then raises the signal again for the handler that was
+    there before it: the default one would end the process on the spot, before the plane is
+    closed and the finished run's nats-server stopped. A no-op handler there lets ``_serve``
+    clean up and return."""
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def register(registrar: CommandRegistrar) -> None:

@@ -25,11 +25,11 @@ DEFAULT_DEAD_LETTER_LIMIT = 10_000
 def _status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from dockyard.fleet.overview import gather_overview, render_overview
+    from dockyard.fleet.overview import DeadLetterTally, gather_overview, render_overview
 
     async def gather():  # type: ignore[no-untyped-def]
         async with open_running_plane(args, command="status") as plane:
-            return await gather_overview(plane, dead_letter_limit=args.dead_letters)
+            return await gather_overview(plane, DeadLetterTally(args.dead_letters))
 
     overview = asyncio.run(gather())
     if args.json:

@@ -27,13 +27,13 @@ CHARTED = {
 #: The trainer's time of one step: waiting for scored data, training, publishing the weights.
 #: Its idle fraction is the waiting part of the three.
 _WAIT, _BUSY = "timing/wait_for_data_s", ("timing/train_step_s", "timing/publish_weights_s")
-_AGE = re.compile(r"^staleness/groups_at_age_(\d+)$")
+_AGE = re.compile(r"^staleness/samples_at_age_(\d+)$")
 
 
 @dataclass
 class RunSeries:
     series: dict[str, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
-    #: Groups trained at each staleness (weight versions behind), summed over the run.
+    #: Samples trained at each staleness (weight versions behind), summed over the run.
     staleness_histogram: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     problems: list[str] = field(default_factory=list)
     records: int = 0
@@ -43,7 +43,7 @@ class RunSeries:
             "records": self.records,
             "series": {name: [list(p) for p in points] for name, points in self.series.items()},
             "staleness_histogram": [
-                {"age": age, "groups": self.staleness_histogram[age]}
+                {"age": age, "samples": self.staleness_histogram[age]}
                 for age in sorted(self.staleness_histogram)
             ],
             "problems": self.problems,

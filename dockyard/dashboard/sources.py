@@ -9,7 +9,7 @@ from typing import Protocol
 
 from dockyard.broker.plane import DataPlane
 from dockyard.fleet.dead_letter_pages import dead_letter_page
-from dockyard.fleet.overview import gather_overview
+from dockyard.fleet.overview import DeadLetterTally, gather_overview
 from dockyard.utils.status import read_statuses
 
 #: The fleet view counts at most this many of the newest dead letters on each refresh.
@@ -27,9 +27,11 @@ class PlaneSource:
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
+        # Kept across refreshes: each dead letter is decoded once, not on every poll.
+        self.tally = DeadLetterTally(DEAD_LETTERS_COUNTED)
 
     async def fleet(self) -> dict[str, object]:
-        overview = await gather_overview(self.plane, dead_letter_limit=DEAD_LETTERS_COUNTED)
+        overview = await gather_overview(self.plane, self.tally)
         return {"source": "data plane", **overview.to_json()}
 
     async def dead_letters(self, *, before: int | None, size: int) -> dict[str, object]:

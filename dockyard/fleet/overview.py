@@ -19,7 +19,7 @@ from rich.table import Table
 
 from dockyard.broker.heartbeats import BadHeartbeat, Heartbeat, is_silent, read_heartbeats
 from dockyard.broker.inspect import Undecodable, decode_stored
-from dockyard.broker.plane import DataPlane, StreamState
+from dockyard.broker.plane import DataPlane, StoredMessage, StreamState
 from dockyard.schemas import DeadLetter
 
 #: A dead letter whose body does not decode has no stage to read: it is counted under this one.
@@ -86,34 +86,52 @@ def _stream_json(stream: StreamState) -> dict[str, object]:
     }
 
 
-async def count_dead_letters(
-    plane: DataPlane, stored: int, last_seq: int, limit: int
-) -> tuple[list[DeadLetterCount], int]:
-    """The newest ``limit`` dead letters counted by (stage, reason), and how many were read."""
-    counts: Counter[tuple[str, str]] = Counter()
-    read = 0
-    if stored:
-        start = max(1, last_seq - limit + 1)
-        async for message in plane.replay(plane.names.dead_letters, from_seq=start, limit=limit):
-            read += 1
-            letter = decode_stored(message)
-            if isinstance(letter, DeadLetter):
-                counts[(letter.stage, letter.reason)] += 1
-            else:
-                reason = letter.reason if isinstance(letter, Undecodable) else "not_a_dead_letter"
-                counts[(UNKNOWN_STAGE, f"undecodable:{reason}")] += 1
-    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    return [DeadLetterCount(stage, reason, n) for (stage, reason), n in ordered], read
+def _stage_and_reason(message: StoredMessage) -> tuple[str, str]:
+    letter = decode_stored(message)
+    if isinstance(letter, DeadLetter):
+        return letter.stage, letter.reason
+    reason = letter.reason if isinstance(letter, Undecodable) else "not_a_dead_letter"
+    return UNKNOWN_STAGE, f"undecodable:{reason}"
+
+
+@dataclass
+class DeadLetterTally:
+    """The newest ``limit`` dead letters by (stage, reason), read on from where the last update
+    stopped: a dashboard refreshing every few seconds decodes each dead letter once."""
+
+    limit: int
+    _by_seq: dict[int, tuple[str, str]] = field(default_factory=dict)
+    _next_seq: int = 1
+
+    async def update(self, plane: DataPlane, stream: StreamState) -> None:
+        window_start = max(stream.first_seq, stream.last_seq - self.limit + 1, 1)
+        # Forget what the stream no longer holds or what fell out of the newest ``limit``.
+        self._by_seq = {seq: key for seq, key in self._by_seq.items() if seq >= window_start}
+        start = max(self._next_seq, window_start)
+        if stream.messages and start <= stream.last_seq:
+            async for message in plane.replay(
+                plane.names.dead_letters, from_seq=start, limit=stream.last_seq - start + 1
+            ):
+                if message.seq > stream.last_seq:
+                    break
+                self._by_seq[message.seq] = _stage_and_reason(message)
+        self._next_seq = max(self._next_seq, stream.last_seq + 1)
+
+    @property
+    def counted(self) -> int:
+        return len(self._by_seq)
+
+    def counts(self) -> list[DeadLetterCount]:
+        ordered = sorted(Counter(self._by_seq.values()).items(), key=lambda i: (-i[1], i[0]))
+        return [DeadLetterCount(stage, reason, n) for (stage, reason), n in ordered]
 
 
 async def gather_overview(
-    plane: DataPlane,
-    *,
-    dead_letter_limit: int,
-    clock: Callable[[], float] = time.time,
+    plane: DataPlane, tally: DeadLetterTally, *, clock: Callable[[], float] = time.time
 ) -> FleetOverview:
-    """The view now; at most the newest ``dead_letter_limit`` dead letters are counted (each is
-    decoded to read its stage), and the view says how many the stream holds."""
+    """The view now; the dead letters are counted by ``tally`` (brought up to date: at most
+    its ``limit`` newest, each decoded to read its stage), and the view says how many the
+    stream holds."""
     streams = await plane.streams()
     names = {s.name for s in streams}
     # A broker provisioned before roles beat on the plane has no heartbeats stream: no roles
@@ -128,10 +146,9 @@ async def gather_overview(
         )
     dead = next((s for s in streams if s.name == plane.names.dead_letters_stream.name), None)
     if dead is not None:
+        await tally.update(plane, dead)
         overview.dead_letters_stored = dead.messages
-        overview.dead_letters, overview.dead_letters_counted = await count_dead_letters(
-            plane, dead.messages, dead.last_seq, dead_letter_limit
-        )
+        overview.dead_letters, overview.dead_letters_counted = tally.counts(), tally.counted
     return overview
 
 

@@ -511,9 +511,9 @@ class TrainerLoop:
             "staleness/mean": float(ages.mean()),
             "staleness/max": float(ages.max()),
             # The step's staleness histogram, as scalars every tracker takes (the dashboard
-            # sums them over the run): groups trained at each age in weight versions.
+            # sums them over the run): samples trained at each age in weight versions.
             **{
-                f"staleness/groups_at_age_{int(age)}": float(count)
+                f"staleness/samples_at_age_{int(age)}": float(count)
                 for age, count in zip(*torch.unique(ages, return_counts=True), strict=True)
             },
             "pipeline/dropped_stale": float(self.summary.dropped_stale),

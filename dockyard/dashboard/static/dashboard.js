@@ -60,12 +60,12 @@ function barChart(container, bins) {
   const svg = frame(container);
   svg.dataset.points = String(bins.length);
   if (bins.length === 0) return empty(svg, "no data yet");
-  const top = Math.max(...bins.map((b) => b.groups)) || 1;
+  const top = Math.max(...bins.map((b) => b.samples)) || 1;
   const width = (W - 2 * PAD) / bins.length;
   bins.forEach((bin, i) => {
-    const h = (bin.groups / top) * (H - 2 * PAD);
+    const h = (bin.samples / top) * (H - 2 * PAD);
     el("rect", { class: "bar", x: PAD + i * width + 2, y: H - PAD - h, width: Math.max(width - 4, 1),
-                 height: h, "data-age": bin.age, "data-groups": bin.groups }, svg);
+                 height: h, "data-age": bin.age, "data-samples": bin.samples }, svg);
     el("text", { x: PAD + i * width + width / 2, y: H - 8, class: "axis", "text-anchor": "middle" }, svg)
       .textContent = `age ${bin.age}`;
   });

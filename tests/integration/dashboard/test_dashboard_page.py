@@ -3,13 +3,14 @@
 and their browser, live over a real nats-server and on a finished run's own broker store.
 
 Expected values come from what the test wrote and the definitions in docs/operations.md (idle
-fraction = wait / (wait + train + publish); the staleness histogram sums each step's groups at
+fraction = wait / (wait + train + publish); the staleness histogram sums each step's samples at
 each age), never from the page's own output.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,7 +31,7 @@ from tests.conftest import fresh_namespace, make_data_plane_config
 from tests.integration.dashboard.browser import Node, load, screenshot
 from tests.integration.roles.factories import prompt_group
 
-STEPS = {  # step: (reward, loss, tokens/s, wait_s, train_s, publish_s, {age: groups})
+STEPS = {  # step: (reward, loss, tokens/s, wait_s, train_s, publish_s, {age: samples})
     1: (0.1, 1.0, 100.0, 1.0, 3.0, 0.0, {0: 4}),
     2: (0.3, 0.8, 200.0, 3.0, 0.5, 0.5, {0: 2, 1: 2}),
     3: (0.5, 0.5, 300.0, 1.0, 2.0, 1.0, {1: 3, 2: 1}),
@@ -49,7 +50,7 @@ def _write_run(run_dir: Path) -> None:
             "timing/wait_for_data_s": wait,
             "timing/train_step_s": train,
             "timing/publish_weights_s": publish,
-            **{f"staleness/groups_at_age_{age}": float(n) for age, n in ages.items()},
+            **{f"staleness/samples_at_age_{age}": float(n) for age, n in ages.items()},
         }
         if step in VALIDATION:
             record["val/accuracy"] = VALIDATION[step]
@@ -69,9 +70,9 @@ def _points(page: Node, chart: str) -> list[tuple[float, float]]:
 def test_the_charts_and_roles_of_a_run_directory(tmp_path: Path, dashboard) -> None:  # type: ignore[no-untyped-def]
     run_dir = tmp_path / "run"
     _write_run(run_dir)
-    with dashboard("--run-dir", str(run_dir)) as url:
-        page = load(url)
-        png = screenshot(url, tmp_path / "page.png")
+    with dashboard("--run-dir", str(run_dir)) as running:
+        page = load(running.url)
+        png = screenshot(running.url, tmp_path / "page.png")
 
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     assert _points(page, "reward") == [(s, v[0]) for s, v in STEPS.items()]
@@ -81,7 +82,7 @@ def test_the_charts_and_roles_of_a_run_directory(tmp_path: Path, dashboard) -> N
     idle = [(s, v[3] / (v[3] + v[4] + v[5])) for s, v in STEPS.items()]
     assert _points(page, "trainer_idle_fraction") == pytest.approx(idle)
     bars = page.by_id("chart-staleness").find_all("rect", "bar")
-    histogram = {int(b.attrs["data-age"]): float(b.attrs["data-groups"]) for b in bars}
+    histogram = {int(b.attrs["data-age"]): float(b.attrs["data-samples"]) for b in bars}
     assert histogram == {0: 4 + 2, 1: 2 + 3, 2: 1}
     roles = {(row[0], row[1]): row for row in page.by_id("roles").rows()}
     assert set(roles) == {("trainer", "0"), ("rollout", "w0")}
@@ -134,10 +135,10 @@ def test_a_live_fleet_with_its_dead_letters_paged(
     config = data_plane_config_factory(nats_server.url)
     asyncio.run(_fleet_on(config))
     target = ("--url", config.url, "--namespace", config.namespace)
-    with dashboard(*target) as url:
-        newest = load(f"{url}?dead_size=2")
+    with dashboard(*target) as running:
+        newest = load(f"{running.url}?dead_size=2")
         # The newest page ended at seq 2 (3 stored, 2 a page): the older one is before it.
-        older = load(f"{url}?dead_size=2&dead_before=2")
+        older = load(f"{running.url}?dead_size=2&dead_before=2")
 
     _check_fleet(newest, config.namespace)
     rows = newest.by_id("dead-letters").rows()
@@ -169,8 +170,13 @@ def test_a_finished_runs_own_broker_store(tmp_path: Path, dashboard) -> None:  #
     section = {"url": "embedded", "namespace": namespace, "streams": {"storage": "file"}}
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"data_plane": section}))
 
-    with dashboard("--run-dir", str(run_dir)) as page_url:
-        page = load(page_url)
+    with dashboard("--run-dir", str(run_dir)) as running:
+        page = load(running.url)
+    # The server the dashboard started on the store is gone with it.
+    [started] = [
+        json.loads(line) for line in running.stderr.splitlines() if '"nats_server.started"' in line
+    ]
+    assert not Path(f"/proc/{started['pid']}").exists()
 
     _check_fleet(page, namespace)
     assert len(page.by_id("dead-letters").rows()) == 3
