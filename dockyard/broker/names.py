@@ -18,6 +18,9 @@ LEASE_RECORD_MAX_AGE_S = 24 * 3600.0
 #: seconds): long enough to see that a role went silent and what it said last, short enough that
 #: the records of roles long gone leave the fleet view by themselves (the stream's TTL).
 HEARTBEAT_RECORD_MAX_AGE_S = 3600.0
+#: The heartbeats stream's byte cap: a record is at most 64 KiB (about 1 KiB in practice), one
+#: per role instance, so this holds a thousand instances at the worst.
+HEARTBEAT_STREAM_MAX_BYTES = 64 * 1024 * 1024
 
 
 class Retention(StrEnum):
@@ -39,6 +42,9 @@ class StreamSpec:
     max_msgs_per_subject: int = -1
     #: Overrides ``data_plane.streams.max_age_s`` for a stream whose records expire by nature.
     max_age_s: float | None = None
+    #: Caps ``data_plane.streams.max_bytes`` for a stream of small records (JetStream reserves
+    #: a file stream's max_bytes up front: a stream of heartbeats must not take gigabytes).
+    max_bytes_cap: int | None = None
     #: Each stored message is announced on ``stored_notice`` (headers only), so its subjects can
     #: be followed (``DataPlane.watch``) without a consumer. Only for streams that are followed:
     #: on the experience stream the notices would double the server's messages per group.
@@ -47,6 +53,12 @@ class StreamSpec:
     def effective_max_age_s(self, configured: float) -> float:
         """This stream's message age limit in seconds (0 = none), given the configured one."""
         return configured if self.max_age_s is None else self.max_age_s
+
+    def effective_max_bytes(self, configured: int) -> int:
+        """This stream's byte limit (-1 = none), given the configured one."""
+        if self.max_bytes_cap is None:
+            return configured
+        return self.max_bytes_cap if configured < 0 else min(configured, self.max_bytes_cap)
 
 
 @dataclass(frozen=True)
@@ -199,6 +211,7 @@ class PlaneNames:
             Retention.LIMITS,
             max_msgs_per_subject=1,
             max_age_s=HEARTBEAT_RECORD_MAX_AGE_S,
+            max_bytes_cap=HEARTBEAT_STREAM_MAX_BYTES,
         )
 
     def message_streams(self) -> tuple[StreamSpec, ...]:

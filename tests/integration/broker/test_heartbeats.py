@@ -121,3 +121,25 @@ def test_a_role_is_silent_after_three_missed_beats() -> None:
     )
     assert not is_silent(beat, 100.0 + 15.0)
     assert is_silent(beat, 100.0 + 15.1)
+
+
+async def test_the_heartbeats_stream_reserves_little(data_plane_config) -> None:  # type: ignore[no-untyped-def]
+    # JetStream reserves a file stream's max_bytes up front: the data streams' limit (256 MiB
+    # in the test config, 8 GiB by default) is capped to 64 MiB for a stream of small records.
+    from dockyard.broker.jetstream import JetStreamPlane
+
+    async with JetStreamPlane(data_plane_config) as plane:
+        info = await plane.js.stream_info(plane.names.heartbeats_stream.name)
+        assert info.config.max_bytes == 64 * 1024 * 1024
+        assert info.config.max_msgs_per_subject == 1 and info.config.max_age == 3600
+
+
+def test_a_byte_cap_only_lowers_the_configured_limit() -> None:
+    from dockyard.broker.names import PlaneNames
+
+    spec = PlaneNames("ns").heartbeats_stream
+    cap = 64 * 1024 * 1024
+    assert spec.effective_max_bytes(-1) == cap  # "no limit" configured: the cap
+    assert spec.effective_max_bytes(8 * 1024**3) == cap
+    assert spec.effective_max_bytes(1024) == 1024
+    assert PlaneNames("ns").experience_stream.effective_max_bytes(-1) == -1  # no cap
