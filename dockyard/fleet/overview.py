@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import msgspec
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from dockyard.broker.heartbeats import BadHeartbeat, Heartbeat, is_silent, read_heartbeats
 from dockyard.broker.inspect import Undecodable, decode_stored
@@ -157,40 +158,54 @@ def _number(value: float | None, digits: int = 2) -> str:
 
 
 def _name_column(table: Table, title: str, names: list[str]) -> None:
-    """A column of names people copy into the next command: never elided nor wrapped."""
-    table.add_column(title, no_wrap=True, min_width=max(map(len, names), default=len(title)))
+    """A column of names people copy into the next command, or of short values read at a
+    glance: never elided nor wrapped (the detail column takes what width is left)."""
+    widths = [len(title), *map(len, names)]
+    table.add_column(title, no_wrap=True, min_width=max(widths))
 
 
-def _roles_table(overview: FleetOverview) -> Table:
-    beats = [r for r in overview.heartbeats if isinstance(r, Heartbeat)]
-    table = Table(title=f"roles of {overview.namespace}", title_justify="left")
-    _name_column(table, "role", [b.role for b in beats])
-    _name_column(table, "instance", [b.instance for b in beats])
-    for column in ("state", "seen", "version", "received (/s)", "published", "refused/failed"):
-        table.add_column(column, overflow="fold")
-    table.add_column("detail", overflow="fold", ratio=1)
+def _role_row(overview: FleetOverview, record: Heartbeat) -> list[str]:
+    age = overview.taken_at_unix_s - record.sent_at_unix_s
+    state = f"silent ({record.state})" if overview.silent(record) else record.state
+    return [
+        record.role,
+        record.instance,
+        state,
+        f"{age:.0f}s",
+        "-" if record.weight_version is None else str(record.weight_version),
+        f"{record.received} ({_number(record.received_per_s)}/s)",
+        str(record.published),
+        f"{record.refused}/{record.failures}",
+    ]
+
+
+def _roles_table(overview: FleetOverview) -> Group:
+    """The roles' facts in a table, and below it what each one says it is doing (a detail
+    can be a long error: on a line of its own it never squeezes the table)."""
+    # age: seconds since its last beat; ref/fail: deliveries refused at decoding / failures.
+    titles = ("role", "instance", "state", "age", "ver", "received", "sent", "ref/fail")
+    rows: list[tuple[list[str], str]] = []
     for record in overview.heartbeats:
         if isinstance(record, BadHeartbeat):
-            table.add_row("?", record.subject, "[red]bad record[/]", *[""] * 4, record.reason)
-            continue
-        age = overview.taken_at_unix_s - record.sent_at_unix_s
-        state = f"[red]silent[/] ({record.state})" if overview.silent(record) else record.state
-        table.add_row(
-            record.role,
-            record.instance,
-            state,
-            f"{age:.0f}s ago",
-            "-" if record.weight_version is None else str(record.weight_version),
-            f"{record.received} ({_number(record.received_per_s)})",
-            str(record.published),
-            f"{record.refused}/{record.failures}",
-            record.detail,
-        )
+            rows.append((["?", "?", "bad record", *[""] * 5], f"{record.subject}: {record.reason}"))
+        else:
+            rows.append((_role_row(overview, record), record.detail))
+    table = Table(title=f"roles of {overview.namespace}", title_justify="left")
+    for index, title in enumerate(titles):
+        _name_column(table, title, [cells[index] for cells, _detail in rows])
+    for cells, _detail in rows:
+        style = "red" if cells[2].startswith(("silent", "bad record")) else None
+        table.add_row(*cells, style=style)
     if not overview.heartbeats:
         table.caption = "; ".join(overview.notes) or (
             "no heartbeats: no role of this namespace beat in the last hour"
         )
-    return table
+    details = [
+        Text(f"  {cells[0]} {cells[1]}: {detail}" if cells[0] != "?" else f"  {detail}")
+        for cells, detail in rows
+        if detail
+    ]
+    return Group(table, *details)
 
 
 def _streams_table(overview: FleetOverview) -> Table:
