@@ -105,3 +105,21 @@ def test_status_refuses_an_embedded_url(capsys: pytest.CaptureFixture[str]) -> N
     # empty one, not the run's).
     assert main(["status"]) == 1
     assert "status reads a running broker" in capsys.readouterr().err
+
+
+def test_a_broker_provisioned_before_heartbeats_is_shown_without_roles(
+    fleet: DataPlaneConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def forget_heartbeats() -> None:
+        async with JetStreamPlane(fleet, provision=False) as plane:
+            await plane.js.delete_stream(plane.names.heartbeats_stream.name)
+
+    asyncio.run(forget_heartbeats())
+    assert main(_status(fleet, "--json")) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["roles"] == []
+    assert view["notes"] == [
+        f"no stream {fleet.namespace}_heartbeats: this broker was provisioned before roles "
+        "published heartbeats"
+    ]
+    assert view["dead_letters"]["stored"] == 3  # the rest of the view is there
