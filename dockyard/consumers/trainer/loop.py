@@ -532,6 +532,12 @@ class TrainerLoop:
             "train/tokens_per_s": tokens / max(outcome.seconds, 1e-9),
             "staleness/mean": float(ages.mean()),
             "staleness/max": float(ages.max()),
+            # The step's staleness histogram, as scalars every tracker takes (the dashboard
+            # sums them over the run): samples trained at each age in weight versions.
+            **{
+                f"staleness/samples_at_age_{int(age)}": float(count)
+                for age, count in zip(*torch.unique(ages, return_counts=True), strict=True)
+            },
             "pipeline/dropped_stale": float(self.summary.dropped_stale),
             "pipeline/duplicates": float(self.summary.duplicates),
             "pipeline/in_flight": float(self.ledger.in_flight),

@@ -46,6 +46,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "commands/score.py",
     ),
     "logger.*.*": ("utils/metrics/",),
+    "run.tracing.*": ("utils/tracing.py",),
     "policy.optimizer.*": ("consumers/trainer/optim.py",),
     "grpo.worker_trust.enabled": ("consumers/trainer/loop.py",),
     "policy.scheduler.*": ("consumers/trainer/optim.py",),
