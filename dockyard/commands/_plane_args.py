@@ -75,3 +75,18 @@ def plane_config(args: argparse.Namespace) -> DataPlaneConfig:
         return DataPlaneConfig.model_validate(fields)
     except ValueError as error:
         raise CliError(f"invalid data plane arguments: {error}", EXIT_INVALID_CONFIG) from None
+
+
+def open_running_plane(args: argparse.Namespace, *, command: str):  # -> JetStreamPlane (lazy)
+    """The running broker's plane, for a command that only looks (``replay``, ``status``,
+    ``dashboard``): it provisions nothing. An embedded URL is refused: it would start a server
+    of its own, empty, instead of reading the one the run uses."""
+    from dockyard.broker.jetstream import JetStreamPlane
+
+    config = plane_config(args)
+    if config.is_embedded:
+        raise CliError(
+            f"{command} reads a running broker: give --url nats://... or a config whose "
+            "data_plane.url is a nats:// URL (not 'embedded')"
+        )
+    return JetStreamPlane(config, provision=False, client_name=f"dockyard-{command}")

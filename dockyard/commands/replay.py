@@ -22,21 +22,13 @@ import sys
 from pathlib import Path
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
-from dockyard.commands._plane_args import add_plane_arguments, plane_config
+from dockyard.commands._plane_args import add_plane_arguments, open_running_plane
 
 DEFAULT_SHOW_LIMIT = 50
 
 
 def _open_plane(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from dockyard.broker.jetstream import JetStreamPlane
-
-    config = plane_config(args)
-    if config.is_embedded:
-        raise CliError(
-            "replay reads a running broker: give --url nats://... or a config whose "
-            "data_plane.url is a nats:// URL (not 'embedded')"
-        )
-    return JetStreamPlane(config, provision=False, client_name="dockyard-replay")
+    return open_running_plane(args, command="replay")
 
 
 def _human_bytes(count: int) -> str:

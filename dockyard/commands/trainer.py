@@ -22,7 +22,9 @@ from dockyard.utils.private_files import private_dir
 
 async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.factory import create_data_plane
+    from dockyard.broker.heartbeats import publishing_heartbeats
     from dockyard.consumers.trainer.loop import TrainerStarved
+    from dockyard.utils.tracing import tracing
 
     config = load_role_config(args)
     refuse_in_memory_plane(config, "trainer")
@@ -30,13 +32,17 @@ async def _serve(args: argparse.Namespace) -> int:
     private_dir(run_dir)  # logs, checkpoints, metrics: its owner's only
     inputs = prepare_trainer(config)  # before any server or model starts
     plane = create_data_plane(config.data_plane, client_name="trainer")
-    with metrics_endpoint(config) as metrics:
+    with (
+        metrics_endpoint(config) as metrics,
+        tracing(config.run.tracing, role="trainer", instance="0"),
+    ):
         async with plane:
             loop = build_trainer(config, inputs, plane, run_dir=run_dir, status_dir=args.status_dir)
             record_metrics_port(metrics, loop.status)
             on_shutdown_signals(loop.stop)
             try:
-                summary = await loop.run()
+                async with publishing_heartbeats(plane, loop.status, loop.messages):
+                    summary = await loop.run()
             except TrainerStarved as error:
                 raise CliError(str(error), exit_code=EXIT_STARVED) from None
     print(describe_trainer_summary(summary))

@@ -19,12 +19,9 @@ from collections.abc import Sequence
 from PIL import Image
 
 from dockyard.broker.typed import MessagePlane, Received
-from dockyard.broker.weights.base import (
-    BlobDigestMismatch,
-    BlobNotFound,
-    WeightBlobStore,
-    new_ref,
-)
+from dockyard.broker.weights.base import BlobDigestMismatch, BlobNotFound, WeightBlobStore
+from dockyard.broker.weights.chain import ChainFollower
+from dockyard.broker.weights.patch import PatchError
 from dockyard.engines.base import (
     GenerationEngine,
     GenerationRequest,
@@ -70,6 +67,8 @@ class RolloutWorker:
     ) -> None:
         self.messages = messages
         self.weights = weights
+        patches = messages.plane.config.weight_transport.patches
+        self.weight_chain = ChainFollower(weights, retain=patches.enabled)
         self.engine = engine
         self.params = params
         self.worker_id = worker_id
@@ -275,10 +274,10 @@ class RolloutWorker:
 
     async def refit(self, event: WeightVersion) -> None:
         started = time.perf_counter()
-        ref = new_ref(event.version, event.digest, event.nbytes, event.blob_ref)
         try:
-            tensors = await self.weights.get_tensors(ref)
-        except (BlobDigestMismatch, BlobNotFound) as error:
+            # A snapshot, or a patch on the weights held (or caught up to from its chain).
+            tensors = await self.weight_chain.resolve(event)
+        except (BlobDigestMismatch, BlobNotFound, PatchError) as error:
             # Corrupt or missing bytes never reach the engine: the old weights stay in use.
             self.refused_refits += 1
             log.error("refit.refused", version=event.version, reason=str(error))
@@ -291,5 +290,11 @@ class RolloutWorker:
         self.refits += 1
         self.last_refit_latency_s = time.perf_counter() - started
         REFIT_DURATION.observe(self.last_refit_latency_s)
-        log.info("refit.done", version=event.version, seconds=self.last_refit_latency_s)
+        log.info(
+            "refit.done",
+            version=event.version,
+            format=event.format,
+            nbytes=event.nbytes,
+            seconds=self.last_refit_latency_s,
+        )
         self.status.update(weight_version=event.version, refit_s=self.last_refit_latency_s)

@@ -125,6 +125,39 @@ class StructuredToolUseConfig(Section):
     max_tool_calls_per_turn: PositiveInt = 8
 
 
+class WorkerTrustConfig(Section):
+    """Per-worker agreement of behaviour log-probs with the trainer's (``docs/trainer.md``,
+    "Untrusted or broken workers")."""
+
+    enabled: bool = Field(
+        False,
+        description="recompute every sample's log-probs under the trainer's weights before its "
+        "step (one extra forward pass over the step's batch) and judge each rollout worker by "
+        "how well its behaviour log-probs agree; a worker beyond a limit has its groups "
+        "dead-lettered instead of trained",
+    )
+    max_token_mult_prob_error: float = Field(
+        1.1,
+        gt=1.0,
+        description="flag a worker whose recent tokens' mean exp(|behaviour − trainer "
+        "log-prob|) exceeds this (1 = perfect agreement; the loss's token_mult_prob_error)",
+    )
+    max_gen_kl: float = Field(
+        0.02,
+        gt=0.0,
+        description="flag a worker whose recent tokens' mean k3 estimate of KL(π_behaviour ‖ "
+        "π_trainer) exceeds this (nats per token; the loss's gen_kl_error)",
+    )
+    window_samples: PositiveInt = Field(
+        64, description="a worker is judged on its most recent this many samples"
+    )
+    min_tokens: PositiveInt = Field(
+        16,
+        description="a worker is judged once its window holds this many tokens; its groups "
+        "before that are trained",
+    )
+
+
 class GRPOConfig(Section):
     num_prompts_per_step: PositiveInt = 32
     num_generations_per_prompt: PositiveInt = 16
@@ -155,6 +188,7 @@ class GRPOConfig(Section):
     seq_logprob_error_threshold: float | None = Field(None, gt=0.0)
     structured_tool_use: StructuredToolUseConfig = Field(default_factory=StructuredToolUseConfig)
     async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig)
+    worker_trust: WorkerTrustConfig = Field(default_factory=WorkerTrustConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
         low, high = self.advantage_clip_low, self.advantage_clip_high

@@ -36,6 +36,7 @@ from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.base import WeightBlobStore
+from dockyard.broker.weights.chain import ChainPublisher, PublishedBlob
 from dockyard.consumers.trainer.batch import build_batch
 from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoint, write_checkpoint
 from dockyard.consumers.trainer.evaluation import Evaluator, log_val_samples
@@ -46,6 +47,7 @@ from dockyard.consumers.trainer.plot import plot_run
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.prompt_source import PromptSource
 from dockyard.consumers.trainer.sft import run_sft
+from dockyard.consumers.trainer.worker_trust import WorkerScreen
 from dockyard.data.chat import build_prompt_dataset
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
@@ -116,6 +118,12 @@ class TrainerLoop:
         self.messages = messages
         self.plane = messages.plane
         self.weights = weights
+        patches = self.plane.config.weight_transport.patches
+        self.weight_chain = ChainPublisher(
+            weights, enabled=patches.enabled, snapshot_every=patches.snapshot_every
+        )
+        self.published_blob: PublishedBlob | None = None
+        self.worker_screen: WorkerScreen | None = None  # grpo.worker_trust, set by _build
         self.run_dir = run_dir
         self.status = status or StatusFile(None, "trainer", "0")
         self.producer_id = producer_id or f"trainer-{uuid.uuid4().hex[:8]}"
@@ -179,6 +187,18 @@ class TrainerLoop:
         self.metrics = MetricsLogger(cfg.logger, cfg.logger.directory(self.run_dir))
         self.gpu_monitor = start_gpu_monitor(cfg.logger)
         self.ledger = Ledger(trail=self.run_dir / LEDGER_FILE)
+        trust = cfg.grpo.worker_trust
+        self.worker_screen = (
+            WorkerScreen(
+                trust,
+                lambda batch: self.trainer.batch_logprobs(self.trainer.model, batch),
+                self.tokenizer.pad_token_id,  # type: ignore[attr-defined]
+                self.plane,
+                lambda: self.ledger,
+            )
+            if trust.enabled
+            else None
+        )
 
     async def _resume_or_start(self) -> int:
         """Returns the scored-stream sequence to replay from (0 = nothing to replay)."""
@@ -298,6 +318,8 @@ class TrainerLoop:
                 break
             else:
                 await self._check_starvation(last_data)
+            if self.worker_screen is not None and len(self.pending) >= per_step:
+                self.pending = await self.worker_screen.screen(self.pending)
             if len(self.pending) >= per_step:
                 wait_s = time.monotonic() - waiting_since
                 await self._train_step(self.pending[:per_step], wait_s)
@@ -510,6 +532,12 @@ class TrainerLoop:
             "train/tokens_per_s": tokens / max(outcome.seconds, 1e-9),
             "staleness/mean": float(ages.mean()),
             "staleness/max": float(ages.max()),
+            # The step's staleness histogram, as scalars every tracker takes (the dashboard
+            # sums them over the run): samples trained at each age in weight versions.
+            **{
+                f"staleness/samples_at_age_{int(age)}": float(count)
+                for age, count in zip(*torch.unique(ages, return_counts=True), strict=True)
+            },
             "pipeline/dropped_stale": float(self.summary.dropped_stale),
             "pipeline/duplicates": float(self.summary.duplicates),
             "pipeline/in_flight": float(self.ledger.in_flight),
@@ -517,6 +545,8 @@ class TrainerLoop:
             "timing/wait_for_data_s": wait_s,
             "timing/publish_weights_s": publish_s,
             "weights/version": float(self.weight_version),
+            **weight_blob_metrics(self.published_blob),
+            **(self.worker_screen.trust.metrics() if self.worker_screen else {}),
         }
         if cfg.grpo.val_period and self.step % cfg.grpo.val_period == 0:
             metrics.update(await self._validate(self.step, log_now=False))
@@ -581,21 +611,25 @@ class TrainerLoop:
             name: tensor.detach().to("cpu", self.publish_dtype)
             for name, tensor in self.model.state_dict().items()
         }
-        ref = await self.weights.put(self.weight_version, state)
+        # A full snapshot or a sparse patch on the previous version (weight_transport.patches).
+        blob = await self.weight_chain.publish(self.weight_version, state)
+        ref = blob.ref
         event = WeightVersion(
             version=self.weight_version,
             step=self.step,
             blob_ref=ref.uri,
             digest=ref.digest,
             nbytes=ref.nbytes,
-            format="safetensors",
+            format=blob.format,
             dtype=str(next(iter(state.values())).dtype).removeprefix("torch."),
+            delta_base_version=blob.delta_base_version,
             created_at_unix_s=time.time(),
             producer_id=self.producer_id,
         )
         await self.messages.publish(event)
         self.summary.weight_version = self.weight_version
-        await self.weights.prune()
+        self.published_blob = blob
+        await self.weights.prune(needed=self.weight_chain.needed)
 
     def _save_checkpoint(self, metrics: dict[str, float] | None = None) -> None:
         """Blocking (a thread of its own): nothing else changes the trainer while it is
@@ -630,6 +664,16 @@ class TrainerLoop:
             values,
         )
         self.summary.steps = self.step
+
+
+def weight_blob_metrics(blob: PublishedBlob | None) -> dict[str, float]:
+    """The size of the weight blob just published, and for a patch its changed fraction."""
+    if blob is None:
+        return {}
+    metrics = {"weights/blob_bytes": float(blob.ref.nbytes)}
+    if blob.changed_fraction is not None:
+        metrics["weights/patch_changed_fraction"] = blob.changed_fraction
+    return metrics
 
 
 def generation_timeline(groups: Iterable[ScoredRollout]) -> dict[str, list[tuple[float, float]]]:

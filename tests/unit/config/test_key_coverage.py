@@ -46,7 +46,9 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "commands/score.py",
     ),
     "logger.*.*": ("utils/metrics/",),
+    "run.tracing.*": ("utils/tracing.py",),
     "policy.optimizer.*": ("consumers/trainer/optim.py",),
+    "grpo.worker_trust.enabled": ("consumers/trainer/loop.py",),
     "policy.scheduler.*": ("consumers/trainer/optim.py",),
     "policy.dtensor_cfg.enabled": ("config/capabilities.py",),
     # The budgets are resolved by PolicyConfig.token_budget, which micro_batches.py calls.
