@@ -9,6 +9,7 @@ import numpy as np
 
 from dockyard.engines.base import GenerationResult
 from dockyard.engines.base import SamplingParams as EngineSamplingParams
+from dockyard.producers.episodes import Episode
 from dockyard.schemas import (
     EngineInfo,
     PromptGroup,
@@ -64,5 +65,43 @@ def build_rollout(
             ),
         )
         for index, result in enumerate(results)
+    ]
+    return Rollout(group=group, samples=samples, created_at_unix_s=finished)
+
+
+def build_episode_rollout(
+    group: PromptGroup,
+    episodes: Sequence[Episode],
+    params: EngineSamplingParams,
+    *,
+    engine: EngineInfo,
+    worker_id: str,
+    started_at_unix_s: float,
+) -> Rollout:
+    """One group's multi-turn samples: observation tokens masked, turns as segments."""
+    sampling = wire_sampling_params(params)
+    prompt = np.asarray(group.prompt_token_ids, dtype=np.int32)
+    finished = time.time()
+    samples = [
+        RolloutSample(
+            sample_index=index,
+            prompt_token_ids=prompt,
+            response_token_ids=np.asarray(episode.token_ids, dtype=np.int32),
+            behaviour_logprobs=np.asarray(episode.logprobs, dtype=np.float32),
+            token_weight_versions=np.asarray(episode.versions, dtype=np.int64),
+            loss_mask=np.asarray(episode.loss_mask, dtype=np.uint8),
+            finish_reason=episode.finish_reason,
+            sampling=sampling,
+            engine=engine,
+            worker_id=worker_id,
+            timings=SampleTimings(
+                started_at_unix_s=started_at_unix_s,
+                finished_at_unix_s=finished,
+                time_to_first_token_s=episode.first_token_s,
+            ),
+            segments=episode.segments,
+            tool_calls=episode.tool_calls,
+        )
+        for index, episode in enumerate(episodes)
     ]
     return Rollout(group=group, samples=samples, created_at_unix_s=finished)
