@@ -69,6 +69,14 @@ def build_rollout(
     return Rollout(group=group, samples=samples, created_at_unix_s=finished)
 
 
+def _trained_tokens(episode: Episode) -> np.ndarray:
+    """The episode's loss mask; none of a failed episode's tokens: the infrastructure cut it
+    short, not the model (it travels for accounting, as ``finish_reason="error"``)."""
+    if episode.failure is not None:
+        return np.zeros(len(episode.token_ids), dtype=np.uint8)
+    return np.asarray(episode.loss_mask, dtype=np.uint8)
+
+
 def build_episode_rollout(
     group: PromptGroup,
     episodes: Sequence[Episode],
@@ -89,7 +97,7 @@ def build_episode_rollout(
             response_token_ids=np.asarray(episode.token_ids, dtype=np.int32),
             behaviour_logprobs=np.asarray(episode.logprobs, dtype=np.float32),
             token_weight_versions=np.asarray(episode.versions, dtype=np.int64),
-            loss_mask=np.asarray(episode.loss_mask, dtype=np.uint8),
+            loss_mask=_trained_tokens(episode),
             finish_reason=episode.finish_reason,
             sampling=sampling,
             engine=engine,

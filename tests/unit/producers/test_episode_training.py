@@ -8,7 +8,6 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from scripted_policy import scripted_engine
 
 from dockyard.algorithms.loss import ClippedPGLoss, GlobalCounts, LossInputs
 from dockyard.config.loader import load_config
@@ -27,6 +26,7 @@ from dockyard.schemas import (
     SampleScore,
     ScoredRollout,
 )
+from tests.unit.producers.scripted_policy import scripted_engine
 
 CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "12+30"}}</tool_call>'
 TURNS = [CALC, "The answer is 42."]

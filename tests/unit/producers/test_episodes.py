@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from scripted_policy import scripted_engine
 
 from dockyard.engines.base import SamplingParams
 from dockyard.environments.tools.calculator import CalculatorToolbox
@@ -21,6 +20,7 @@ from dockyard.environments.tools.toolbox import (
 )
 from dockyard.producers.episodes import EpisodeRunner, EpisodeSettings, EpisodeStart
 from dockyard.schemas import FinishReason
+from tests.unit.producers.scripted_policy import scripted_engine
 
 PROMPT = "Question: what is 12 + 30?"
 CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "12+30"}}</tool_call>'
