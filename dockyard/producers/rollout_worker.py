@@ -199,15 +199,21 @@ class RolloutWorker:
                 except Exception as alone:
                     failure = alone
             if not item.delivery.settled:
-                await self.messages.retry_later(
-                    item,
-                    REASON_ENGINE_ERROR,
-                    failure,
-                    base_delay_s=self.nak_delay_s,
-                    max_deliver=self.max_deliver,
-                    stage="rollout",
-                )
+                await self.retry_group(item, REASON_ENGINE_ERROR, failure)
         return worked
+
+    async def retry_group(
+        self, item: Received[PromptGroup], reason: str, error: BaseException
+    ) -> None:
+        """Nak with backoff for another try; dead-letter with ``reason`` at the last delivery."""
+        await self.messages.retry_later(
+            item,
+            reason,
+            error,
+            base_delay_s=self.nak_delay_s,
+            max_deliver=self.max_deliver,
+            stage="rollout",
+        )
 
     async def process(self, received: Sequence[Received[PromptGroup]]) -> None:
         started = time.time()
@@ -297,14 +303,7 @@ class RolloutWorker:
                     self.refused_groups += 1
                     continue
                 except ToolServiceUnavailable as error:  # no sandbox: try again later
-                    await self.messages.retry_later(
-                        item,
-                        REASON_EPISODES_FAILED,
-                        error,
-                        base_delay_s=self.nak_delay_s,
-                        max_deliver=self.max_deliver,
-                        stage="rollout",
-                    )
+                    await self.retry_group(item, REASON_EPISODES_FAILED, error)
                     continue
                 opened.append((item, starts))
             async with self.refit_gate.episodes():
@@ -322,14 +321,7 @@ class RolloutWorker:
                     f"{len(failed)} of {len(starts)} episodes failed (at most "
                     f"{self.max_generation_failures} allowed); first: {failed[0].failure}"
                 )
-                await self.messages.retry_later(
-                    item,
-                    REASON_EPISODES_FAILED,
-                    error,
-                    base_delay_s=self.nak_delay_s,
-                    max_deliver=self.max_deliver,
-                    stage="rollout",
-                )
+                await self.retry_group(item, REASON_EPISODES_FAILED, error)
                 continue
             GENERATED_TOKENS.inc(sum(sum(episode.loss_mask) for episode in group_episodes))
             rollout = build_episode_rollout(
