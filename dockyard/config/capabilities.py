@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 # The open work that will implement what is refused, named in every refusal.
 TRAINER_AT_SCALE = "issue #21 (the trainer on GPUs, sharded, LoRA, packing)"
 REAL_DATA = "issue #22 (real data and the config family's environments)"
-MULTI_TURN = "issue #23 (multi-turn agentic rollouts and tool use)"
 JAX_BACKEND = "issue #28 (the JAX trainer backend)"
 
 _TORCH_TRAINER = "the trainer here is single-process torch (policy.dtensor_cfg)"
@@ -58,6 +57,8 @@ class Unsupported:
     until: str
     when: Callable[[MasterConfig], bool] = _always
     triggered: Callable[[object, object], bool] = _differs
+    #: ``when`` in words, for the key table (" without grpo.structured_tool_use.enabled").
+    condition: str = ""
 
     def message(self) -> str:
         if self.handling == "warned":
@@ -84,6 +85,21 @@ def _jax_on(config: MasterConfig) -> bool:
 def _vllm_server(config: MasterConfig) -> bool:
     generation = config.policy.generation
     return generation.backend == "vllm" and generation.vllm_cfg.mode == "server"
+
+
+_WITHOUT_TOOL_USE = " without grpo.structured_tool_use.enabled"
+
+
+def _no_tool_use(config: MasterConfig) -> bool:
+    return not config.grpo.structured_tool_use.enabled
+
+
+def _in_flight_updates(config: MasterConfig) -> bool:
+    return config.grpo.async_grpo.in_flight_weight_updates
+
+
+def _is_false(value: object, default: object) -> bool:
+    return value is False
 
 
 def _more_than_one(value: object, default: object) -> bool:
@@ -225,46 +241,52 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported(
         "grpo.max_rollout_turns",
         "refused",
-        "multi-turn rollouts are not implemented; rollout workers generate one turn per "
-        "sample (set 1)",
-        MULTI_TURN,
+        "a turn after the first continues on a tool's observation; without "
+        "grpo.structured_tool_use.enabled there is nothing to continue on (set 1, or enable "
+        "structured tool use)",
+        "by design",
+        when=_no_tool_use,
+        condition=_WITHOUT_TOOL_USE,
+        triggered=_more_than_one,
     ),
     Unsupported(
-        "grpo.structured_tool_use.*",
-        "refused",
-        "structured tool calls are not parsed or executed; rollouts are single-turn text",
-        MULTI_TURN,
+        "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
+        "warned",
+        "every turn of an episode is prefilled from its tokens with the weights current then, "
+        "so the KV cache is always recomputed after a weight update",
+        "by design",
+        when=_in_flight_updates,
+        triggered=_is_false,
+        condition=" to false with in_flight_weight_updates",
     ),
-    *(
-        Unsupported(
-            f"grpo.{name}",
-            "refused",
-            "no environment flags invalid tool calls or malformed thinking yet, so this "
-            "advantage override would never apply",
-            MULTI_TURN,
-        )
-        for name in ("invalid_tool_call_advantage", "malformed_thinking_advantage")
+    Unsupported(
+        "grpo.invalid_tool_call_advantage",
+        "refused",
+        "tool calls are parsed only with grpo.structured_tool_use.enabled, so no sample could "
+        "earn this advantage",
+        "by design",
+        when=_no_tool_use,
+        condition=_WITHOUT_TOOL_USE,
     ),
     Unsupported(
         "grpo.async_grpo.in_flight_weight_updates",
         "refused",
-        "a rollout worker refits between batches (policy.generation.inflight_refit_policy "
-        "says what happens to requests in flight); mid-request weight updates are not "
-        "implemented",
-        MULTI_TURN,
-    ),
-    Unsupported(
-        "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
-        "refused",
-        "weights never change under a running request here, so there is no KV cache to recompute",
-        MULTI_TURN,
+        "single-turn generation: policy.generation.inflight_refit_policy decides what a refit "
+        "does to requests in flight; this key governs refits between the turns of an episode "
+        "(grpo.structured_tool_use.enabled)",
+        "by design",
+        when=_no_tool_use,
+        condition=_WITHOUT_TOOL_USE,
     ),
     Unsupported(
         "grpo.async_grpo.max_generation_failures",
         "refused",
-        "a failed generation is retried and dead-lettered per prompt group "
-        "(data_plane.consumer.max_deliver); a run-wide failure budget is not implemented",
-        MULTI_TURN,
+        "single-turn generation fails per prompt group (retried, dead-lettered at "
+        "data_plane.consumer.max_deliver); this bounds failed episodes per group "
+        "(grpo.structured_tool_use.enabled)",
+        "by design",
+        when=_no_tool_use,
+        condition=_WITHOUT_TOOL_USE,
     ),
     Unsupported(
         "env.*.num_scoring_workers",
@@ -315,6 +337,6 @@ def key_table(schema: type[BaseModel]) -> str:
         else:
             rule = rules[0]
             verb = "refused" if rule.handling == "refused" else "warns (speed/memory only)"
-            handling = f"{verb} when set: {rule.why}; {rule.until}"
+            handling = f"{verb} when set{rule.condition}: {rule.why}; {rule.until}"
         rows.append(f"| `{path}` | {handling} |")
     return "\n".join(rows) + "\n"

@@ -119,10 +119,26 @@ class AsyncGRPOConfig(Section):
         return []
 
 
+#: What dockyard.environments.tools.calls parses (config imports no other dockyard package).
+TOOL_CALL_FORMATS = ("hermes", "openai")
+
+
 class StructuredToolUseConfig(Section):
     enabled: bool = False
-    tool_call_format: str = "hermes"
+    tool_call_format: str = Field(
+        "hermes", description="hermes (<tool_call> JSON blocks) | openai (tool_calls message)"
+    )
     max_tool_calls_per_turn: PositiveInt = 8
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        if self.tool_call_format not in TOOL_CALL_FORMATS:
+            return [
+                ConfigIssue(
+                    "tool_call_format",
+                    f"must be one of {', '.join(TOOL_CALL_FORMATS)}, got {self.tool_call_format!r}",
+                )
+            ]
+        return []
 
 
 class WorkerTrustConfig(Section):
@@ -191,9 +207,10 @@ class GRPOConfig(Section):
     worker_trust: WorkerTrustConfig = Field(default_factory=WorkerTrustConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
+        issues = []
         low, high = self.advantage_clip_low, self.advantage_clip_high
         if low is not None and high is not None and low >= high:
-            return [
+            issues.append(
                 ConfigIssue("advantage_clip_low", f"must be below advantage_clip_high ({high})")
-            ]
-        return []
+            )
+        return issues

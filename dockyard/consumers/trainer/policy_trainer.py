@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from dockyard.algorithms.advantages import AdvantageInputs, build_estimator
-from dockyard.algorithms.advantages.pipeline import compute_advantages
+from dockyard.algorithms.advantages.pipeline import AdvantageOverrides, compute_advantages
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.loss import ClippedPGLoss, GlobalCounts, LossInputs
 from dockyard.algorithms.loss_metrics import LossMetrics, merge_loss_metrics
@@ -195,7 +195,10 @@ class PolicyTrainer:
             prev_logprobs=prev,
             reference_logprobs=reference,
         )
-        return compute_advantages(self.estimator, inputs, self.config.grpo, self.config.loss_fn)
+        overrides = AdvantageOverrides(batch.invalid_tool_call, batch.malformed_thinking)
+        return compute_advantages(
+            self.estimator, inputs, self.config.grpo, self.config.loss_fn, overrides
+        )
 
     def filter_samples(
         self, batch: TrainingBatch, prev: torch.Tensor

@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from dockyard.algorithms.grpo import MasterConfig
-from dockyard.config.capabilities import UNSUPPORTED, key_table, not_implemented, rules_for
+from dockyard.config.capabilities import (
+    UNSUPPORTED,
+    ignored,
+    key_table,
+    not_implemented,
+    rules_for,
+)
 from dockyard.config.loader import load_config
 from dockyard.config.schema import leaf_paths, matches
 
@@ -131,9 +137,9 @@ def test_every_unsupported_entry_names_keys_of_the_schema(rule):
 @pytest.mark.parametrize(
     ("override", "path"),
     [
-        ("grpo.structured_tool_use.enabled=true", "grpo.structured_tool_use.enabled"),
+        # Without grpo.structured_tool_use.enabled (the quickstart): nothing they could act on.
+        ("grpo.max_rollout_turns=3", "grpo.max_rollout_turns"),
         ("grpo.invalid_tool_call_advantage=-1.0", "grpo.invalid_tool_call_advantage"),
-        ("grpo.malformed_thinking_advantage=-1.0", "grpo.malformed_thinking_advantage"),
         (
             "grpo.async_grpo.in_flight_weight_updates=true",
             "grpo.async_grpo.in_flight_weight_updates",
@@ -151,17 +157,31 @@ def test_keys_the_audit_found_ignored_are_refused_with_their_path(override, path
     assert [issue.path for issue in not_implemented(config)] == [path]
 
 
-def test_in_flight_weight_update_settings_are_refused_together():
+def test_multi_turn_settings_take_effect_with_structured_tool_use():
     config = load_config(
         "configs/quickstart.yaml",
         [
+            "grpo.structured_tool_use.enabled=true",
+            "grpo.max_rollout_turns=4",
+            "grpo.invalid_tool_call_advantage=-1.0",
+            "grpo.malformed_thinking_advantage=-1.0",
             "grpo.async_grpo.in_flight_weight_updates=true",
             "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true",
+            "grpo.async_grpo.max_generation_failures=2",
         ],
     )
-    assert [issue.path for issue in not_implemented(config)] == [
-        "grpo.async_grpo.in_flight_weight_updates",
-        "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
+    assert not_implemented(config) == []
+    assert ignored(config) == []
+
+
+def test_keeping_the_kv_cache_after_a_weight_update_is_warned_about():
+    # Every turn is prefilled with the weights current then: the cache is always recomputed.
+    config = load_config(
+        "configs/quickstart.yaml",
+        ["grpo.structured_tool_use.enabled=true", "grpo.async_grpo.in_flight_weight_updates=true"],
+    )
+    assert [issue.path for issue in ignored(config)] == [
+        "grpo.async_grpo.recompute_kv_cache_after_weight_updates"
     ]
 
 
