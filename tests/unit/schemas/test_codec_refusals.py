@@ -180,6 +180,20 @@ def test_a_map_key_inside_meta_that_is_not_str_is_a_wrong_type() -> None:
     assert refusal(_zstd(head + b"\x81\x01\xa1x")).reason is ReasonCode.WRONG_TYPE
 
 
+def test_invalid_utf8_inside_meta_is_found_when_meta_is_decoded() -> None:
+    # The envelope checks the content's structure; a str's UTF-8 inside meta is checked when
+    # meta is decoded, after the version (docs/wire-format.md, the envelope's rules).
+    # A field the message does not have is skipped, its structure checked but not its text.
+    bad_text = b"\x81" + msgpack.packb("group_id") + b"\xa2\xff\xfe"
+    assert refusal(_zstd(_HEAD + bad_text)).reason is ReasonCode.UNSUPPORTED_VERSION
+    head = b"\x83" + b"".join(
+        msgpack.packb(x) for x in ("schema", "prompt_group", "schema_version", "1.1", "meta")
+    )
+    assert refusal(_zstd(head + bad_text)).reason is ReasonCode.BAD_MSGPACK
+    unknown = b"\x81" + msgpack.packb("added_later") + b"\xa2\xff\xfe"
+    assert refusal(_zstd(head + unknown)).reason is ReasonCode.MISSING_FIELD
+
+
 @pytest.mark.parametrize(
     "content",
     [
