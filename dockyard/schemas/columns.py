@@ -213,15 +213,18 @@ def check_total(
         )
 
 
-def rows_given(value: Any, row: type[WireModel], what: str) -> list[Any] | None:
-    """The row structs of a container field built in Python from a list (how producers and
-    scorers build a group); None when ``value`` is not a list (the columns themselves).
+def columns_from_given_rows(
+    model: WireModel, name: str, row: type[WireModel], columns: type[RowColumns]
+) -> None:
+    """In ``model``'s ``__post_init__``: when its field ``name`` was given as a list of ``row``
+    structs (how producers and scorers build a group), put their columns there instead.
 
     Only for Python construction: a frame carries columns (a list there is refused by the
     field's type)."""
+    value = getattr(model, name)
     if not isinstance(value, list | tuple):
-        return None
+        return
     if not value:
-        raise WireError(ReasonCode.INVALID_FIELD, f"no {what}")
+        raise WireError(ReasonCode.INVALID_FIELD, f"no {name}")
     rows = [item if isinstance(item, row) else msgspec.convert(item, row) for item in value]
-    return rows
+    msgspec.structs.force_setattr(model, name, columns.from_rows(rows))  # type: ignore[attr-defined]

@@ -15,12 +15,12 @@ from dockyard.schemas.columns import (
     RowColumns,
     check_columns,
     check_total,
+    columns_from_given_rows,
     columns_from_rows,
     concatenate,
     offsets_of,
     plain_columns,
     rows_from_columns,
-    rows_given,
     split,
 )
 from dockyard.schemas.errors import ReasonCode, WireError
@@ -327,9 +327,7 @@ class Rollout(Message, kw_only=True):
     created_at_unix_s: float = 0.0
 
     def __post_init__(self) -> None:
-        rows = rows_given(self.samples, RolloutSample, "samples")
-        if rows is not None:
-            msgspec.structs.force_setattr(self, "samples", SampleColumns.from_rows(rows))
+        columns_from_given_rows(self, "samples", RolloutSample, SampleColumns)
         check_fields(self)
         if len(self.samples) != self.group.num_generations:
             raise WireError(

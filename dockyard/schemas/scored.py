@@ -24,8 +24,8 @@ from dockyard.schemas.columns import (
     RowColumns,
     check_columns,
     check_total,
+    columns_from_given_rows,
     concatenate,
-    rows_given,
     split,
 )
 from dockyard.schemas.errors import ReasonCode, WireError
@@ -180,9 +180,7 @@ class ScoredRollout(Message, kw_only=True):
     scored_at_unix_s: float = 0.0
 
     def __post_init__(self) -> None:
-        rows = rows_given(self.scores, SampleScore, "scores")
-        if rows is not None:
-            msgspec.structs.force_setattr(self, "scores", ScoreColumns.from_rows(rows))
+        columns_from_given_rows(self, "scores", SampleScore, ScoreColumns)
         check_fields(self)
         samples = self.rollout.samples
         if len(self.scores) != len(samples):
