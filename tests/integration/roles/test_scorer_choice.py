@@ -9,6 +9,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from dockyard.broker.jetstream import JetStreamPlane
@@ -31,14 +32,15 @@ def _record(file: str, record_id: str) -> dict:
 
 
 def _group(group_id: str, env: str, row: dict, extra: dict) -> PromptGroup:
-    return prompt_group(group_id, generations=3).model_copy(
-        update={
+    return msgspec.structs.replace(
+        prompt_group(group_id, generations=3),
+        **{
             "environment": env,
             "prompt_text": row["question"],
             "prompt_token_ids": np.array(TOKENIZER(row["question"])["input_ids"], np.int32),
             "ground_truth": row["answer"],
             "extra": extra,
-        }
+        },
     )
 
 
@@ -51,13 +53,14 @@ def _rollout(group: PromptGroup, responses: list[str]) -> Rollout:
         ids = TOKENIZER(text, add_special_tokens=False)["input_ids"] + [TOKENIZER.eos_token_id]
         tokens = np.array(ids, dtype=np.int32)
         samples.append(
-            sample.model_copy(
-                update={
+            msgspec.structs.replace(
+                sample,
+                **{
                     "response_token_ids": tokens,
                     "behaviour_logprobs": np.full(len(tokens), -0.1, dtype=np.float32),
                     "token_weight_versions": np.zeros(len(tokens), dtype=np.int64),
                     "loss_mask": np.ones(len(tokens), dtype=np.uint8),
-                }
+                },
             )
         )
     return Rollout(group=group, samples=samples)
