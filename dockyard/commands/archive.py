@@ -79,7 +79,8 @@ def _archive(args: argparse.Namespace) -> int:
                     return
                 # A poll period, not a synchronisation: the pass reads whatever is stored.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), args.interval)
+                    async with asyncio.timeout(args.interval):
+                        await stop.wait()
                 if stop.is_set():
                     return
 

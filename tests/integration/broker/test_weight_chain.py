@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 import torch
 
@@ -154,10 +155,10 @@ async def test_an_event_that_contradicts_its_patch_is_refused_and_the_weights_st
     follower = ChainFollower(create_weight_store(plane, reader_id="worker-1"), retain=True)
     await follower.resolve(events[0])
     await follower.resolve(events[1])
-    lying = events[2].model_copy(update={"version": 7, "delta_base_version": 6})
+    lying = msgspec.structs.replace(events[2], version=7, delta_base_version=6)
     with pytest.raises(PatchError, match="the event says a patch on v6, the blob is v2 on v1"):
         await follower.resolve(lying)
-    unknown = events[2].model_copy(update={"format": "pickle"})
+    unknown = msgspec.structs.replace(events[2], format="pickle")
     with pytest.raises(PatchError, match="unknown weight blob format 'pickle'"):
         await follower.resolve(unknown)
     assert follower.version == 1
