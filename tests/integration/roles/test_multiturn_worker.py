@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import msgspec
 import numpy as np
 
 from dockyard.engines.base import SamplingParams
@@ -66,7 +67,7 @@ class OutageTools(Toolbox):
 
 def tool_group(group_id: str, generations: int = 2):
     group = prompt_group(group_id, generations=generations)
-    return group.model_copy(update={"environment": "outage_tools"})
+    return msgspec.structs.replace(group, environment="outage_tools")
 
 
 def episode_runner(engine, tok, max_turns: int = 3) -> EpisodeRunner:
