@@ -31,7 +31,7 @@ REAL_DATA = "issue #22 (real data and the config family's environments)"
 MULTI_TURN = "issue #23 (multi-turn agentic rollouts and tool use)"
 JAX_BACKEND = "issue #28 (the JAX trainer backend)"
 
-_TORCH_TRAINER = "the trainer here is single-process torch (policy.dtensor_cfg)"
+_TORCH_TRAINER = "the trainer here is torch with FSDP2 data parallelism (policy.dtensor_cfg)"
 
 Handling = Literal["refused", "warned"]
 
@@ -92,10 +92,6 @@ def _more_than_one(value: object, default: object) -> bool:
 
 def _not_default_processor(value: object, default: object) -> bool:
     return value not in (None, "default")
-
-
-def _some_gpu(value: object, default: object) -> bool:
-    return isinstance(value, int) and value > 0
 
 
 _SERVER_SIDE_VLLM_KEYS = (
@@ -172,19 +168,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
             when=_dtensor_on,
         )
         for name in ("cpu_offload", "activation_checkpointing", "sequence_parallel")
-    ),
-    Unsupported(
-        "cluster.gpus_per_node",
-        "refused",
-        "the trainer is one process on the CPU; it uses no GPU (set 0)",
-        TRAINER_AT_SCALE,
-        triggered=_some_gpu,
-    ),
-    Unsupported(
-        "cluster.num_nodes",
-        "refused",
-        "the trainer is one process on one node (set 1)",
-        TRAINER_AT_SCALE,
     ),
     Unsupported(
         "policy.generation.colocated.enabled",

@@ -12,9 +12,8 @@ FSDP2 runs collectives in every forward (parameter all-gather) and backward (gra
 reduce-scatter), so every rank must run the same number of passes: :func:`pad_plans` appends
 zero-weight passes to the ranks with fewer micro-batches.
 
-Launched with ``torchrun``; the backend is NCCL on GPUs and gloo on the CPU. Not yet wired into
-``dockyard trainer`` (the data plane's intake and weight publishing are one process's): see
-docs/trainer.md.
+Launched with ``torchrun``; the backend is NCCL on GPUs and gloo on the CPU. How ``dockyard
+trainer`` runs its ranks (rank 0 leads, the others follow): :mod:`.ranks`.
 """
 
 from __future__ import annotations
@@ -41,6 +40,13 @@ def shard_policy(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
+
+
+def broadcast_from_first_rank(model: torch.nn.Module) -> None:
+    """Every rank starts from rank 0's weights: ranks that each loaded or initialised the model
+    could differ (a random initialisation, a file changed between reads)."""
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, src=0)
 
 
 def gradient_scale(mesh: DeviceMesh | None) -> float:

@@ -15,6 +15,13 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
@@ -27,6 +34,7 @@ from dockyard.algorithms.masked import per_sequence_mean
 from dockyard.algorithms.rewards import overlong_filter, prepare_rewards
 from dockyard.consumers.trainer.batch import TrainingBatch
 from dockyard.consumers.trainer.data_parallel import (
+    broadcast_from_first_rank,
     global_counts,
     gradient_scale,
     pad_plans,
@@ -44,6 +52,11 @@ from dockyard.models.devices import compute_precision, grad_scaler, training_dev
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
+
+#: The whole tensors of a sharded model or optimizer, gathered to rank 0's CPU (empty elsewhere).
+_GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)
+#: Whole tensors held by rank 0, sharded out to every rank.
+_FROM_FIRST_RANK = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
 
 def token_logprobs(
@@ -63,6 +76,7 @@ class StepOutcome:
     advantage_abs_mean: float
     seconds: float
     filtered_fraction: float = 0.0  # samples removed by overlong / log-prob-error filters
+    advantage_tokens: int = 0  # the valid tokens the advantage means are taken over
 
     def as_metrics(self) -> dict[str, float]:
         metrics = {f"loss/{name}": value for name, value in self.loss.as_dict().items()}
@@ -110,6 +124,10 @@ class PolicyTrainer:
         # Master weights in float32 on the training device (moved in place: the caller's model
         # is the trained one); policy.precision applies to the math, see dockyard.models.devices.
         self.model = model.to(device=self.device, dtype=torch.float32).train()
+        if mesh is not None:
+            broadcast_from_first_rank(self.model)
+        # Names that share another's parameter (tied embeddings): one tensor, as in the model.
+        self.tied = tied_names(self.model)
         self.scaler = grad_scaler(self.device, policy.precision)
         self.loss = ClippedPGLoss(config.loss_fn)
         self.estimator = build_estimator(config.grpo, config.loss_fn)
@@ -303,17 +321,75 @@ class PolicyTrainer:
             advantage_abs_mean=float(advantages[valid].abs().mean()) if valid.any() else 0.0,
             filtered_fraction=result.filtered_fraction,
             seconds=time.perf_counter() - started,
+            advantage_tokens=int(valid.sum()),
         )
 
+    # -- whole state, sharded or not -----------------------------------------------------------
+    # With a mesh each of these is a collective: every rank calls it (see ranks.py).
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights by name: the parameters themselves in one process; when
+        sharded, gathered to rank 0's CPU (empty on the other ranks). Tied names share one
+        tensor either way, so both serialise alike."""
+        if self.mesh is None:
+            return self.model.state_dict()
+        state = get_model_state_dict(self.model, options=_GATHERED)
+        for name, owner in self.tied.items():
+            if owner in state:
+                state[name] = state[owner]
+        return state
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Sharded: rank 0's whole weights (tied duplicates may be absent) out to every rank;
+        the other ranks pass ``{}``. Strict: a name missing or unexpected is refused."""
+        assert self.mesh is not None, "one process loads with checkpoint_io.load_weights"
+        if state:
+            state = {**{n: state[o] for n, o in self.tied.items() if o in state}, **state}
+        set_model_state_dict(self.model, state, options=_FROM_FIRST_RANK)
+
     def state_dict(self) -> dict[str, object]:
+        """Optimizer (by parameter name, whole tensors: the same in one process and sharded),
+        scheduler and loss-scaler state. Sharded: a collective; the optimizer state is rank 0's
+        only."""
+        options = _GATHERED if self.mesh is not None else None
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
             "scheduler": self.scheduler.state_dict(),
             "grad_scaler": self.scaler.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        """What :meth:`state_dict` returned; sharded, the other ranks pass an empty
+        ``optimizer`` (rank 0's is broadcast) with the same scheduler and scaler state."""
+        optimizer = state["optimizer"]
+        assert isinstance(optimizer, dict)
+        if by_index(optimizer):  # checkpoints written before optimizer state was keyed by name
+            if self.mesh is not None:
+                raise ValueError(
+                    "this checkpoint's optimizer state is keyed by parameter index: resume it in "
+                    "one process once (its next checkpoint keys it by name), then sharded"
+                )
+            self.optimizer.load_state_dict(optimizer)
+        else:
+            options = _FROM_FIRST_RANK if self.mesh is not None else None
+            set_optimizer_state_dict(self.model, self.optimizer, optimizer, options=options)
         self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
         if "grad_scaler" in state:  # checkpoints from before float16 loss scaling have none
             self.scaler.load_state_dict(state["grad_scaler"])  # type: ignore[arg-type]
+
+
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """``{name: first name}`` for every parameter reached under a second name."""
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        owner = first.setdefault(id(parameter), name)
+        if owner != name:
+            tied[name] = owner
+    return tied
+
+
+def by_index(optimizer_state: dict[str, object]) -> bool:
+    """``torch.optim.Optimizer.state_dict()``'s layout (integer keys), not the by-name one."""
+    groups = optimizer_state.get("param_groups") or [{}]
+    params = groups[0].get("params", []) if isinstance(groups, list) else []  # type: ignore[union-attr]
+    return any(isinstance(p, int) for p in params)

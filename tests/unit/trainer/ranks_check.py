@@ -1,0 +1,33 @@
+"""What test_trainer_ranks.py and its torchrun worker both use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dockyard.consumers.trainer.checkpoint_io import TrainerState, write_checkpoint
+
+
+def checkpoint_of(
+    model: torch.nn.Module,
+    weights: dict[str, torch.Tensor],
+    training_state: dict[str, object],
+    directory: Path,
+) -> None:
+    directory.mkdir(parents=True)
+    state = TrainerState(step=1, weight_version=1, dispatcher={}, replay_from_seq=1, ledger={})
+    write_checkpoint(
+        directory, model, None, state, model_state=weights, training_state=training_state
+    )
+
+
+def optimizer_moments(training_state: dict[str, object]) -> dict[str, torch.Tensor]:
+    """AdamW's first and second moments by parameter name."""
+    optimizer = training_state["optimizer"]
+    assert isinstance(optimizer, dict)
+    return {
+        f"{name}/{moment}": values[moment].clone()
+        for name, values in optimizer["state"].items()
+        for moment in ("exp_avg", "exp_avg_sq")
+    }
