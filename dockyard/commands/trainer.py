@@ -75,6 +75,12 @@ def _refuse_with_ranks(config: MasterConfig, world_size: int) -> None:
     """What several ranks cannot run yet, refused before any of them starts."""
     from dockyard.fleet.trainer_ranks import LaunchRefused
 
+    if world_size > 1 and config.policy.dtensor_cfg.lora_cfg.enabled:
+        raise LaunchRefused(
+            "policy.dtensor_cfg.lora_cfg.enabled",
+            f"LoRA trains in one process here; {world_size} data-parallel ranks with adapters "
+            "are not implemented",
+        )
     sft = config.sft
     if world_size > 1 and sft is not None and sft.enabled and sft.max_num_steps > 0:
         raise LaunchRefused(

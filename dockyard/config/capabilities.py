@@ -69,8 +69,8 @@ def _dtensor_on(config: MasterConfig) -> bool:
     return config.policy.dtensor_cfg.enabled
 
 
-def _lora_on(config: MasterConfig) -> bool:
-    return config.policy.dtensor_cfg.enabled and config.policy.dtensor_cfg.lora_cfg.enabled
+def _lora_beyond_torch_engine(config: MasterConfig) -> bool:
+    return config.policy.dtensor_cfg.enabled and config.policy.generation.backend != "torch"
 
 
 def _megatron_on(config: MasterConfig) -> bool:
@@ -148,16 +148,10 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported(
         "policy.dtensor_cfg.lora_cfg.enabled",
         "refused",
-        "LoRA is not implemented; the trainer updates every parameter",
+        "LoRA weight events carry the adapter alone, which only the torch engine merges yet "
+        "(policy.generation.backend=torch); vLLM's enable_lora is not wired",
         TRAINER_AT_SCALE,
-        when=_dtensor_on,
-    ),
-    Unsupported(
-        "policy.dtensor_cfg.lora_cfg.*",
-        "refused",
-        "configures LoRA, which is not implemented",
-        TRAINER_AT_SCALE,
-        when=_lora_on,
+        when=_lora_beyond_torch_engine,
     ),
     *(
         Unsupported(

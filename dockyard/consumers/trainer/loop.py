@@ -596,7 +596,7 @@ class TrainerLoop:
         # (tied embeddings).
         state = {
             name: tensor.detach().to("cpu", self.publish_dtype)
-            for name, tensor in self.ranks.model_state().items()
+            for name, tensor in self.ranks.engine_weights().items()
         }
         ref = await self.weights.put(self.weight_version, state)
         event = WeightVersion(
@@ -649,6 +649,7 @@ class TrainerLoop:
                 model_state=model_state,
                 training_state=training_state,
                 model_format=self.config.checkpointing.model_save_format,
+                adapter=self.trainer.peft,
             ),
             values,
         )

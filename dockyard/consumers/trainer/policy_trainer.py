@@ -49,6 +49,7 @@ from dockyard.consumers.trainer.micro_batches import (
 )
 from dockyard.consumers.trainer.optim import build_optimizer, build_scheduler
 from dockyard.models.devices import compute_precision, grad_scaler, training_device
+from dockyard.models.lora import adapter_for_engines, apply_lora, merged_weights
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -138,6 +139,12 @@ class PolicyTrainer:
         self.reference: torch.nn.Module | None = (
             copy.deepcopy(model).eval().requires_grad_(False) if needs_reference else None
         )
+        # LoRA (after the reference copy: the reference is the base model): only the adapters
+        # train; self.model stays the same object and its forward goes through them.
+        lora = policy.dtensor_cfg.lora_cfg
+        self.peft = apply_lora(self.model, lora) if lora.enabled else None
+        if self.peft is not None and mesh is not None:
+            raise ValueError("LoRA with several data-parallel ranks is not implemented")
         self.varlen = has_varlen_attention(self.model)
         self.mesh = mesh
         if mesh is not None:
@@ -153,6 +160,8 @@ class PolicyTrainer:
             precision=policy.precision,
             master_weights="float32",
             data_parallel_ranks=mesh.size() if mesh is not None else 1,
+            lora_rank=lora.rank if self.peft is not None else None,
+            trained_parameters=sum(p.numel() for p in self.model.parameters() if p.requires_grad),
             varlen_attention=self.varlen,
         )
 
@@ -329,7 +338,10 @@ class PolicyTrainer:
     def model_state(self) -> dict[str, torch.Tensor]:
         """The whole model's weights by name: the parameters themselves in one process; when
         sharded, gathered to rank 0's CPU (empty on the other ranks). Tied names share one
-        tensor either way, so both serialise alike."""
+        tensor either way, so both serialise alike. Under LoRA: the adapters merged, under the
+        model's own names (what checkpoints and exports hold)."""
+        if self.peft is not None:
+            return merged_weights(self.model)
         if self.mesh is None:
             return self.model.state_dict()
         state = get_model_state_dict(self.model, options=_GATHERED)
@@ -337,6 +349,13 @@ class PolicyTrainer:
             if owner in state:
                 state[name] = state[owner]
         return state
+
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """What a weight event carries: the adapter alone under LoRA
+        (:func:`~dockyard.models.lora.adapter_for_engines`), else :meth:`model_state`."""
+        if self.peft is not None:
+            return adapter_for_engines(self.model)
+        return self.model_state()
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         """Sharded: rank 0's whole weights (tied duplicates may be absent) out to every rank;

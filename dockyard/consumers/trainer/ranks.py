@@ -38,10 +38,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.loss_metrics import merge_loss_metrics
 from dockyard.consumers.trainer.batch import TrainingBatch
-from dockyard.consumers.trainer.checkpoint_io import load_weights
+from dockyard.consumers.trainer.checkpoint_io import ADAPTER_DIR, load_weights
 from dockyard.consumers.trainer.data_parallel import shard_by_groups
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
 from dockyard.models.devices import training_device
+from dockyard.models.lora import load_peft_adapter
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -134,6 +135,12 @@ class TrainerRanks:
             self._announce("model_state")
         return self.trainer.model_state()
 
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """What a weight event carries (:meth:`PolicyTrainer.engine_weights`)."""
+        if self.mesh is not None:
+            self._announce("model_state")
+        return self.trainer.engine_weights()
+
     def training_state(self) -> dict[str, object]:
         """Optimizer, scheduler and loss-scaler state (:meth:`PolicyTrainer.state_dict`)."""
         if self.mesh is not None:
@@ -147,6 +154,11 @@ class TrainerRanks:
         where: Path,
     ) -> None:
         """A checkpoint's whole weights (and training state) into every rank."""
+        if self.trainer.peft is not None:  # the base is model_name's: only the adapter trained
+            load_peft_adapter(self.trainer.peft, where / ADAPTER_DIR)
+            if training_state is not None:
+                self.trainer.load_state_dict(training_state)
+            return
         if self.mesh is None:
             load_weights(self.trainer.model, weights, where)
             if training_state is not None:

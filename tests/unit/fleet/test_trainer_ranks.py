@@ -74,6 +74,17 @@ def test_several_ranks_refuse_the_supervised_warm_start(capsys, tmp_path, monkey
     assert "sft.enabled: the supervised warm start runs in one process" in capsys.readouterr().err
 
 
+def test_several_ranks_refuse_lora(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    lora = "policy.dtensor_cfg.lora_cfg.enabled=true"
+    code = main(["trainer", "--config", QUICKSTART, lora, "--run-dir", str(tmp_path)])
+    assert code == 2
+    assert "policy.dtensor_cfg.lora_cfg.enabled: LoRA trains in one process" in (
+        capsys.readouterr().err
+    )
+
+
 def test_run_refuses_ranks_without_processes(capsys, tmp_path):
     ranks = ["--trainer-ranks", "2", "--run-dir", str(tmp_path)]
     code = main(["run", "--config", QUICKSTART, "data_plane=null", *ranks])

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from dockyard.consumers.trainer.checkpoint_io import TrainerState, write_checkpoint
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 
 def checkpoint_of(
@@ -14,11 +18,18 @@ def checkpoint_of(
     weights: dict[str, torch.Tensor],
     training_state: dict[str, object],
     directory: Path,
+    adapter: PeftModel | None = None,
 ) -> None:
     directory.mkdir(parents=True)
     state = TrainerState(step=1, weight_version=1, dispatcher={}, replay_from_seq=1, ledger={})
     write_checkpoint(
-        directory, model, None, state, model_state=weights, training_state=training_state
+        directory,
+        model,
+        None,
+        state,
+        model_state=weights,
+        training_state=training_state,
+        adapter=adapter,
     )
 
 
