@@ -42,7 +42,11 @@ def _trainer(args: argparse.Namespace) -> int:
     import torch
 
     from dockyard.consumers.trainer.ranks import World, join_ranks, leave_ranks, run_follower
-    from dockyard.fleet.trainer_ranks import LaunchRefused, check_torchrun_world
+    from dockyard.fleet.trainer_ranks import (
+        LaunchRefused,
+        check_ranks_can_run,
+        check_torchrun_world,
+    )
 
     config = load_role_config(args)
     refuse_in_memory_plane(config, "trainer")
@@ -54,10 +58,10 @@ def _trainer(args: argparse.Namespace) -> int:
             local_world_size=world.local_size,
             cuda_devices=torch.cuda.device_count(),
         )
-        _refuse_with_ranks(config, world.size)
+        check_ranks_can_run(config, world.size)
     except LaunchRefused as refused:
         raise CliError(str(refused), exit_code=EXIT_INVALID_CONFIG) from None
-    mesh = join_ranks(world)
+    mesh = join_ranks(world, config.policy.dtensor_cfg.tensor_parallel_size)
     try:
         if world.rank != 0:
             assert mesh is not None
@@ -69,25 +73,6 @@ def _trainer(args: argparse.Namespace) -> int:
         return asyncio.run(_serve(args, config, mesh))
     finally:
         leave_ranks()
-
-
-def _refuse_with_ranks(config: MasterConfig, world_size: int) -> None:
-    """What several ranks cannot run yet, refused before any of them starts."""
-    from dockyard.fleet.trainer_ranks import LaunchRefused
-
-    if world_size > 1 and config.policy.dtensor_cfg.lora_cfg.enabled:
-        raise LaunchRefused(
-            "policy.dtensor_cfg.lora_cfg.enabled",
-            f"LoRA trains in one process here; {world_size} data-parallel ranks with adapters "
-            "are not implemented",
-        )
-    sft = config.sft
-    if world_size > 1 and sft is not None and sft.enabled and sft.max_num_steps > 0:
-        raise LaunchRefused(
-            "sft.enabled",
-            f"the supervised warm start runs in one process; with {world_size} trainer ranks "
-            "set it false (or warm-start once in one process and train from its checkpoint)",
-        )
 
 
 async def _serve(args: argparse.Namespace, config: MasterConfig, mesh: DeviceMesh | None) -> int:

@@ -137,13 +137,13 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         Unsupported(
             f"policy.dtensor_cfg.{name}",
             "refused",
-            "model parallelism is not implemented; the trainer holds the whole model on one "
-            "device (set 1)",
+            "context and expert parallelism are not implemented (tensor_parallel_size and FSDP2 "
+            "data parallelism are; set 1)",
             TRAINER_AT_SCALE,
             when=_dtensor_on,
             triggered=_more_than_one,
         )
-        for name in ("tensor_parallel_size", "context_parallel_size", "expert_parallel_size")
+        for name in ("context_parallel_size", "expert_parallel_size")
     ),
     Unsupported(
         "policy.dtensor_cfg.lora_cfg.enabled",
@@ -153,15 +153,13 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         TRAINER_AT_SCALE,
         when=_lora_beyond_torch_engine,
     ),
-    *(
-        Unsupported(
-            f"policy.dtensor_cfg.{name}",
-            "warned",
-            _TORCH_TRAINER,
-            TRAINER_AT_SCALE,
-            when=_dtensor_on,
-        )
-        for name in ("cpu_offload", "activation_checkpointing", "sequence_parallel")
+    Unsupported(
+        "policy.dtensor_cfg.sequence_parallel",
+        "warned",
+        "sequence parallelism (the norms' activations split over the tensor-parallel ranks) "
+        "is not implemented; tensor parallelism runs without it",
+        TRAINER_AT_SCALE,
+        when=_dtensor_on,
     ),
     Unsupported(
         "policy.generation.colocated.enabled",

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dockyard.config.sections.cluster import ClusterConfig
+
+if TYPE_CHECKING:
+    from dockyard.config.master import MasterConfig
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,37 @@ def check_torchrun_world(
             f"cluster asks for {gpus} ranks on each of {cluster.num_nodes} node(s) ({expected} in "
             f"all) but {world_size} rank(s) run, {local_world_size} on this node: start it with "
             f"torchrun --nnodes {cluster.num_nodes} --nproc_per_node {gpus}",
+        )
+
+
+def check_ranks_can_run(config: MasterConfig, world_size: int) -> None:
+    """What needs several ranks, or only runs in one, refused before any rank starts."""
+    dtensor = config.policy.dtensor_cfg
+    tensor = dtensor.tensor_parallel_size
+    if world_size % tensor:
+        raise LaunchRefused(
+            "policy.dtensor_cfg.tensor_parallel_size",
+            f"{tensor} must divide the {world_size} trainer rank(s)",
+        )
+    if world_size // tensor == 1 and dtensor.enabled and dtensor.cpu_offload:
+        raise LaunchRefused(
+            "policy.dtensor_cfg.cpu_offload",
+            "offloads FSDP2 shards to the CPU, and without data-parallel ranks nothing is "
+            "sharded: start more ranks (cluster.gpus_per_node, --trainer-ranks, torchrun) than "
+            "tensor_parallel_size, or set it false",
+        )
+    if world_size > 1 and dtensor.lora_cfg.enabled:
+        raise LaunchRefused(
+            "policy.dtensor_cfg.lora_cfg.enabled",
+            f"LoRA trains in one process here; {world_size} data-parallel ranks with adapters "
+            "are not implemented",
+        )
+    sft = config.sft
+    if world_size > 1 and sft is not None and sft.enabled and sft.max_num_steps > 0:
+        raise LaunchRefused(
+            "sft.enabled",
+            f"the supervised warm start runs in one process; with {world_size} trainer ranks "
+            "set it false (or warm-start once in one process and train from its checkpoint)",
         )
 
 

@@ -48,6 +48,12 @@ from dockyard.consumers.trainer.micro_batches import (
     plan_micro_batches,
 )
 from dockyard.consumers.trainer.optim import build_optimizer, build_scheduler
+from dockyard.consumers.trainer.tensor_parallel import (
+    DP,
+    TP,
+    clip_mixed_gradients,
+    parallelize_policy,
+)
 from dockyard.models.devices import compute_precision, grad_scaler, training_device
 from dockyard.models.lora import adapter_for_engines, apply_lora, merged_weights
 from dockyard.utils.logging import get_logger
@@ -116,7 +122,9 @@ class PolicyTrainer:
         *,
         mesh: DeviceMesh | None = None,
     ) -> None:
-        """``mesh``: a data-parallel device mesh (under ``torchrun``): the policy is sharded
+        """``mesh``: the ranks' device mesh (under ``torchrun``): 1-D, data parallel; or 2-D
+        ``("dp", "tp")``, tensor parallel within each data-parallel group
+        (:mod:`~dockyard.consumers.trainer.tensor_parallel`). Over ``dp`` the policy is sharded
         with FSDP2 and each rank trains on its share of the batch (see
         :mod:`~dockyard.consumers.trainer.data_parallel`)."""
         self.config = config
@@ -145,10 +153,35 @@ class PolicyTrainer:
         self.peft = apply_lora(self.model, lora) if lora.enabled else None
         if self.peft is not None and mesh is not None:
             raise ValueError("LoRA with several data-parallel ranks is not implemented")
-        self.varlen = has_varlen_attention(self.model)
+        dtensor = policy.dtensor_cfg
+        if dtensor.activation_checkpointing:
+            # Each decoder layer keeps only its input; its activations are recomputed in
+            # backward. Non-reentrant: works with frozen base weights (LoRA) and FSDP2.
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.mesh = mesh
-        if mesh is not None:
-            shard_policy(self.model, mesh)
+        self.tensor_mesh = mesh[TP] if mesh is not None and mesh.ndim == 2 else None
+        #: The data-parallel ranks (None: not sharded by FSDP2).
+        self.data_mesh = (
+            mesh if self.tensor_mesh is None else _larger_than_one(mesh[DP])  # type: ignore[index]
+        )
+        tensor_ranks = self.tensor_mesh.size() if self.tensor_mesh is not None else 1
+        if dtensor.tensor_parallel_size != tensor_ranks:
+            raise ValueError(
+                f"policy.dtensor_cfg.tensor_parallel_size={dtensor.tensor_parallel_size} but the "
+                f"mesh has {tensor_ranks} tensor-parallel rank(s)"
+            )
+        if dtensor.cpu_offload and self.data_mesh is None:
+            raise ValueError(
+                "policy.dtensor_cfg.cpu_offload offloads FSDP2 shards: it needs data-parallel "
+                "ranks (a mesh)"
+            )
+        self.varlen = has_varlen_attention(self.model)
+        if self.tensor_mesh is not None:
+            parallelize_policy(self.model, self.tensor_mesh)
+        if self.data_mesh is not None:
+            shard_policy(self.model, self.data_mesh, cpu_offload=dtensor.cpu_offload)
         # After sharding: the optimizer holds (and its state follows) the sharded parameters.
         self.optimizer = build_optimizer(self.model, policy.optimizer)
         self.scheduler = build_scheduler(
@@ -159,8 +192,11 @@ class PolicyTrainer:
             device=str(self.device),
             precision=policy.precision,
             master_weights="float32",
-            data_parallel_ranks=mesh.size() if mesh is not None else 1,
+            data_parallel_ranks=self.data_mesh.size() if self.data_mesh is not None else 1,
+            tensor_parallel_ranks=self.tensor_mesh.size() if self.tensor_mesh is not None else 1,
             lora_rank=lora.rank if self.peft is not None else None,
+            activation_checkpointing=dtensor.activation_checkpointing,
+            cpu_offload=dtensor.cpu_offload,
             trained_parameters=sum(p.numel() for p in self.model.parameters() if p.requires_grad),
             varlen_attention=self.varlen,
         )
@@ -171,9 +207,9 @@ class PolicyTrainer:
         """:meth:`plan`, and for the sharded policy, ``None`` (a zero-weight pass on the first
         micro-batch) until every rank runs as many passes (FSDP2's collectives must match)."""
         plans = self.plan(batch, purpose)
-        if self.mesh is None or model is not self.model:
+        if self.data_mesh is None or model is not self.model:
             return list(plans)
-        return pad_plans(plans, self.device)
+        return pad_plans(plans, self.device, self.data_mesh)
 
     def plan(self, batch: TrainingBatch, purpose: str) -> list[MicroBatch]:
         """The forward passes of ``purpose`` (``"train"`` / ``"logprob"``), see
@@ -273,7 +309,7 @@ class PolicyTrainer:
                 rewards=part.rewards,
             )
             loss, metrics = self.loss(inputs, counts)
-            self.scaler.scale(loss * gradient_scale(self.mesh)).backward()
+            self.scaler.scale(loss * gradient_scale(self.data_mesh)).backward()
             parts.append(metrics)
         return parts
 
@@ -291,8 +327,8 @@ class PolicyTrainer:
         batch, masked_fraction = self.filter_samples(batch, prev)
         advantages = self.advantages(batch, prev, reference)
         counts = GlobalCounts.from_batch(batch.token_mask, batch.sample_mask, batch.rewards)
-        if self.mesh is not None:
-            counts = global_counts(counts, self.device)
+        if self.data_mesh is not None:
+            counts = global_counts(counts, self.device, self.data_mesh)
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -310,9 +346,12 @@ class PolicyTrainer:
         result = self.gradients(batch)
         self.scaler.unscale_(self.optimizer)
         max_norm = self.config.policy.max_grad_norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), max_norm if max_norm is not None else float("inf")
-        )
+        if self.tensor_mesh is not None:  # DTensors on two meshes, and whole tensors
+            grad_norm = clip_mixed_gradients(self.model.parameters(), max_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), max_norm if max_norm is not None else float("inf")
+            )
         if isinstance(grad_norm, DTensor):  # sharded gradients: the norm of the whole
             grad_norm = grad_norm.full_tensor()
         # With float16 loss scaling, a step whose gradients overflowed is skipped and the scale
@@ -394,6 +433,10 @@ class PolicyTrainer:
         self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
         if "grad_scaler" in state:  # checkpoints from before float16 loss scaling have none
             self.scaler.load_state_dict(state["grad_scaler"])  # type: ignore[arg-type]
+
+
+def _larger_than_one(mesh: DeviceMesh) -> DeviceMesh | None:
+    return mesh if mesh.size() > 1 else None
 
 
 def tied_names(model: torch.nn.Module) -> dict[str, str]:

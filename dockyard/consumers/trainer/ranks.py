@@ -8,7 +8,8 @@ does next.
 
 - ``step``: rank 0 cuts the batch into contiguous runs of whole prompt groups
   (:func:`~dockyard.consumers.trainer.data_parallel.shard_by_groups`) and *scatters* them, one
-  per rank; every rank steps on its share; the outcomes are gathered and merged on rank 0.
+  per data-parallel group (the tensor-parallel ranks of a group get the same share); every rank
+  steps on its share; the outcomes are gathered and merged on rank 0.
 - ``model_state`` / ``training_state``: the whole weights (or optimizer state) gathered to rank
   0's CPU, for the weight blob and for checkpoints. The blob is the one an unsharded trainer
   writes: the same names, tensors and digest.
@@ -41,6 +42,7 @@ from dockyard.consumers.trainer.batch import TrainingBatch
 from dockyard.consumers.trainer.checkpoint_io import ADAPTER_DIR, load_weights
 from dockyard.consumers.trainer.data_parallel import shard_by_groups
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
+from dockyard.consumers.trainer.tensor_parallel import DP, TP
 from dockyard.models.devices import training_device
 from dockyard.models.lora import load_peft_adapter
 from dockyard.utils.logging import get_logger
@@ -75,15 +77,25 @@ class World:
         )
 
 
-def join_ranks(world: World) -> DeviceMesh | None:
-    """The data-parallel mesh of every rank (None for one process): NCCL on GPUs, gloo on CPUs."""
+def join_ranks(world: World, tensor_parallel: int = 1) -> DeviceMesh | None:
+    """The mesh of every rank (None for one process): 1-D data parallel, or 2-D ``("dp", "tp")``
+    with ``tensor_parallel`` consecutive ranks per data-parallel group. NCCL on GPUs, gloo on
+    CPUs."""
     if world.size == 1:
         return None
+    if world.size % tensor_parallel:
+        raise ValueError(
+            f"policy.dtensor_cfg.tensor_parallel_size={tensor_parallel} must divide the "
+            f"{world.size} trainer ranks"
+        )
     device = training_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL's object collectives use the current device
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return init_device_mesh(device.type, (world.size,))
+    if tensor_parallel == 1:
+        return init_device_mesh(device.type, (world.size,))
+    shape = (world.size // tensor_parallel, tensor_parallel)
+    return init_device_mesh(device.type, shape, mesh_dim_names=(DP, TP))
 
 
 def leave_ranks() -> None:
@@ -109,6 +121,9 @@ class TrainerRanks:
         self.trainer = trainer
         self.mesh = trainer.mesh
         self.size = self.mesh.size() if self.mesh is not None else 1
+        # The tp ranks of one data-parallel group (consecutive ranks) train on the same share.
+        tensor = trainer.tensor_mesh
+        self.tensor_size = tensor.size() if tensor is not None else 1
         self.last_scatter_s = 0.0
 
     def _announce(self, kind: CommandKind, payload: dict[str, object] | None = None) -> None:
@@ -118,7 +133,10 @@ class TrainerRanks:
         if self.mesh is None:
             return self.trainer.step(batch)
         started = time.perf_counter()
-        shares = [shard_by_groups(batch, rank, self.size) for rank in range(self.size)]
+        groups = self.size // self.tensor_size
+        shares = [
+            shard_by_groups(batch, rank // self.tensor_size, groups) for rank in range(self.size)
+        ]
         self._announce("step")
         mine: list[TrainingBatch | None] = [None]
         dist.scatter_object_list(mine, list(shares), src=0)
@@ -127,7 +145,12 @@ class TrainerRanks:
         outcome = self.trainer.step(mine[0])
         outcomes: list[StepOutcome | None] = [None] * self.size
         dist.gather_object(outcome, outcomes, dst=0)
-        return merge_outcomes([o for o in outcomes if o is not None], [s.size for s in shares])
+        # One outcome per data-parallel group: its tp ranks computed the same share.
+        firsts = range(0, self.size, self.tensor_size)
+        return merge_outcomes(
+            [o for i, o in enumerate(outcomes) if o is not None and i in firsts],
+            [shares[i].size for i in firsts],
+        )
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The whole weights, by name (:meth:`PolicyTrainer.model_state`)."""

@@ -147,7 +147,7 @@ def test_every_unsupported_entry_names_keys_of_the_schema(rule):
             "grpo.async_grpo.in_flight_weight_updates",
         ),
         ("grpo.async_grpo.max_generation_failures=3", "grpo.async_grpo.max_generation_failures"),
-        # cluster.* takes effect now: tests/unit/fleet/test_trainer_ranks.py.
+        # cluster.* takes effect now: tests/unit/fleet/test_launch_ranks.py.
         # data.*.path, data.system_prompt and policy.tokenizer.chat_template take effect now:
         # tests/unit/data/test_file_datasets.py and test_chat_prompts.py show it.
         ("policy.generation.colocated.enabled=true", "policy.generation.colocated.enabled"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,6 +14,28 @@ from dockyard.consumers.trainer.checkpoint_io import TrainerState, write_checkpo
 
 if TYPE_CHECKING:
     from peft import PeftModel
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_two_ranks(worker: str, out: Path) -> None:
+    """``torchrun --standalone --nproc_per_node=2 tests/unit/trainer/WORKER OUT``: real gloo
+    processes; fails the test with the ranks' stderr if they do."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "tests/unit/trainer" / worker),
+        str(out),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
 
 
 def checkpoint_of(

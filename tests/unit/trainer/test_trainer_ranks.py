@@ -6,11 +6,6 @@ process resumes sharded, weights and optimizer state alike."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -19,10 +14,8 @@ from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.checkpoint_io import read_checkpoint
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.ranks import TrainerRanks
-from tests.unit.trainer.ranks_check import checkpoint_of, optimizer_moments
+from tests.unit.trainer.ranks_check import checkpoint_of, optimizer_moments, run_two_ranks
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def one_process() -> TrainerRanks:
@@ -52,21 +45,7 @@ def single(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sharded(single):
     out = single["out"]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(ROOT / "tests/unit/trainer/ranks_worker.py"),
-        str(out),
-    ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_two_ranks("ranks_worker.py", out)
     return torch.load(out / "sharded.pt", weights_only=False)
 
 

@@ -9,9 +9,15 @@ import pytest
 import torch
 
 from dockyard.cli import main
+from dockyard.config.loader import load_config
 from dockyard.config.sections.cluster import ClusterConfig
 from dockyard.fleet.supervisor import Supervisor
-from dockyard.fleet.trainer_ranks import LaunchRefused, check_torchrun_world, ranks_for_run
+from dockyard.fleet.trainer_ranks import (
+    LaunchRefused,
+    check_ranks_can_run,
+    check_torchrun_world,
+    ranks_for_run,
+)
 
 QUICKSTART = "configs/quickstart.yaml"
 
@@ -87,7 +93,7 @@ def test_several_ranks_refuse_lora(capsys, tmp_path, monkeypatch):
 
 def test_run_refuses_ranks_without_processes(capsys, tmp_path):
     ranks = ["--trainer-ranks", "2", "--run-dir", str(tmp_path)]
-    code = main(["run", "--config", QUICKSTART, "data_plane=null", *ranks])
+    code = main(["run", "--config", QUICKSTART, "data_plane=null", "sft.enabled=false", *ranks])
     assert code == 2
     assert "2 trainer ranks need processes" in capsys.readouterr().err
 
@@ -100,3 +106,30 @@ def test_the_supervisor_starts_several_ranks_under_torchrun(tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     assert argv[:5] == [*torchrun, "--nproc_per_node=2"]
     assert argv[5:10] == ["-m", "dockyard", "--log-format", "json", "trainer"]
+
+
+def test_cpu_offload_asks_for_ranks():
+    config = load_config(QUICKSTART, ["policy.dtensor_cfg.cpu_offload=true", "sft.enabled=false"])
+    with pytest.raises(LaunchRefused) as refused:
+        check_ranks_can_run(config, 1)
+    assert refused.value.key == "policy.dtensor_cfg.cpu_offload"
+    check_ranks_can_run(config, 2)
+
+
+def test_run_refuses_cpu_offload_for_one_trainer_process(capsys, tmp_path):
+    offload = "policy.dtensor_cfg.cpu_offload=true"
+    code = main(["run", "--config", QUICKSTART, offload, "--run-dir", str(tmp_path)])
+    assert code == 2
+    assert "policy.dtensor_cfg.cpu_offload: offloads FSDP2 shards" in capsys.readouterr().err
+
+
+def test_tensor_parallel_size_must_divide_the_ranks():
+    config = load_config(QUICKSTART, ["policy.dtensor_cfg.tensor_parallel_size=2"])
+    with pytest.raises(LaunchRefused, match="2 must divide the 3 trainer rank"):
+        check_ranks_can_run(config, 3)
+    offload = load_config(
+        QUICKSTART,
+        ["policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.cpu_offload=true"],
+    )
+    with pytest.raises(LaunchRefused, match="without data-parallel ranks nothing is sharded"):
+        check_ranks_can_run(offload, 2)  # one data-parallel group of two tensor-parallel ranks
