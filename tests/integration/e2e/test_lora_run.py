@@ -4,20 +4,13 @@ Hugging Face model with the adapter merged."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.integration.e2e.conftest import QUICKSTART, run_dockyard
 from tests.integration.e2e.ledger_checks import assert_exactly_once, metric_steps
-from tests.integration.e2e.test_end_to_end import assert_checkpoint_exports_to_hf
+from tests.integration.e2e.test_end_to_end import assert_checkpoint_exports_to_hf, json_events
 
 pytestmark = pytest.mark.slow
-
-
-def events(log_file) -> list[dict]:
-    lines = log_file.read_text().splitlines()
-    return [json.loads(line) for line in lines if line.startswith("{")]
 
 
 def test_a_lora_run_refits_the_workers_from_adapters(tmp_path, small_run):
@@ -36,10 +29,14 @@ def test_a_lora_run_refits_the_workers_from_adapters(tmp_path, small_run):
     assert metric_steps(run_dir) == [1, 2]
     assert len(assert_exactly_once(run_dir)) == 2 * 4
     placement = next(
-        e for e in events(run_dir / "logs" / "trainer.log") if e["event"] == "trainer.placement"
+        e
+        for e in json_events(run_dir / "logs" / "trainer.log")
+        if e["event"] == "trainer.placement"
     )
     assert placement["lora_rank"] == 8
-    refits = [e for e in events(run_dir / "logs" / "rollout-0.log") if e["event"] == "refit.done"]
+    refits = [
+        e for e in json_events(run_dir / "logs" / "rollout-0.log") if e["event"] == "refit.done"
+    ]
     assert {e["version"] for e in refits} >= {0, 1}  # the first adapter and a trained one
     checkpoint = run_dir / "checkpoints" / "step_2"
     assert (checkpoint / "adapter" / "adapter_model.safetensors").is_file()

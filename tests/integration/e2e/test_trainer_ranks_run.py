@@ -14,13 +14,13 @@ from tests.integration.e2e.ledger_checks import (
     assert_exactly_once,
     metric_steps,
 )
+from tests.integration.e2e.test_end_to_end import json_events
 
 pytestmark = pytest.mark.slow
 
 
 def trainer_events(run_dir) -> list[dict]:
-    lines = (run_dir / "logs" / "trainer.log").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.startswith("{")]
+    return json_events(run_dir / "logs" / "trainer.log")
 
 
 def test_two_trainer_ranks_train_every_group_once_and_resume_in_one_process(tmp_path, small_run):
@@ -66,3 +66,28 @@ def test_two_trainer_ranks_train_every_group_once_and_resume_in_one_process(tmp_
     trained_after = assert_exactly_once(run_dir)
     assert trained_before < set(trained_after)
     assert len(trained_after) == 6 * 4
+
+
+def test_two_tensor_parallel_ranks_train_every_group_once(tmp_path, small_run):
+    run_dir = tmp_path / "run"
+    result = run_dockyard(
+        "run",
+        "--config",
+        str(QUICKSTART),
+        *small_run,
+        "grpo.max_num_steps=2",
+        "policy.dtensor_cfg.tensor_parallel_size=2",
+        "--trainer-ranks",
+        "2",
+        "--run-dir",
+        str(run_dir),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    placements = [e for e in trainer_events(run_dir) if e["event"] == "trainer.placement"]
+    assert [(e["tensor_parallel_ranks"], e["data_parallel_ranks"]) for e in placements] == [
+        (2, 1),
+        (2, 1),
+    ]
+    assert metric_steps(run_dir) == [1, 2]
+    assert len(assert_exactly_once(run_dir)) == 2 * 4
+    assert (run_dir / "checkpoints" / "step_2" / "optimizer.pt").is_file()
