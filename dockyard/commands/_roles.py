@@ -22,6 +22,8 @@ from dockyard.commands._cli import CliError
 from dockyard.commands._common import EXIT_INVALID_CONFIG
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from dockyard.algorithms.grpo import MasterConfig
     from dockyard.broker.plane import DataPlane
     from dockyard.consumers.scorer import Scorer
@@ -149,6 +151,7 @@ def build_trainer(
     *,
     run_dir: Path,
     status_dir: Path | str | None,
+    mesh: DeviceMesh | None = None,
 ) -> TrainerLoop:
     from dockyard.broker.typed import MessagePlane
     from dockyard.broker.weights.factory import create_weight_store
@@ -168,6 +171,7 @@ def build_trainer(
         run_dir,
         dispatcher,
         status=StatusFile(status_dir, "trainer", "0"),
+        mesh=mesh,
     )
 
 

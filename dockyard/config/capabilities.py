@@ -30,7 +30,7 @@ TRAINER_AT_SCALE = "issue #21 (the trainer on GPUs, sharded, LoRA, packing)"
 REAL_DATA = "issue #22 (real data and the config family's environments)"
 JAX_BACKEND = "issue #28 (the JAX trainer backend)"
 
-_TORCH_TRAINER = "the trainer here is single-process torch (policy.dtensor_cfg)"
+_TORCH_TRAINER = "the trainer here is torch with FSDP2 data parallelism (policy.dtensor_cfg)"
 
 Handling = Literal["refused", "warned"]
 
@@ -70,8 +70,8 @@ def _dtensor_on(config: MasterConfig) -> bool:
     return config.policy.dtensor_cfg.enabled
 
 
-def _lora_on(config: MasterConfig) -> bool:
-    return config.policy.dtensor_cfg.enabled and config.policy.dtensor_cfg.lora_cfg.enabled
+def _lora_beyond_torch_engine(config: MasterConfig) -> bool:
+    return config.policy.dtensor_cfg.enabled and config.policy.generation.backend != "torch"
 
 
 def _megatron_on(config: MasterConfig) -> bool:
@@ -108,10 +108,6 @@ def _more_than_one(value: object, default: object) -> bool:
 
 def _not_default_processor(value: object, default: object) -> bool:
     return value not in (None, "default")
-
-
-def _some_gpu(value: object, default: object) -> bool:
-    return isinstance(value, int) and value > 0
 
 
 _SERVER_SIDE_VLLM_KEYS = (
@@ -157,50 +153,29 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         Unsupported(
             f"policy.dtensor_cfg.{name}",
             "refused",
-            "model parallelism is not implemented; the trainer holds the whole model on one "
-            "device (set 1)",
+            "context and expert parallelism are not implemented (tensor_parallel_size and FSDP2 "
+            "data parallelism are; set 1)",
             TRAINER_AT_SCALE,
             when=_dtensor_on,
             triggered=_more_than_one,
         )
-        for name in ("tensor_parallel_size", "context_parallel_size", "expert_parallel_size")
+        for name in ("context_parallel_size", "expert_parallel_size")
     ),
     Unsupported(
         "policy.dtensor_cfg.lora_cfg.enabled",
         "refused",
-        "LoRA is not implemented; the trainer updates every parameter",
+        "LoRA weight events carry the adapter alone, which only the torch engine merges yet "
+        "(policy.generation.backend=torch); vLLM's enable_lora is not wired",
+        TRAINER_AT_SCALE,
+        when=_lora_beyond_torch_engine,
+    ),
+    Unsupported(
+        "policy.dtensor_cfg.sequence_parallel",
+        "warned",
+        "sequence parallelism (the norms' activations split over the tensor-parallel ranks) "
+        "is not implemented; tensor parallelism runs without it",
         TRAINER_AT_SCALE,
         when=_dtensor_on,
-    ),
-    Unsupported(
-        "policy.dtensor_cfg.lora_cfg.*",
-        "refused",
-        "configures LoRA, which is not implemented",
-        TRAINER_AT_SCALE,
-        when=_lora_on,
-    ),
-    *(
-        Unsupported(
-            f"policy.dtensor_cfg.{name}",
-            "warned",
-            _TORCH_TRAINER,
-            TRAINER_AT_SCALE,
-            when=_dtensor_on,
-        )
-        for name in ("cpu_offload", "activation_checkpointing", "sequence_parallel")
-    ),
-    Unsupported(
-        "cluster.gpus_per_node",
-        "refused",
-        "the trainer is one process on the CPU; it uses no GPU (set 0)",
-        TRAINER_AT_SCALE,
-        triggered=_some_gpu,
-    ),
-    Unsupported(
-        "cluster.num_nodes",
-        "refused",
-        "the trainer is one process on one node (set 1)",
-        TRAINER_AT_SCALE,
     ),
     Unsupported(
         "policy.generation.colocated.enabled",

@@ -22,6 +22,7 @@ the same steps, so the versions published after the checkpoint keep their places
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 import uuid
 from collections.abc import Iterable
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.rewards import dynamic_sampling_filter
@@ -46,6 +48,7 @@ from dockyard.consumers.trainer.lineage import VersionLineage
 from dockyard.consumers.trainer.plot import plot_run
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.prompt_source import PromptSource
+from dockyard.consumers.trainer.ranks import TrainerRanks, load_trained_policy
 from dockyard.consumers.trainer.sft import run_sft
 from dockyard.consumers.trainer.worker_trust import WorkerScreen
 from dockyard.data.chat import build_prompt_dataset
@@ -112,8 +115,12 @@ class TrainerLoop:
         *,
         status: StatusFile | None = None,
         producer_id: str | None = None,
+        mesh: DeviceMesh | None = None,
     ) -> None:
+        """``mesh``: this is rank 0 of several data-parallel trainer ranks (``torchrun``); the
+        others run :func:`~dockyard.consumers.trainer.ranks.run_follower`."""
         self.config = config
+        self.mesh = mesh
         self.dispatcher = prompt_source
         self.messages = messages
         self.plane = messages.plane
@@ -148,16 +155,20 @@ class TrainerLoop:
 
     # -- set-up ------------------------------------------------------------------------------
     def _build(self) -> None:
-        from dockyard.models import load_policy, precision_dtype
+        from dockyard.models import precision_dtype
 
         cfg = self.config
-        torch.manual_seed(cfg.grpo.seed)
         # Float32 master weights; policy.precision is the compute precision (autocast) and the
         # precision of published weights (dockyard.models.devices).
-        self.model, self.tokenizer = load_policy(
-            cfg.policy.model_name, "float32", tokenizer_name=cfg.policy.tokenizer.name
-        )
-        self.trainer = PolicyTrainer(self.model, cfg)  # moves the model to the training device
+        self.model, self.tokenizer = load_trained_policy(cfg)
+        # Sharded, a forward pass is a collective of every rank: validation generates on rank
+        # 0 alone, with a whole copy refreshed from the gathered weights before each run.
+        self.evaluation_model = copy.deepcopy(self.model) if self.mesh is not None else None
+        # Moves the model to the training device (and shards it over the mesh).
+        self.trainer = PolicyTrainer(self.model, cfg, mesh=self.mesh)
+        self.ranks = TrainerRanks(self.trainer)
+        if self.evaluation_model is not None:
+            self.evaluation_model.to(self.trainer.device)
         self.publish_dtype = precision_dtype(cfg.policy.precision)
         default_env = cfg.data.default_env
         self.train_data = build_prompt_dataset(
@@ -171,7 +182,7 @@ class TrainerLoop:
             )
             env_name = cfg.data.validation.env or default_env
             self.evaluator = Evaluator(
-                self.model,
+                self.evaluation_model or self.model,
                 self.tokenizer,
                 validation,
                 build_environment(env_name, context),
@@ -216,7 +227,9 @@ class TrainerLoop:
             await self._publish_weights()
             # Scored groups of a previous incarnation (if any) are accounted for, not lost.
             return 1 if published >= 0 else 0
-        state = read_checkpoint(latest.path, self.trainer)
+        checkpoint = read_checkpoint(latest.path)
+        self.ranks.load(checkpoint.weights, checkpoint.training_state, latest.path)
+        state = checkpoint.state
         self.step = state.step
         self.ledger = Ledger.restore(state.ledger, self.run_dir / LEDGER_FILE)
         self.dispatcher.load_state_dict(state.dispatcher)
@@ -278,6 +291,7 @@ class TrainerLoop:
                 await self._replay(replay_from)
             await self._train_until_done()
         finally:
+            self.ranks.stop()  # the other ranks (if any) are done too
             if self.gpu_monitor is not None:  # may wait out a reading: not on the event loop
                 await asyncio.to_thread(self.gpu_monitor.stop)
             self.metrics.close()
@@ -513,7 +527,7 @@ class TrainerLoop:
             [self.lineage.age(int(v), self.weight_version) for v in batch.min_weight_versions],
             dtype=torch.float32,
         )
-        outcome = await asyncio.to_thread(self.trainer.step, batch)
+        outcome = await asyncio.to_thread(self.ranks.step, batch)
         TRAIN_STEP_DURATION.observe(outcome.seconds)
         self.step += 1
         self.zero_variance_this_step = 0
@@ -544,6 +558,7 @@ class TrainerLoop:
             "pipeline/skipped_too_long": float(self.dispatcher.state.skipped_too_long),
             "timing/wait_for_data_s": wait_s,
             "timing/publish_weights_s": publish_s,
+            "timing/scatter_batch_s": self.ranks.last_scatter_s,
             "weights/version": float(self.weight_version),
             **weight_blob_metrics(self.published_blob),
             **(self.worker_screen.trust.metrics() if self.worker_screen else {}),
@@ -589,6 +604,8 @@ class TrainerLoop:
     async def _validate(self, step: int, *, log_now: bool = True) -> dict[str, float]:
         if self.evaluator is None:
             return {}
+        if self.evaluation_model is not None:  # sharded: the whole copy gets the weights
+            self.evaluation_model.load_state_dict(self.ranks.model_state())
         result = await self.evaluator.evaluate()
         metrics = result.as_metrics()
         if self.summary.val_accuracy_start is None:
@@ -609,7 +626,7 @@ class TrainerLoop:
         # (tied embeddings).
         state = {
             name: tensor.detach().to("cpu", self.publish_dtype)
-            for name, tensor in self.model.state_dict().items()
+            for name, tensor in self.ranks.engine_weights().items()
         }
         # A full snapshot or a sparse patch on the previous version (weight_transport.patches).
         blob = await self.weight_chain.publish(self.weight_version, state)
@@ -651,15 +668,22 @@ class TrainerLoop:
             # A second save of this step (the run's end after a periodic save): it keeps the
             # metrics the first recorded, which rank it for retention (``keep_top_k``).
             values = {**latest.metrics, **values}
+        # Gathered from every rank first (collectives), written by this rank alone.
+        model_state = self.ranks.model_state()
+        training_state = (
+            self.ranks.training_state() if self.config.checkpointing.save_optimizer else None
+        )
         self.checkpoints.save(
             self.step,
             lambda directory: write_checkpoint(
                 directory,
-                self.trainer,
+                self.model,
                 self.tokenizer,
                 state,
-                save_optimizer=self.config.checkpointing.save_optimizer,
+                model_state=model_state,
+                training_state=training_state,
                 model_format=self.config.checkpointing.model_save_format,
+                adapter=self.trainer.peft,
             ),
             values,
         )

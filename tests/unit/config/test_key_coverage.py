@@ -33,10 +33,20 @@ DOCS = PACKAGE.parent / "docs" / "configuration.md"
 
 # Keys whose name the schema shares with other keys, and the modules that read them.
 READ_BY: dict[str, tuple[str, ...]] = {
-    "data.*.*": ("data/base.py", "data/arithmetic.py", "consumers/trainer/loop.py"),
+    "data.*.*": (
+        "data/base.py",
+        "data/arithmetic.py",
+        "data/catalog.py",
+        "consumers/trainer/loop.py",
+    ),
     "data.train.*": ("data/base.py", "data/arithmetic.py", "commands/trainer.py"),
     "sft.*": ("consumers/trainer/sft.py", "consumers/trainer/loop.py"),
-    "sft.dev_dataset.*": ("data/base.py", "data/arithmetic.py", "consumers/trainer/loop.py"),
+    "sft.dev_dataset.*": (
+        "data/base.py",
+        "data/arithmetic.py",
+        "data/catalog.py",
+        "consumers/trainer/loop.py",
+    ),
     "env.*.*": (
         "environments/timeouts.py",
         "environments/teacher_env.py",
@@ -145,8 +155,7 @@ def test_every_unsupported_entry_names_keys_of_the_schema(rule):
             "grpo.async_grpo.in_flight_weight_updates",
         ),
         ("grpo.async_grpo.max_generation_failures=3", "grpo.async_grpo.max_generation_failures"),
-        ("cluster.gpus_per_node=8", "cluster.gpus_per_node"),
-        ("cluster.num_nodes=2", "cluster.num_nodes"),
+        # cluster.* takes effect now: tests/unit/fleet/test_launch_ranks.py.
         # data.*.path, data.system_prompt and policy.tokenizer.chat_template take effect now:
         # tests/unit/data/test_file_datasets.py and test_chat_prompts.py show it.
         ("policy.generation.colocated.enabled=true", "policy.generation.colocated.enabled"),
