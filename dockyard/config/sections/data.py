@@ -24,6 +24,12 @@ class FieldMapping(Section):
         default_factory=list,
         description="fields copied to the scorer as extra data (string, number, bool or null)",
     )
+    tests: str | None = Field(
+        None,
+        description="field holding the record's test cases, a non-empty list of {input, output} "
+        "(stdin/stdout) or {assert} (Python run after the program) objects; copied to the "
+        "scorer as extra 'tests' (program_bench, code)",
+    )
 
     def rule_issues(self) -> list[ConfigIssue]:
         if self.prompt is not None and self.messages is not None:

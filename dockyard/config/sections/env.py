@@ -157,6 +157,32 @@ class CodeEnvConfig(EnvSettings):
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
 
 
+class ProgramBenchEnvConfig(CodeEnvConfig):
+    """Program synthesis (``data.*.env: program_bench``): the ``code`` scorer on a benchmark's
+    records, whose test cases come from ``data.*.fields.tests``."""
+
+    eos_markers: list[str] = Field(
+        default_factory=default_eos_markers,
+        description="the response is read up to the first of these (decoded special tokens), "
+        "so an unfenced program does not end in one",
+    )
+
+
+class TerminalBenchEnvConfig(EnvSettings):
+    """Single-turn terminal tasks (``data.*.env: terminal_bench``): setup, the response's
+    command script, then the task's check script, in one sandbox session."""
+
+    shell: str = Field("bash", description="the shell that runs each script (on the base PATH)")
+    eos_markers: list[str] = Field(
+        default_factory=default_eos_markers,
+        description="the response is read up to the first of these (decoded special tokens)",
+    )
+    max_script_chars: PositiveInt = Field(
+        20_000, description="a longer command script scores 0 (bounds the sandbox's input)"
+    )
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+
+
 class SWEEnvConfig(EnvSettings):
     reward_mode: Literal["binary", "fraction"] = "binary"
     integrity_check: bool = Field(
@@ -198,6 +224,8 @@ class EnvConfig(Section):
     reasoning_gym: ReasoningGymEnvConfig = Field(default_factory=ReasoningGymEnvConfig)
     gpqa: GpqaEnvConfig = Field(default_factory=GpqaEnvConfig)
     hle: HleEnvConfig = Field(default_factory=HleEnvConfig)
+    program_bench: ProgramBenchEnvConfig = Field(default_factory=ProgramBenchEnvConfig)
+    terminal_bench: TerminalBenchEnvConfig = Field(default_factory=TerminalBenchEnvConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
         issues: list[ConfigIssue] = []

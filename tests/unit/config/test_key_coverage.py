@@ -42,6 +42,8 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "environments/math_env.py",
         "environments/choice_env.py",
         "environments/hle_env.py",
+        "environments/program_bench_env.py",
+        "environments/terminal_bench_env.py",
         "consumers/scorer.py",
         "commands/score.py",
     ),
