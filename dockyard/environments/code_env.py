@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dockyard.config.sections.env import CodeEnvConfig
 from dockyard.environments.base import (
@@ -36,6 +37,7 @@ from dockyard.environments.base import (
 from dockyard.environments.registry import register_environment
 from dockyard.environments.sandbox import Sandbox, SandboxResult
 
+_Result = TypeVar("_Result")
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = {"python", "py", "python3"}
 
@@ -114,25 +116,31 @@ def parse_test_cases(group: ScoringGroup) -> list[TestCase]:
     return cases
 
 
-SampleScorer = Callable[[str, float, threading.Event], SampleScore]
+SampleWork = Callable[[str, float, threading.Event], _Result]
 
 
-async def score_samples_in_thread(
-    group: ScoringGroup, task_timeout: float, score_sample: SampleScorer
-) -> GroupScore:
-    """Score each sample's response with ``score_sample(text, deadline, cancel)`` in a worker
-    thread (sandboxed runs block), all within ``task_timeout``."""
+async def map_samples_in_thread(
+    group: ScoringGroup, task_timeout: float, work: SampleWork[_Result]
+) -> list[_Result]:
+    """``work(response_text, deadline, cancel)`` for each sample, in a worker thread (sandboxed
+    runs block), all within ``task_timeout``; cancelling the caller cancels the runs."""
     deadline = time.monotonic() + task_timeout
     cancel = threading.Event()
 
-    def score_all() -> list[SampleScore]:
-        return [score_sample(sample.response_text, deadline, cancel) for sample in group.samples]
+    def run_all() -> list[_Result]:
+        return [work(sample.response_text, deadline, cancel) for sample in group.samples]
 
     try:
-        scores = await asyncio.to_thread(score_all)
+        return await asyncio.to_thread(run_all)
     except asyncio.CancelledError:
         cancel.set()  # the worker thread kills its sandbox within one poll interval
         raise
+
+
+async def score_samples_in_thread(
+    group: ScoringGroup, task_timeout: float, score_sample: SampleWork[SampleScore]
+) -> GroupScore:
+    scores = await map_samples_in_thread(group, task_timeout, score_sample)
     return GroupScore(group_id=group.group_id, samples=scores)
 
 

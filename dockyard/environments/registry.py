@@ -23,6 +23,7 @@ _BUILTIN_MODULES = {
     "hle": "dockyard.environments.hle_env",
     "program_bench": "dockyard.environments.program_bench_env",
     "terminal_bench": "dockyard.environments.terminal_bench_env",
+    "gdpval": "dockyard.environments.gdpval_env",
 }
 
 

@@ -67,6 +67,24 @@ def parse_task(group: ScoringGroup) -> TerminalTask:
     return TerminalTask(setup=setup, check=check)
 
 
+def run_script(
+    session: SandboxSession,
+    shell: str,
+    script: str,
+    deadline: float | None,
+    cancel: threading.Event | None,
+) -> SandboxResult:
+    """Run ``script`` with ``shell`` in ``session``'s work directory.
+
+    The script gets a fresh name and is removed after its run: a command script cannot plant a
+    file (or a directory) where the task's next script will be written, nor read it ahead."""
+    path = session.write_file(f".task-{secrets.token_hex(8)}.sh", script.encode())
+    try:
+        return session.run([shell, path.name], deadline=deadline, cancel=cancel)
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def _last_line(result: SandboxResult) -> str:
     text = (result.stdout + result.stderr).decode(errors="replace").strip().splitlines()
     return text[-1][:160] if text else ""
@@ -112,20 +130,20 @@ class TerminalBenchEnvironment(Environment):
             )
         with self.sandbox.session() as session:
             if task.setup.strip():
-                setup = self._run_script(session, task.setup, deadline, cancel)
+                setup = run_script(session, self.settings.shell, task.setup, deadline, cancel)
                 if not setup.ok:
                     raise InvalidScoringInput(
                         "setup_failed",
                         f"the task's setup script failed (exit {setup.returncode}): "
                         f"{_last_line(setup)}",
                     )
-            ran = self._run_script(session, commands, deadline, cancel)
+            ran = run_script(session, self.settings.shell, commands, deadline, cancel)
             exit_component = {"commands_exit": float(ran.returncode)}
             if ran.timed_out:
                 return _zero("the commands timed out", ScoreFlag.TEST_TIMEOUT, **exit_component)
             if ran.output_limit_exceeded:
                 return _zero("the commands printed past the limit", ScoreFlag.OUTPUT_LIMIT)
-            check = self._run_script(session, task.check, deadline, cancel)
+            check = run_script(session, self.settings.shell, task.check, deadline, cancel)
         if check.timed_out:
             return _zero("the check script timed out", ScoreFlag.TEST_TIMEOUT, **exit_component)
         if check.returncode != 0:
@@ -133,18 +151,3 @@ class TerminalBenchEnvironment(Environment):
                 f"check failed (exit {check.returncode}): {_last_line(check)}", **exit_component
             )
         return SampleScore(1.0, {"solved": 1.0, **exit_component}, frozenset(), "check passed")
-
-    def _run_script(
-        self,
-        session: SandboxSession,
-        script: str,
-        deadline: float | None,
-        cancel: threading.Event | None,
-    ) -> SandboxResult:
-        # A fresh name per script, removed after its run: the commands cannot plant a file (or
-        # a directory) where the check will be written, nor read it ahead.
-        path = session.write_file(f".task-{secrets.token_hex(8)}.sh", script.encode())
-        try:
-            return session.run([self.settings.shell, path.name], deadline=deadline, cancel=cancel)
-        finally:
-            path.unlink(missing_ok=True)

@@ -44,6 +44,8 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "environments/hle_env.py",
         "environments/program_bench_env.py",
         "environments/terminal_bench_env.py",
+        "environments/gdpval_env.py",
+        "environments/judge.py",
         "consumers/scorer.py",
         "commands/score.py",
     ),
@@ -72,6 +74,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "grpo.reward_shaping.enabled": ("config/master.py",),
     "on_policy_distillation.enabled": ("config/master.py",),
     "logger.log_dir": ("config/sections/logger.py",),
+    "data_plane.weight_transport.base_url": ("broker/weights/factory.py",),
 }
 
 
