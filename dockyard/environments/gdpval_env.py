@@ -26,7 +26,6 @@ import threading
 from dataclasses import dataclass
 
 from dockyard.config.sections.env import GdpvalEnvConfig
-from dockyard.environments.arithmetic_env import answer_before_eos
 from dockyard.environments.base import (
     Environment,
     GroupScore,
@@ -39,7 +38,7 @@ from dockyard.environments.code_env import map_samples_in_thread
 from dockyard.environments.judge import Judge, JudgementRefused
 from dockyard.environments.registry import register_environment
 from dockyard.environments.sandbox import Sandbox, SandboxSession
-from dockyard.environments.terminal_bench_env import extract_commands, run_script
+from dockyard.environments.terminal_bench_env import command_script, run_script, run_setup
 
 SYSTEM_PROMPT = (
     "You grade the deliverables a worker produced for a task, against the task's rubric. The "
@@ -156,24 +155,12 @@ class GdpvalEnvironment(Environment):
         cancel: threading.Event | None = None,
     ) -> dict[str, bytes] | SampleScore:
         """The deliverables the response's commands wrote, or the zero score saying why not."""
-        text, _ = answer_before_eos(response, self.settings.eos_markers)
-        commands = extract_commands(text)
-        if commands is None:
-            return _zero("no commands in the response", ScoreFlag.INVALID_ACTION)
-        if len(commands) > self.settings.max_script_chars:
-            return _zero(
-                f"command script of {len(commands)} characters is over "
-                f"env.gdpval.max_script_chars={self.settings.max_script_chars}",
-                ScoreFlag.INVALID_ACTION,
-            )
+        commands = command_script(response, self.settings, "env.gdpval")
+        if isinstance(commands, SampleScore):
+            return commands
         shell = self.settings.shell
         with self.sandbox.session() as session:
-            if task.setup.strip():
-                setup = run_script(session, shell, task.setup, deadline, cancel)
-                if not setup.ok:
-                    raise InvalidScoringInput(
-                        "setup_failed", f"the task's setup script failed (exit {setup.returncode})"
-                    )
+            run_setup(session, shell, task.setup, deadline, cancel)
             ran = run_script(session, shell, commands, deadline, cancel)
             if ran.timed_out:
                 return _zero("the commands timed out", ScoreFlag.TEST_TIMEOUT)

@@ -85,6 +85,44 @@ def run_script(
         path.unlink(missing_ok=True)
 
 
+def command_script(
+    response: str, settings: TerminalBenchEnvConfig, where: str
+) -> str | SampleScore:
+    """The response's command script, or the zero score saying why there is none usable."""
+    text, _ = answer_before_eos(response, settings.eos_markers)
+    commands = extract_commands(text)
+    invalid = frozenset({ScoreFlag.INVALID_ACTION})
+    if commands is None:
+        return SampleScore(0.0, {}, invalid, "no commands in the response")
+    if len(commands) > settings.max_script_chars:
+        return SampleScore(
+            0.0,
+            {},
+            invalid,
+            f"command script of {len(commands)} characters is over "
+            f"{where}.max_script_chars={settings.max_script_chars}",
+        )
+    return commands
+
+
+def run_setup(
+    session: SandboxSession,
+    shell: str,
+    setup: str,
+    deadline: float | None,
+    cancel: threading.Event | None,
+) -> None:
+    """Run a task's setup script; its failure is the task's fault, so the group is refused."""
+    if not setup.strip():
+        return
+    result = run_script(session, shell, setup, deadline, cancel)
+    if not result.ok:
+        raise InvalidScoringInput(
+            "setup_failed",
+            f"the task's setup script failed (exit {result.returncode}): {_last_line(result)}",
+        )
+
+
 def _last_line(result: SandboxResult) -> str:
     text = (result.stdout + result.stderr).decode(errors="replace").strip().splitlines()
     return text[-1][:160] if text else ""
@@ -118,25 +156,11 @@ class TerminalBenchEnvironment(Environment):
         deadline: float | None = None,
         cancel: threading.Event | None = None,
     ) -> SampleScore:
-        text, _ = answer_before_eos(response, self.settings.eos_markers)
-        commands = extract_commands(text)
-        if commands is None:
-            return _zero("no commands in the response", ScoreFlag.INVALID_ACTION)
-        if len(commands) > self.settings.max_script_chars:
-            return _zero(
-                f"command script of {len(commands)} characters is over "
-                f"env.terminal_bench.max_script_chars={self.settings.max_script_chars}",
-                ScoreFlag.INVALID_ACTION,
-            )
+        commands = command_script(response, self.settings, "env.terminal_bench")
+        if isinstance(commands, SampleScore):
+            return commands
         with self.sandbox.session() as session:
-            if task.setup.strip():
-                setup = run_script(session, self.settings.shell, task.setup, deadline, cancel)
-                if not setup.ok:
-                    raise InvalidScoringInput(
-                        "setup_failed",
-                        f"the task's setup script failed (exit {setup.returncode}): "
-                        f"{_last_line(setup)}",
-                    )
+            run_setup(session, self.settings.shell, task.setup, deadline, cancel)
             ran = run_script(session, self.settings.shell, commands, deadline, cancel)
             exit_component = {"commands_exit": float(ran.returncode)}
             if ran.timed_out:
