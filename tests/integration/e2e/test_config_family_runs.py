@@ -14,10 +14,8 @@ scored with the environment the config names.
 from __future__ import annotations
 
 import importlib.util
-import selectors
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from tests.integration.e2e.ledger_checks import (
     assert_exactly_once,
     metric_steps,
 )
+from tests.sandbox_service import sandbox_service, serve_command
 
 CONFIGS = ROOT / "configs"
 PRESETS = CONFIGS / "cpu"
@@ -124,35 +123,9 @@ def test_every_family_file_runs_here_or_is_excluded_with_a_reason_that_holds():
 def sandbox_url() -> Iterator[str]:
     """``dockyard sandbox serve`` on the preset's shipped repository and policy (loopback)."""
     data = PRESETS / "data"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dockyard",
-            "sandbox",
-            "serve",
-            "--port",
-            "0",
-            "--repos",
-            str(data / "swe_repos"),
-            "--policy",
-            str(data / "swe_policy.yaml"),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        with selectors.DefaultSelector() as selector:
-            selector.register(process.stdout, selectors.EVENT_READ)
-            assert selector.select(timeout=60), "sandbox service did not start"
-        line = process.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield line.split()[-1]
-    finally:
-        process.kill()
-        process.wait(timeout=10)
+    command = serve_command(data / "swe_repos", data / "swe_policy.yaml")
+    with sandbox_service(command) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
