@@ -121,7 +121,9 @@ def prepare_trainer(config: MasterConfig) -> TrainerInputs:
         # Every dataset the run reads is built here, so a bad file or field mapping is refused
         # at launch with its key path, not found by the trainer after the roles started.
         try:
-            built[key] = build_dataset(section, config.data.default_env)
+            built[key] = build_dataset(
+                section, config.data.default_env, config.data.default_processor
+            )
         except UnknownDatasetError as error:
             raise CliError(f"{key}.name: {error}", exit_code=EXIT_INVALID_CONFIG) from None
         except DatasetError as error:

@@ -106,10 +106,6 @@ def _more_than_one(value: object, default: object) -> bool:
     return isinstance(value, int) and value > 1
 
 
-def _not_default_processor(value: object, default: object) -> bool:
-    return value not in (None, "default")
-
-
 _SERVER_SIDE_VLLM_KEYS = (
     "precision",
     "tensor_parallel_size",
@@ -201,16 +197,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "refused",
         "several training dataloaders are not implemented; only data.train is dispatched",
         REAL_DATA,
-    ),
-    *(
-        Unsupported(
-            path,
-            "refused",
-            "only the 'default' processor is built in",
-            REAL_DATA,
-            triggered=_not_default_processor,
-        )
-        for path in ("data.default_processor", "data.*.processor", "sft.dev_dataset.processor")
     ),
     # ---- rollouts ----------------------------------------------------------------------------
     Unsupported(

@@ -27,7 +27,7 @@ TOKENIZER = train_bpe_tokenizer()
 
 
 def _record(file: str, record_id: str) -> dict:
-    lines = (ROOT / "tests/data" / file).read_text().splitlines()
+    lines = (ROOT / "configs/cpu/data" / file).read_text().splitlines()
     return next(row for row in map(json.loads, lines) if row["id"] == record_id)
 
 
@@ -69,8 +69,8 @@ def _rollout(group: PromptGroup, responses: list[str]) -> Rollout:
 async def test_gpqa_and_hle_rollouts_are_scored_and_a_bad_reference_dead_lettered(
     data_plane_config,
 ):
-    gpqa_row = _record("gpqa_sample.jsonl", "mc-2")  # options (A)-(E), answer "(B)"
-    hle_row = _record("hle_sample.jsonl", "ex-2")  # exact answer 11.5
+    gpqa_row = _record("gpqa.jsonl", "mc-2")  # options (A)-(E), answer "(B)"
+    hle_row = _record("hle.jsonl", "ex-2")  # exact answer 11.5
     bad_row = {**gpqa_row, "answer": "F"}  # not one of the prompt's A-E
     rollouts = [
         _rollout(

@@ -58,6 +58,10 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "environments/math_env.py",
         "environments/choice_env.py",
         "environments/hle_env.py",
+        "environments/program_bench_env.py",
+        "environments/terminal_bench_env.py",
+        "environments/gdpval_env.py",
+        "environments/judge.py",
         "consumers/scorer.py",
         "commands/score.py",
     ),
@@ -88,6 +92,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "grpo.reward_shaping.enabled": ("config/master.py",),
     "on_policy_distillation.enabled": ("config/master.py",),
     "logger.log_dir": ("config/sections/logger.py",),
+    "data_plane.weight_transport.base_url": ("broker/weights/factory.py",),
 }
 
 
