@@ -135,6 +135,7 @@ def prepare_trainer(config: MasterConfig) -> TrainerInputs:
             f"(known: {', '.join(available_environments())})",
             exit_code=EXIT_INVALID_CONFIG,
         )
+    _refuse_environments_without_tools(config)
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
     try:
         fmt = PromptFormat.from_config(config.data, config.policy.tokenizer)
@@ -144,6 +145,25 @@ def prepare_trainer(config: MasterConfig) -> TrainerInputs:
     except PromptFormatError as error:
         raise CliError(f"{error.key}: {error}", exit_code=EXIT_INVALID_CONFIG) from None
     return TrainerInputs(dataset, tokenizer)
+
+
+def _refuse_environments_without_tools(config: MasterConfig) -> None:
+    """With structured tool use, every environment the run's data names must have a toolbox;
+    otherwise each of its groups would be dead-lettered (`no_toolbox`) after the launch."""
+    if not config.grpo.structured_tool_use.enabled:
+        return
+    from dockyard.environments.tools.toolbox import available_toolboxes
+
+    sections = {"data.train": config.data.train, "data.validation": config.data.validation}
+    for key, section in sections.items():
+        env = None if section is None else (section.env or config.data.default_env)
+        if env is not None and env not in available_toolboxes():
+            raise CliError(
+                f"grpo.structured_tool_use.enabled: the environment {env!r} of {key} has no "
+                f"toolbox, so its episodes could call no tool (toolboxes: "
+                f"{', '.join(available_toolboxes())})",
+                exit_code=EXIT_INVALID_CONFIG,
+            )
 
 
 def build_trainer(

@@ -73,3 +73,10 @@ class CalculatorToolbox(Toolbox):
 
     async def open_session(self, episode_id: str) -> ToolSession:
         return CalculatorSession()  # stateless: nothing of one episode can reach another
+
+
+@register_toolbox
+class ArithmeticToolbox(CalculatorToolbox):
+    """The arithmetic environment's episodes call the calculator (configs/multiturn_tools.yaml)."""
+
+    name = "arithmetic"

@@ -91,7 +91,12 @@ class Toolbox(abc.ABC):
 
 
 _REGISTRY: dict[str, type[Toolbox]] = {}
-_BUILTIN_MODULES = {"calculator": "dockyard.environments.tools.calculator"}
+# Toolboxes are found by the environment a group is scored by; the arithmetic environment's
+# tool is the calculator (configs/multiturn_tools.yaml), so both names open the same toolbox.
+_BUILTIN_MODULES = {
+    "calculator": "dockyard.environments.tools.calculator",
+    "arithmetic": "dockyard.environments.tools.calculator",
+}
 _ToolboxClass = TypeVar("_ToolboxClass", bound=type[Toolbox])
 
 
@@ -108,13 +113,17 @@ def register_toolbox(cls: _ToolboxClass) -> _ToolboxClass:
     return cls
 
 
+def available_toolboxes() -> list[str]:
+    return sorted(set(_REGISTRY) | set(_BUILTIN_MODULES))
+
+
 def toolbox_class(name: str) -> type[Toolbox]:
     if name not in _REGISTRY and name in _BUILTIN_MODULES:
         importlib.import_module(_BUILTIN_MODULES[name])
     try:
         return _REGISTRY[name]
     except KeyError:
-        known = ", ".join(sorted(set(_REGISTRY) | set(_BUILTIN_MODULES)))
+        known = ", ".join(available_toolboxes())
         raise UnknownToolboxError(f"no toolbox for environment {name!r} (known: {known})") from None
 
 

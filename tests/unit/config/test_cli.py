@@ -205,3 +205,12 @@ def test_validate_refuses_an_unregistered_estimator_with_exit_2(write_config, ca
     err = capsys.readouterr().err
     assert "grpo.adv_estimator.name: unknown estimator 'magic'; choose one of" in err
     assert "Traceback" not in err
+
+
+def test_tool_use_with_an_environment_that_has_no_toolbox_is_refused_at_launch(capsys, tmp_path):
+    # Otherwise every group of that environment would be dead-lettered `no_toolbox` after launch.
+    argv = ["trainer", "--config", "configs/quickstart.yaml", "--run-dir", str(tmp_path)]
+    tools = ["grpo.structured_tool_use.enabled=true", "grpo.max_rollout_turns=2"]
+    assert main([*argv, *tools, "data.train.env=math"]) == 2
+    err = capsys.readouterr().err
+    assert "grpo.structured_tool_use.enabled: the environment 'math' of data.train has no" in err
