@@ -8,6 +8,7 @@ overrides + validation); ``--url nats://...`` points at a bare server with defau
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
 from dockyard.commands._cli import CliError
@@ -17,6 +18,10 @@ if TYPE_CHECKING:
     from dockyard.config.master import MasterConfig
 
 EXIT_INVALID_CONFIG = 2
+
+
+#: Where ``--user``'s password comes from (a secret is never put on a command line).
+PASSWORD_VARIABLE = "DOCKYARD_NATS_PASSWORD"
 
 
 def add_plane_arguments(
@@ -29,8 +34,9 @@ def add_plane_arguments(
     if url:
         parser.add_argument("--url", help="nats:// URL of a bare server (instead of --config)")
         parser.add_argument("--namespace", help="data_plane.namespace with --url")
-        parser.add_argument("--user", help="user name with --url")
-        parser.add_argument("--password", help="password with --url")
+        parser.add_argument(
+            "--user", help=f"user name with --url; its password is read from ${PASSWORD_VARIABLE}"
+        )
         parser.add_argument(
             "--connect-timeout", type=float, help="seconds to wait for the server with --url"
         )
@@ -70,7 +76,11 @@ def plane_config(args: argparse.Namespace) -> DataPlaneConfig:
     if getattr(args, "connect_timeout", None):
         fields["connect_timeout_s"] = args.connect_timeout
     if getattr(args, "user", None):
-        fields["credentials"] = {"user": args.user, "password": args.password}
+        # Never a command-line flag: every local user can read a process's argv.
+        password = os.environ.get(PASSWORD_VARIABLE)
+        if not password:
+            raise CliError(f"--user {args.user} needs its password in ${PASSWORD_VARIABLE}")
+        fields["credentials"] = {"user": args.user, "password": password}
     try:
         return DataPlaneConfig.model_validate(fields)
     except ValueError as error:

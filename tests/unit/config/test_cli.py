@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from dockyard.cli import main
@@ -214,3 +215,16 @@ def test_tool_use_with_an_environment_that_has_no_toolbox_is_refused_at_launch(c
     assert main([*argv, *tools, "data.train.env=math"]) == 2
     err = capsys.readouterr().err
     assert "grpo.structured_tool_use.enabled: the environment 'math' of data.train has no" in err
+
+
+def test_a_nats_password_never_comes_from_the_command_line(capsys, monkeypatch):
+    # argv is readable by every local user (ps, /proc/PID/cmdline): no --password flag exists.
+    from dockyard.commands._plane_args import PASSWORD_VARIABLE
+
+    url = ["replay", "ls", "--url", "nats://127.0.0.1:1", "--user", "ops"]
+    with pytest.raises(SystemExit):
+        main([*url, "--password", "hunter2"])
+    assert "unrecognized arguments: --password" in capsys.readouterr().err
+    monkeypatch.delenv(PASSWORD_VARIABLE, raising=False)
+    assert main(url) != 0
+    assert f"--user ops needs its password in ${PASSWORD_VARIABLE}" in capsys.readouterr().err
