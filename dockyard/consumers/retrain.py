@@ -32,6 +32,7 @@ from dockyard.consumers.retrain_plan import RetrainPlan, RetrainRefused, metrics
 from dockyard.consumers.trainer.batch import TrainingBatch, build_batch
 from dockyard.consumers.trainer.checkpoint_io import read_checkpoint
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
+from dockyard.consumers.trainer.ranks import TrainerRanks
 from dockyard.schemas import CodecError, ScoredRollout, WeightVersion, decode
 from dockyard.utils.logging import get_logger
 from dockyard.utils.metrics.jsonl_backend import JsonlBackend
@@ -245,38 +246,6 @@ def weights_digest(model: torch.nn.Module, precision: str) -> str:
     return digest_of_bytes(tensors_to_bytes(state))
 
 
-#: Keys whose values the checkpoint's optimizer and scheduler state would silently replace.
-SCHEDULE_KEYS = ("policy.optimizer.", "policy.scheduler.", "grpo.max_num_steps")
-
-
-@dataclass(frozen=True)
-class _Hyperparameters:
-    groups: list[dict[str, object]]  # each param group's settings (lr, betas, ...), no params
-    base_lrs: list[float]
-
-
-def _hyperparameters(trainer: PolicyTrainer) -> _Hyperparameters:
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
-    return _Hyperparameters(groups, list(trainer.scheduler.base_lrs))
-
-
-def _override_hyperparameters(trainer: PolicyTrainer, configured: _Hyperparameters) -> None:
-    """An experiment's optimizer and schedule settings over the checkpoint's: loading an
-    optimizer's state restores its param groups' settings (lr, betas, ...) and the scheduler's
-    base rates, which would quietly undo ``policy.optimizer.lr=...``. The moments stay the
-    checkpoint's; the rate is the new schedule's at the restored position."""
-    optimizer, scheduler = trainer.optimizer, trainer.scheduler
-    for group, settings in zip(optimizer.param_groups, configured.groups, strict=True):
-        group.update(settings)
-    scheduler.base_lrs = list(configured.base_lrs)
-    position = scheduler.last_epoch
-    for group, base, multiplier in zip(
-        optimizer.param_groups, configured.base_lrs, scheduler.lr_lambdas, strict=True
-    ):
-        group["lr"] = base * multiplier(position)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr says
-
-
 class _Retraining:
     """The restored trainer and the output files; :meth:`train` one step at a time."""
 
@@ -292,14 +261,17 @@ class _Retraining:
             config.policy.model_name, "float32", tokenizer_name=config.policy.tokenizer.name
         )
         self.trainer = PolicyTrainer(model, config)
-        configured = _hyperparameters(self.trainer)
-        state = read_checkpoint(plan.checkpoint.path, self.trainer)
+        # Loading the checkpoint keeps the config's optimizer and schedule settings
+        # (PolicyTrainer.load_state_dict): an experiment's lr override takes effect.
+        checkpoint = read_checkpoint(plan.checkpoint.path)
+        TrainerRanks(self.trainer).load(
+            checkpoint.weights, checkpoint.training_state, plan.checkpoint.path
+        )
+        state = checkpoint.state
         if state.step != plan.checkpoint.step:
             raise RetrainRefused(
                 f"{plan.checkpoint.path}: holds step {state.step}, not {plan.checkpoint.step}"
             )
-        if any(key.startswith(SCHEDULE_KEYS) for key in plan.changed_keys):
-            _override_hyperparameters(self.trainer, configured)
         self.writer = JsonlBackend(out_dir)
         self.writer.log_hyperparams(config.model_dump(mode="json"))
 

@@ -423,6 +423,7 @@ class PolicyTrainer:
         ``optimizer`` (rank 0's is broadcast) with the same scheduler and scaler state."""
         optimizer = state["optimizer"]
         assert isinstance(optimizer, dict)
+        configured = self._configured_hyperparameters()
         if by_index(optimizer):  # checkpoints written before optimizer state was keyed by name
             if self.mesh is not None:
                 raise ValueError(
@@ -436,6 +437,34 @@ class PolicyTrainer:
         self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
         if "grad_scaler" in state:  # checkpoints from before float16 loss scaling have none
             self.scaler.load_state_dict(state["grad_scaler"])  # type: ignore[arg-type]
+        self._apply_hyperparameters(*configured)
+
+    def _configured_hyperparameters(self) -> tuple[list[dict[str, object]], list[float]]:
+        """Each param group's settings (lr, betas, weight decay, ...) and the schedule's base
+        rates as the config built them, before a checkpoint's state replaces them."""
+        groups = [
+            {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
+        ]
+        return groups, list(self.scheduler.base_lrs)
+
+    def _apply_hyperparameters(
+        self, groups: list[dict[str, object]], base_lrs: list[float]
+    ) -> None:
+        """The config's optimizer and schedule settings over a loaded checkpoint's: loading an
+        optimizer's state restores its param groups' settings and the scheduler's base rates,
+        which would quietly undo ``policy.optimizer.lr=...`` on resume. The moments and the
+        schedule's position stay the checkpoint's; the rate is the configured schedule's at that
+        position (the same value LambdaLR computes, so an unchanged config resumes bit for bit)."""
+        for group, settings in zip(self.optimizer.param_groups, groups, strict=True):
+            group.update(settings)
+        self.scheduler.base_lrs = list(base_lrs)
+        position = self.scheduler.last_epoch
+        for group, base, multiplier in zip(
+            self.optimizer.param_groups, base_lrs, self.scheduler.lr_lambdas, strict=True
+        ):
+            group["lr"] = base * multiplier(position)
+        # What get_last_lr reports; torch keeps it in a private attribute with no setter.
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
 
 def _larger_than_one(mesh: DeviceMesh) -> DeviceMesh | None:
