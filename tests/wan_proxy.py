@@ -126,3 +126,48 @@ class WanLink:
                 await writer_task
             self._writers.discard(sink)
             sink.transport.abort()
+
+
+class WanLinkThread:
+    """A :class:`WanLink` served from its own event loop in a thread, for synchronous tests
+    that drive subprocesses (``cut``/``heal`` are handed to that loop and waited for)."""
+
+    def __init__(self, upstream_host: str, upstream_port: int, *, delay_s: float = 0.0) -> None:
+        import threading
+
+        self.link = WanLink(upstream_host, upstream_port, delay_s=delay_s)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="wan-link", daemon=True)
+        self._thread.start()
+        self.port = self._call(self.link.start())
+
+    def _call(self, coroutine: object) -> int:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)  # type: ignore[arg-type]
+        return future.result(timeout=30)  # type: ignore[no-any-return]
+
+    async def _run(self, action: str) -> int:
+        getattr(self.link, action)()
+        return 0
+
+    def cut(self) -> None:
+        self._call(self._run("cut"))
+
+    def heal(self) -> None:
+        self._call(self._run("heal"))
+
+    def wait_connected(self, timeout_s: float = 30.0) -> None:
+        async def connected() -> int:
+            async with asyncio.timeout(timeout_s):
+                await self.link.wait_connected()
+            return 0
+
+        self._call(connected())
+
+    def close(self) -> None:
+        self._call(self._run_close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    async def _run_close(self) -> int:
+        await self.link.close()
+        return 0

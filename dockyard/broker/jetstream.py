@@ -60,6 +60,7 @@ from dockyard.broker.provisioning import (
     stream_config,
 )
 from dockyard.broker.sites import (
+    backlog_reader,
     check_domain,
     consumers_at_site,
     prompt_source_consumer,
@@ -251,6 +252,7 @@ class JetStreamPlane(DataPlane):
             spec = prompt_source_consumer(self.names, domain)
             wanted = prompt_source_consumer_config(self.names, domain)
             outcomes.append(await ensure_consumer(self.js, spec, wanted))
+            self._known_consumers.add(spec.durable)  # never to be made a pull consumer
         return ProvisionReport(
             created=tuple(o.name for o in outcomes if o.action == "created"),
             updated=tuple(o.name for o in outcomes if o.action == "updated"),
@@ -564,6 +566,7 @@ class JetStreamPlane(DataPlane):
         return raw.data or b""
 
     async def consumer_lag(self, consumer: ConsumerSpec) -> ConsumerLag:
+        consumer = backlog_reader(self.names, self.config.site, consumer)
         await self.ensure_consumer(consumer)
         info = await self.js.consumer_info(consumer.stream, consumer.durable)
         return ConsumerLag(

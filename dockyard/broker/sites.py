@@ -85,6 +85,14 @@ def prompt_source_consumer_config(names: PlaneNames, rollout_domain: str) -> api
     )
 
 
+def backlog_reader(names: PlaneNames, site: SiteConfig, consumer: ConsumerSpec) -> ConsumerSpec:
+    """The consumer whose backlog stands for ``consumer`` at this site: at the trainer site of
+    a rollout site, the prompt queue's backlog is what its feed has not yet sent there."""
+    if site.rollout_domains and consumer == names.prompt_consumer:
+        return prompt_source_consumer(names, site.rollout_domains[0])
+    return consumer
+
+
 def consumers_at_site(names: PlaneNames, site: SiteConfig) -> tuple[ConsumerSpec, ...]:
     """The plane's pull consumers this site's server holds. At the trainer site of a rollout
     site the prompt queue's only reader is the source feeding it (a work queue admits one

@@ -8,7 +8,11 @@ from pydantic import ValidationError
 
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.provisioning import stream_config
-from dockyard.broker.sites import consumers_at_site, prompt_source_consumer_config
+from dockyard.broker.sites import (
+    backlog_reader,
+    consumers_at_site,
+    prompt_source_consumer_config,
+)
 from dockyard.config.sections.data_plane import DataPlaneConfig
 
 NS = PlaneNames("ns")
@@ -86,3 +90,10 @@ def test_the_blob_stream_announces_manifests_but_not_chunks() -> None:
     republish = blobs.republish  # type: ignore[attr-defined]
     assert republish.src == "ns.blobs.*.meta"
     assert republish.dest == "ns.stored.ns.blobs.{{wildcard(1)}}.meta"
+
+
+def test_the_trainer_sites_prompt_backlog_is_what_its_feed_has_not_sent() -> None:
+    trainer_site = _config(domain="a", rollout_domains=["b"]).site
+    assert backlog_reader(NS, trainer_site, NS.prompt_consumer).durable == "ns_prompts_to_b"
+    assert backlog_reader(NS, trainer_site, NS.scored_consumer) == NS.scored_consumer
+    assert backlog_reader(NS, _config().site, NS.prompt_consumer) == NS.prompt_consumer
