@@ -28,7 +28,11 @@ class WanLink:
     upstream_host: str
     upstream_port: int
     delay_s: float = 0.0
+    #: Bandwidth cap per direction, shared by all connections (None: loopback speed). Each
+    #: chunk occupies the link for len/rate seconds after the one before it, then propagates.
+    rate_bytes_per_s: float | None = None
     counters: LinkCounters = field(default_factory=LinkCounters)
+    _link_free_at: dict[bool, float] = field(default_factory=dict)
     _server: asyncio.Server | None = None
     _up: bool = True
     _pumps: set[asyncio.Task[None]] = field(default_factory=set)
@@ -87,6 +91,15 @@ class WanLink:
             self._pumps.add(task)
             task.add_done_callback(self._pumps.discard)
 
+    def _arrival(self, now: float, nbytes: int, upstream: bool) -> float:
+        """When a chunk read now reaches the far side: serialised at the capped rate behind
+        what is already on the wire in that direction, then delayed by the propagation."""
+        if self.rate_bytes_per_s is None:
+            return now + self.delay_s
+        sent = max(now, self._link_free_at.get(upstream, 0.0)) + nbytes / self.rate_bytes_per_s
+        self._link_free_at[upstream] = sent
+        return sent + self.delay_s
+
     async def _pump(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, *, upstream: bool
     ) -> None:
@@ -114,7 +127,7 @@ class WanLink:
         try:
             while True:
                 chunk = await source.read(65536)
-                queue.put_nowait((loop.time() + self.delay_s, chunk))
+                queue.put_nowait((self._arrival(loop.time(), len(chunk), upstream), chunk))
                 if not chunk:
                     break
             await writer_task
