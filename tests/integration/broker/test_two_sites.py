@@ -51,6 +51,32 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def start_site_a(
+    factory: Callable[..., EmbeddedNatsServer], store: Path, leaf_port: int
+) -> EmbeddedNatsServer:
+    """The trainer site's server: JetStream domain ``a``, leaf nodes accepted on
+    ``leaf_port`` (where the WAN link forwards to)."""
+    return factory(
+        store_dir=store / "site-a",
+        jetstream_extra={"domain": "a"},
+        extra={"server_name": "site_a", "leafnodes": hub_leafnodes(f"127.0.0.1:{leaf_port}")},
+    )
+
+
+def start_site_b(
+    factory: Callable[..., EmbeddedNatsServer], store: Path, link_port: int, namespace: str
+) -> EmbeddedNatsServer:
+    """The rollout site's server: JetStream domain ``b``, a leaf of A through the link."""
+    return factory(
+        store_dir=store / "site-b",
+        jetstream_extra={"domain": "b"},
+        extra={
+            "server_name": "site_b",
+            "leafnodes": leaf_remote(f"nats://127.0.0.1:{link_port}", namespace),
+        },
+    )
+
+
 @dataclass
 class TwoSites:
     hub: EmbeddedNatsServer
@@ -88,21 +114,10 @@ async def sites(
 ) -> AsyncIterator[TwoSites]:
     namespace = fresh_namespace()
     leaf_port = _free_port()
-    hub = nats_server_factory(
-        store_dir=tmp_path / "site-a",
-        jetstream_extra={"domain": "a"},
-        extra={"server_name": "site_a", "leafnodes": hub_leafnodes(f"127.0.0.1:{leaf_port}")},
-    )
+    hub = start_site_a(nats_server_factory, tmp_path, leaf_port)
     link = WanLink("127.0.0.1", leaf_port, delay_s=WAN_DELAY_S)
     await link.start()
-    leaf = nats_server_factory(
-        store_dir=tmp_path / "site-b",
-        jetstream_extra={"domain": "b"},
-        extra={
-            "server_name": "site_b",
-            "leafnodes": leaf_remote(f"nats://127.0.0.1:{link.port}", namespace),
-        },
-    )
+    leaf = start_site_b(nats_server_factory, tmp_path, link.port, namespace)
     await link.wait_connected()
     try:
         yield TwoSites(hub, leaf, link, namespace, data_plane_config_factory)

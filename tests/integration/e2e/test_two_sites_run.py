@@ -17,9 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.broker.sites import hub_leafnodes, leaf_remote
 from tests.conftest import fresh_namespace
-from tests.integration.broker.test_two_sites import PARTITION_S, WAN_DELAY_S, _free_port
+from tests.integration.broker.test_two_sites import (
+    PARTITION_S,
+    WAN_DELAY_S,
+    _free_port,
+    start_site_a,
+    start_site_b,
+)
 from tests.integration.e2e.conftest import QUICKSTART, ROOT, trainer_step, wait_until
 from tests.integration.e2e.ledger_checks import assert_exactly_once, metric_steps
 from tests.wan_proxy import WanLinkThread
@@ -59,20 +64,9 @@ def test_a_run_across_two_sites_rides_out_a_partition(
 ) -> None:
     namespace = fresh_namespace()
     leaf_port = _free_port()
-    hub = nats_server_factory(
-        store_dir=tmp_path / "site-a",
-        jetstream_extra={"domain": "a"},
-        extra={"server_name": "site_a", "leafnodes": hub_leafnodes(f"127.0.0.1:{leaf_port}")},
-    )
+    hub = start_site_a(nats_server_factory, tmp_path, leaf_port)
     link = WanLinkThread("127.0.0.1", leaf_port, delay_s=WAN_DELAY_S)
-    leaf = nats_server_factory(
-        store_dir=tmp_path / "site-b",
-        jetstream_extra={"domain": "b"},
-        extra={
-            "server_name": "site_b",
-            "leafnodes": leaf_remote(f"nats://127.0.0.1:{link.port}", namespace),
-        },
-    )
+    leaf = start_site_b(nats_server_factory, tmp_path, link.port, namespace)
     link.wait_connected()
     run_dir, status_dir, logs = tmp_path / "run", tmp_path / "run" / "status", tmp_path / "logs"
     logs = Path(os.environ.get("DOCKYARD_TEST_ROLE_LOGS", logs))  # kept for a failed run
