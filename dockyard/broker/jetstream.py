@@ -59,6 +59,13 @@ from dockyard.broker.provisioning import (
     ensure_stream,
     stream_config,
 )
+from dockyard.broker.sites import (
+    backlog_reader,
+    check_domain,
+    consumers_at_site,
+    prompt_source_consumer,
+    prompt_source_consumer_config,
+)
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
 from dockyard.utils.prometheus import PUBLISH_RETRIES
@@ -186,6 +193,7 @@ class JetStreamPlane(DataPlane):
             timeout=self.config.publish.timeout_s,
             publish_async_max_pending=PENDING_PUBLISH_SLOTS,
         )
+        await check_domain(self._js, self.config.site)
         if self._provision_on_start:
             await self.provision()
 
@@ -235,11 +243,16 @@ class JetStreamPlane(DataPlane):
                 spec, self.config, is_blob_store=spec.name == self.names.blobs_stream.name
             )
             outcomes.append(await ensure_stream(self.js, wanted))
-        for consumer in self.names.consumers():
+        for consumer in consumers_at_site(self.names, self.config.site):
             outcomes.append(
                 await ensure_consumer(self.js, consumer, consumer_config(consumer, self.config))
             )
             self._known_consumers.add(consumer.durable)
+        for domain in self.config.site.rollout_domains:
+            spec = prompt_source_consumer(self.names, domain)
+            wanted = prompt_source_consumer_config(self.names, domain)
+            outcomes.append(await ensure_consumer(self.js, spec, wanted))
+            self._known_consumers.add(spec.durable)  # never to be made a pull consumer
         return ProvisionReport(
             created=tuple(o.name for o in outcomes if o.action == "created"),
             updated=tuple(o.name for o in outcomes if o.action == "updated"),
@@ -553,6 +566,7 @@ class JetStreamPlane(DataPlane):
         return raw.data or b""
 
     async def consumer_lag(self, consumer: ConsumerSpec) -> ConsumerLag:
+        consumer = backlog_reader(self.names, self.config.site, consumer)
         await self.ensure_consumer(consumer)
         info = await self.js.consumer_info(consumer.stream, consumer.durable)
         return ConsumerLag(

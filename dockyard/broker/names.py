@@ -49,6 +49,8 @@ class StreamSpec:
     #: be followed (``DataPlane.watch``) without a consumer. Only for streams that are followed:
     #: on the experience stream the notices would double the server's messages per group.
     announces: bool = False
+    #: Which of its subjects a stream announces: a blob's manifest, not each of its chunks.
+    announce_filter: str = ">"
 
     def effective_max_age_s(self, configured: float) -> float:
         """This stream's message age limit in seconds (0 = none), given the configured one."""
@@ -149,6 +151,19 @@ class PlaneNames:
         needs a consumer of its own to follow a subject (creating one is the admin's alone)."""
         return f"{self.namespace}.stored.{subject}"
 
+    def stored_notice_destination(self, announce_filter: str) -> str:
+        """Where a stream announcing ``announce_filter`` republishes: each message's
+        ``stored_notice``, as a server subject transform (its ``*`` tokens carried over)."""
+        if announce_filter == ">":
+            return self.stored_notices
+        tokens, wildcards = [], 0
+        for token in announce_filter.split("."):
+            if token == "*":
+                wildcards += 1
+                token = f"{{{{wildcard({wildcards})}}}}"
+            tokens.append(token)
+        return self.stored_notice(".".join(tokens))
+
     # -- streams -----------------------------------------------------------------------------
     @property
     def prompts_stream(self) -> StreamSpec:
@@ -185,8 +200,14 @@ class PlaneNames:
 
     @property
     def blobs_stream(self) -> StreamSpec:
+        # Manifests are announced: a reader at a rollout site, whose blobs are a mirror that may
+        # lag the weight event naming them, waits for the manifest (see ``data_plane.site``).
         return StreamSpec(
-            f"{self.namespace}_blobs", (f"{self.namespace}.blobs.>",), Retention.LIMITS
+            f"{self.namespace}_blobs",
+            (f"{self.namespace}.blobs.>",),
+            Retention.LIMITS,
+            announces=True,
+            announce_filter=self.blob_manifests_wildcard,
         )
 
     @property

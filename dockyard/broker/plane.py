@@ -38,7 +38,7 @@ from dockyard.broker.messages import (
     PublishAck,
     StoredMessage,
 )
-from dockyard.broker.names import ConsumerSpec, PlaneNames
+from dockyard.broker.names import ConsumerSpec, PlaneNames, subject_matches
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
 from dockyard.utils.prometheus import DEAD_LETTERS
@@ -368,15 +368,15 @@ class DataPlane(abc.ABC):
         (:meth:`followed_stream`)."""
 
     def followed_stream(self, subject: str) -> str:
-        """The name of ``subject``'s stream, refusing a stream that does not announce what it
-        stores (``StreamSpec.announces``: weight events and leases): on JetStream a watcher wakes
-        on those announcements, and without them it would never see a new message."""
+        """The name of ``subject``'s stream, refusing a subject its stream does not announce
+        (``StreamSpec.announces``: weight events, blob manifests and leases): on JetStream a
+        watcher wakes on those announcements, and without them it would never see a message."""
         spec = self.names.stream_for_subject(subject)
-        if not spec.announces:
+        if not spec.announces or not subject_matches(spec.announce_filter, subject):
             raise ValueError(
                 f"{subject!r} cannot be followed: its stream {spec.name} does not announce what "
-                "it stores (only weight events and blob leases are followed; read the others "
-                "through a consumer or replay)"
+                "it stores (only weight events, blob manifests and blob leases are followed; "
+                "read the others through a consumer or replay)"
             )
         return spec.name
 

@@ -15,12 +15,13 @@ from nats.js.errors import APIError, NotFoundError
 
 from dockyard.broker.names import ConsumerSpec, PlaneNames, Retention, StreamSpec
 from dockyard.broker.plane import ProvisioningDrift
+from dockyard.broker.sites import replication_for
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
 
-_IMMUTABLE_STREAM_FIELDS = ("retention", "storage")
+_IMMUTABLE_STREAM_FIELDS = ("retention", "storage", "mirror")
 _MUTABLE_STREAM_FIELDS = (
     "subjects",
     "max_msgs",
@@ -32,6 +33,7 @@ _MUTABLE_STREAM_FIELDS = (
     "num_replicas",
     "allow_direct",
     "republish",
+    "sources",
 )
 _CONSUMER_FIELDS = ("ack_wait", "max_deliver", "max_ack_pending", "filter_subject")
 
@@ -40,9 +42,16 @@ def stream_config(
     spec: StreamSpec, config: DataPlaneConfig, *, is_blob_store: bool
 ) -> api.StreamConfig:
     limits = config.streams
+    names = PlaneNames(config.namespace)
+    replication = replication_for(spec, names, config.site)
     return api.StreamConfig(
         name=spec.name,
-        subjects=list(spec.subjects),
+        # A mirror holds exactly its origin's messages: it takes no subjects of its own.
+        subjects=None if replication.mirror else list(spec.subjects),
+        mirror=replication.mirror,
+        # Workers read a weight mirror by direct get, as they would the origin stream.
+        mirror_direct=True if replication.mirror else None,
+        sources=list(replication.sources) or None,
         retention=(
             api.RetentionPolicy.WORK_QUEUE
             if spec.retention is Retention.WORK_QUEUE
@@ -63,7 +72,9 @@ def stream_config(
         # then read it by direct get: following a subject needs no consumer of the watcher's own.
         republish=(
             api.RePublish(
-                src=">", dest=PlaneNames(config.namespace).stored_notices, headers_only=True
+                src=spec.announce_filter,
+                dest=names.stored_notice_destination(spec.announce_filter),
+                headers_only=True,
             )
             if spec.announces
             else None
@@ -85,6 +96,14 @@ def consumer_config(spec: ConsumerSpec, config: DataPlaneConfig) -> api.Consumer
 
 
 def _normalise(value: object) -> object:
+    if isinstance(value, api.StreamSource):
+        return (
+            value.name,
+            value.external.api if value.external else None,
+            value.consumer.name if value.consumer else None,
+        )
+    if isinstance(value, list) and value and isinstance(value[0], api.StreamSource):
+        return sorted(_normalise(source) for source in value)  # type: ignore[type-var]
     if isinstance(value, api.RePublish):
         return (value.src or ">", value.dest, bool(value.headers_only))
     value = getattr(value, "value", value)  # enums and their string forms compare equal

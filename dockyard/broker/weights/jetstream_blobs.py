@@ -99,8 +99,23 @@ class JetStreamBlobStore(WeightBlobStore):
             float(manifest["created_at_unix_s"]),  # type: ignore[arg-type]
         )
 
+    async def _manifest_arriving(self, hex_digest: str) -> dict[str, object] | None:
+        """At a rollout site the blobs are a mirror of the trainer site's, copied alongside the
+        weight-event mirror but not in step with it: a worker can see a version's event before
+        its blob. Wait for the manifest (the last thing a blob's writer stores, so its chunks
+        are here too) as long as a stalled fetch is waited for."""
+        if self.plane.config.site.trainer_domain is None:
+            return None  # single site: the event is published after the blob, so it is gone
+        try:
+            async with asyncio.timeout(self.stall_timeout_s):
+                async for stored in self.plane.watch(self.names.blob_manifest_subject(hex_digest)):
+                    return json.loads(stored.data)  # type: ignore[no-any-return]
+        except TimeoutError:
+            return None
+        return None
+
     async def _read_bytes(self, ref: BlobRef) -> bytes:
-        manifest = await self._manifest(ref.hex)
+        manifest = await self._manifest(ref.hex) or await self._manifest_arriving(ref.hex)
         if manifest is None:
             raise BlobNotFound(f"no blob {ref.digest} in stream {self.names.blobs_stream.name}")
         nbytes = int(manifest["nbytes"])  # type: ignore[call-overload]

@@ -6,6 +6,7 @@ lives with the configuration code so the algorithms package never imports the br
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
@@ -119,6 +120,70 @@ class WeightTransportConfig(Section):
         return []
 
 
+_DOMAIN = r"^[A-Za-z0-9_-]+$"
+
+
+class SiteConfig(Section):
+    """Two or more sites joined by NATS leaf nodes (``docs/operations.md``, "Multi-site").
+
+    Each site's nats-server has its own JetStream domain. The trainer's site sources the
+    experience (and its chunks and dead letters) of every rollout site; a rollout site mirrors
+    the weight events and blobs of the trainer's site, so each weight version crosses the WAN
+    once per site and every worker there reads the site-local copy, and sources the trainer's
+    prompt queue.
+    """
+
+    domain: str | None = Field(
+        None,
+        pattern=_DOMAIN,
+        description="JetStream domain of the server `url` points at (its `jetstream.domain`); "
+        "checked at start; None = a single site",
+    )
+    trainer_domain: str | None = Field(
+        None,
+        pattern=_DOMAIN,
+        description="at a rollout site: the trainer site's domain, whose weight streams are "
+        "mirrored here; None = this is the trainer's site",
+    )
+    rollout_domains: list[str] = Field(
+        default_factory=list,
+        description="at the trainer's site: the rollout site's domain (one), whose experience, "
+        "chunks and dead letters are sourced here and which sources the prompt queue",
+    )
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        issues: list[ConfigIssue] = []
+        if (self.trainer_domain or self.rollout_domains) and self.domain is None:
+            key = "trainer_domain" if self.trainer_domain else "rollout_domains"
+            issues.append(ConfigIssue(key, "a multi-site plane needs this site's own domain"))
+        if self.trainer_domain and self.rollout_domains:
+            issues.append(
+                ConfigIssue(
+                    "rollout_domains",
+                    "a site is either the trainer's (rollout_domains) or a rollout site "
+                    "(trainer_domain), not both",
+                )
+            )
+        named = [self.trainer_domain, *self.rollout_domains]
+        if self.domain is not None and self.domain in named:
+            issues.append(ConfigIssue("domain", f"{self.domain!r} cannot replicate from itself"))
+        if len(self.rollout_domains) > 1:
+            issues.append(
+                ConfigIssue(
+                    "rollout_domains",
+                    "one rollout site per trainer site: the prompt queue feeds one site (a work "
+                    "queue admits one consumer per subject); per-site prompt queues are not "
+                    "implemented",
+                )
+            )
+        issues.extend(
+            ConfigIssue("rollout_domains", f"{name!r} is not a JetStream domain name")
+            for name in self.rollout_domains
+            if not re.fullmatch(_DOMAIN, name)
+        )
+        return issues
+
+
 class EmbeddedServerConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(-1, description="-1 picks a free port")
@@ -148,6 +213,7 @@ class DataPlaneConfig(Section):
     tls: TLSConfig = Field(default_factory=TLSConfig)
     weight_transport: WeightTransportConfig = Field(default_factory=WeightTransportConfig)
     embedded: EmbeddedServerConfig = Field(default_factory=EmbeddedServerConfig)
+    site: SiteConfig = Field(default_factory=SiteConfig)
 
     @property
     def is_embedded(self) -> bool:
