@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 TRAINER_AT_SCALE = "issue #21 (the trainer on GPUs, sharded, LoRA, packing)"
 REAL_DATA = "issue #22 (real data and the config family's environments)"
 MULTI_TURN = "issue #23 (multi-turn agentic rollouts and tool use)"
-JAX_BACKEND = "issue #28 (the JAX trainer backend)"
 
 _TORCH_TRAINER = "the trainer here is single-process torch (policy.dtensor_cfg)"
 
@@ -94,6 +93,10 @@ def _not_default_processor(value: object, default: object) -> bool:
     return value not in (None, "default")
 
 
+def _is_float16(value: object, default: object) -> bool:
+    return value == "float16"
+
+
 def _some_gpu(value: object, default: object) -> bool:
     return isinstance(value, int) and value > 0
 
@@ -124,18 +127,28 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "not planned",
         when=_megatron_on,
     ),
+    # The JAX backend (policy.jax_cfg, dockyard/consumers/trainer/jax_backend/) computes in
+    # float32 or bfloat16 and runs fixed-shape micro-batches (each shape is one compilation).
     Unsupported(
-        "policy.jax_cfg.enabled",
+        "policy.precision",
         "refused",
-        f"the JAX trainer backend is not in this build; {_TORCH_TRAINER}",
-        JAX_BACKEND,
-    ),
-    Unsupported(
-        "policy.jax_cfg.*",
-        "refused",
-        "configures the JAX backend, which is not in this build",
-        JAX_BACKEND,
+        "float16 with policy.jax_cfg.enabled: the JAX trainer backend computes in float32 or "
+        "bfloat16 (float16 needs loss scaling, which it does not do)",
+        "not planned",
         when=_jax_on,
+        triggered=_is_float16,
+    ),
+    *(
+        Unsupported(
+            f"policy.{name}.enabled",
+            "warned",
+            "with policy.jax_cfg.enabled: the JAX trainer backend runs fixed micro-batches of "
+            "policy.train_micro_batch_size rows padded to a fixed width (one compilation per "
+            "shape)",
+            "not planned",
+            when=_jax_on,
+        )
+        for name in ("sequence_packing", "dynamic_batching")
     ),
     *(
         Unsupported(

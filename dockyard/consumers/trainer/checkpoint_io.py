@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
+from dockyard.consumers.trainer.backend import TrainerBackend
 from dockyard.utils.native_checkpoint import load_checkpoint_state_dict, save_model_checkpoint
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -38,7 +38,7 @@ class TrainerState:
 
 def write_checkpoint(
     directory: Path,
-    trainer: PolicyTrainer,
+    trainer: TrainerBackend,
     tokenizer: object,
     state: TrainerState,
     *,
@@ -77,7 +77,7 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: 
         )
 
 
-def read_checkpoint(directory: Path, trainer: PolicyTrainer) -> TrainerState:
+def read_checkpoint(directory: Path, trainer: TrainerBackend) -> TrainerState:
     load_weights(trainer.model, load_checkpoint_state_dict(directory), directory)
     optimizer_path = directory / OPTIMIZER_FILE
     if optimizer_path.exists():

@@ -36,6 +36,7 @@ from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.base import WeightBlobStore
+from dockyard.consumers.trainer.backend import build_policy_trainer
 from dockyard.consumers.trainer.batch import build_batch
 from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoint, write_checkpoint
 from dockyard.consumers.trainer.evaluation import Evaluator, log_val_samples
@@ -43,7 +44,6 @@ from dockyard.consumers.trainer.health import diagnose, fleet_readiness
 from dockyard.consumers.trainer.ledger import Ledger
 from dockyard.consumers.trainer.lineage import VersionLineage
 from dockyard.consumers.trainer.plot import plot_run
-from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.prompt_source import PromptSource
 from dockyard.consumers.trainer.sft import run_sft
 from dockyard.data.chat import build_prompt_dataset
@@ -149,7 +149,8 @@ class TrainerLoop:
         self.model, self.tokenizer = load_policy(
             cfg.policy.model_name, "float32", tokenizer_name=cfg.policy.tokenizer.name
         )
-        self.trainer = PolicyTrainer(self.model, cfg)  # moves the model to the training device
+        # Moves the model to the training device; torch, or JAX with policy.jax_cfg.enabled.
+        self.trainer = build_policy_trainer(self.model, cfg)
         self.publish_dtype = precision_dtype(cfg.policy.precision)
         default_env = cfg.data.default_env
         self.train_data = build_prompt_dataset(

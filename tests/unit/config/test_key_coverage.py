@@ -49,6 +49,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "policy.optimizer.*": ("consumers/trainer/optim.py",),
     "policy.scheduler.*": ("consumers/trainer/optim.py",),
     "policy.dtensor_cfg.enabled": ("config/capabilities.py",),
+    "policy.jax_cfg.*": ("consumers/trainer/backend.py", "consumers/trainer/jax_backend/mesh.py"),
     # The budgets are resolved by PolicyConfig.token_budget, which micro_batches.py calls.
     "policy.sequence_packing.*": (
         "consumers/trainer/micro_batches.py",

@@ -27,6 +27,7 @@ and padded columns token mask 0: they add nothing to the loss, its gradients or 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from jax.sharding import Mesh
 from dockyard.algorithms.advantages import build_estimator
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.loss import GlobalCounts
+from dockyard.algorithms.loss_metrics import LossMetrics
 from dockyard.consumers.trainer.batch import TrainingBatch
 from dockyard.consumers.trainer.jax_backend.loss import (
     Counts,
@@ -84,7 +86,7 @@ class JaxGradients:
     torch name (host float32), the merged loss metrics, and the step's preparation."""
 
     grads: dict[str, np.ndarray]
-    metrics: Any  # LossMetrics
+    metrics: LossMetrics
     prev_logprobs: torch.Tensor
     advantages: torch.Tensor
     token_mask: torch.Tensor
@@ -177,7 +179,9 @@ class JaxPolicyTrainer:
 
     def _push(self) -> None:
         arrays = host_arrays(self.params, tied=self.shape.tie_word_embeddings)
-        self.model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
+        # load_state_dict copies into the existing parameters (tied ones stay shared); the
+        # host arrays may be read-only views of device buffers, hence from_numpy of a copy.
+        self.model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in arrays.items()})
         self._mirrored = self._versions()
 
     def _sync_from_mirror(self) -> None:
@@ -277,8 +281,13 @@ class JaxPolicyTrainer:
         return torch.from_numpy(out.copy()) * batch.attention_mask[:, 1:].bool()
 
     def gradients(self, batch: TrainingBatch) -> JaxGradients:
-        """π_old, the reference, filters and advantages, then the summed gradients of the loss;
-        the parameters are not changed."""
+        """π_old, the reference, filters and advantages, then the summed gradients of the loss
+        (on the host, by torch name); the parameters are not changed."""
+        result = self._gradients(batch)
+        return dataclasses.replace(result, grads=host_arrays(self._pending, tied=False))
+
+    def _gradients(self, batch: TrainingBatch) -> JaxGradients:
+        """:meth:`gradients` leaving them on the device (in ``_pending``) for the update."""
         self._sync_from_mirror()
         batch = batch.to(self.device)
         prev = (
@@ -321,7 +330,7 @@ class JaxPolicyTrainer:
         grads, vector = self._accumulate(self.params, micro, scalars)
         self._pending = grads
         return JaxGradients(
-            grads=host_arrays(grads, tied=False),
+            grads={},
             metrics=loss_metrics(vector),
             prev_logprobs=prev,
             advantages=advantages,
@@ -331,7 +340,7 @@ class JaxPolicyTrainer:
 
     def step(self, batch: TrainingBatch) -> StepOutcome:
         started = time.perf_counter()
-        result = self.gradients(batch)
+        result = self._gradients(batch)
         learning_rate = self.config.policy.optimizer.lr * lr_multiplier(
             self.schedule_step, self.config.policy.scheduler, self.total_steps
         )

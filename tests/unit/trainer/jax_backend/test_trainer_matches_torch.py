@@ -42,9 +42,9 @@ OVERRIDES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def setup():
-    config = load_config("configs/quickstart.yaml", OVERRIDES)
+def fixed_batch(extra: list[str] | None = None):
+    """The config, the tiny quickstart policy and a fixed off-policy batch of two groups."""
+    config = load_config("configs/quickstart.yaml", [*OVERRIDES, *(extra or [])])
     model, tokenizer = load_policy(config.policy.model_name)
     digits = [tokenizer.convert_tokens_to_ids(c) for c in "0123456789"]
     eos = tokenizer.eos_token_id
@@ -69,6 +69,11 @@ def setup():
     noise = torch.linspace(-0.15, 0.15, batch.token_mask.numel()).view_as(batch.token_mask)
     batch = dataclasses.replace(batch, generation_logprobs=(own + noise) * batch.token_mask)
     return config, model, batch
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return fixed_batch()
 
 
 def _grads_by_name(model: torch.nn.Module) -> dict[str, np.ndarray]:
