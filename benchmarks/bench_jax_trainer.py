@@ -29,7 +29,6 @@ import torch
 from bench_trainer_step import QUICKSTART, quickstart_batch, round_robin
 
 from dockyard.config.loader import load_config
-from dockyard.consumers.trainer.jax_backend.trainer import JaxPolicyTrainer
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.models import load_policy
 
@@ -37,6 +36,8 @@ JAX_ON = ["policy.dtensor_cfg.enabled=false", "policy.jax_cfg.enabled=true"]
 
 
 def measure(repeats: int) -> tuple[list[str], dict[str, float]]:
+    from dockyard.consumers.trainer.jax_backend.trainer import JaxPolicyTrainer
+
     torch_config = load_config(QUICKSTART)
     jax_config = load_config(QUICKSTART, JAX_ON)
     model, tokenizer = load_policy(torch_config.policy.model_name, "float32")
@@ -72,8 +73,21 @@ def measure(repeats: int) -> tuple[list[str], dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for both backends (default: each library's own choice); 1 makes "
+        "torch and XLA single-threaded, the fair setting on an oversubscribed machine",
+    )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+        if args.threads == 1:  # read when jax is first imported, just below
+            os.environ["XLA_FLAGS"] = (
+                "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+            )
     import jax
 
     torch.manual_seed(0)
@@ -81,7 +95,9 @@ def main() -> None:
         f"`python benchmarks/bench_jax_trainer.py --write-docs` — {date.today()}, Python "
         f"{platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} "
         f"threads), jax {jax.__version__} ({jax.devices()[0].platform}), "
-        f"{os.cpu_count()} CPUs shared; medians of {args.repeats} steps after a warm-up, "
+        f"{os.cpu_count()} CPUs shared (load average {os.getloadavg()[0]:.0f} at the start); "
+        f"{'XLA single-threaded; ' if args.threads == 1 else ''}"
+        f"medians of {args.repeats} steps after a warm-up, "
         'round-robin. "vs torch" is torch step time / JAX step time (above 1: JAX faster).'
     )
     lines, _ = measure(args.repeats)

@@ -306,9 +306,7 @@ class JaxPolicyTrainer:
             "attention_mask": batch.attention_mask,
             "prev_logprobs": prev,
             "generation_logprobs": batch.generation_logprobs,
-            "advantages": advantages.expand_as(batch.token_mask)
-            if advantages.dim() == 2
-            else advantages.unsqueeze(-1).expand_as(batch.token_mask),
+            "advantages": advantages,  # [B, L-1], as compute_advantages returns them
             "token_mask": batch.token_mask,
             "sample_mask": batch.sample_mask,
             "rewards": batch.rewards,
@@ -351,8 +349,6 @@ class JaxPolicyTrainer:
         self.schedule_step += 1
         self._push()
         advantages, valid = result.advantages, result.token_mask.bool()
-        if advantages.dim() == 1:
-            advantages = advantages.unsqueeze(-1).expand_as(valid)
         return StepOutcome(
             loss=result.metrics,
             grad_norm=float(norm),
