@@ -92,7 +92,9 @@ def main() -> None:
 
     torch.manual_seed(0)
     header = (
-        f"`python benchmarks/bench_jax_trainer.py --write-docs` — {date.today()}, Python "
+        f"`python benchmarks/bench_jax_trainer.py --repeats {args.repeats}"
+        f"{'' if args.threads is None else f' --threads {args.threads}'} --write-docs` — "
+        f"{date.today()}, Python "
         f"{platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} "
         f"threads), jax {jax.__version__} ({jax.devices()[0].platform}), "
         f"{os.cpu_count()} CPUs shared (load average {os.getloadavg()[0]:.0f} at the start); "
