@@ -45,6 +45,7 @@ from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.loss import GlobalCounts
 from dockyard.algorithms.loss_metrics import LossMetrics
 from dockyard.consumers.trainer.batch import TrainingBatch
+from dockyard.consumers.trainer.jax_backend.convert import optax_state_from_torch
 from dockyard.consumers.trainer.jax_backend.loss import (
     Counts,
     LossBatch,
@@ -366,12 +367,17 @@ class JaxPolicyTrainer:
         return {OPTIMIZER_STATE_KEY: leaves, "scheduler": {"step": self.schedule_step}}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        if OPTIMIZER_STATE_KEY not in state:
-            raise ValueError(
-                "this checkpoint's optimizer state was written by the torch trainer; the JAX "
-                "backend cannot continue its moments (the weights convert: resume without "
-                "optimizer.pt, or with policy.jax_cfg.enabled=false)"
+        if OPTIMIZER_STATE_KEY not in state:  # written by the torch trainer: convert it
+            self.opt_state = optax_state_from_torch(
+                self.opt_state,
+                state["optimizer"],  # type: ignore[arg-type]
+                self.model,
+                self._template,
+                self._place,
             )
+            self.schedule_step = int(state["scheduler"]["last_epoch"])  # type: ignore[index]
+            log.info("trainer.optimizer_converted", source="torch", step=self.schedule_step)
+            return
         leaves = state[OPTIMIZER_STATE_KEY]
         current, treedef = jax.tree.flatten(self.opt_state)
         if not isinstance(leaves, list) or [np.shape(x) for x in leaves] != [

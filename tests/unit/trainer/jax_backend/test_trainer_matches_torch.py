@@ -135,3 +135,27 @@ def test_optimizer_steps_match_and_the_torch_model_mirrors_the_weights(setup):
     assert (
         jax_state["lm_head.weight"].data_ptr() == jax_state["model.embed_tokens.weight"].data_ptr()
     )
+
+
+def test_a_torch_checkpoint_continues_under_jax_with_its_moments_and_schedule(setup):
+    """Two torch steps, then the torch trainer's weights and ``state_dict()`` (what
+    ``optimizer.pt`` holds) go into a fresh JAX trainer: its next step equals the torch
+    trainer's next step. Without the moments the step would differ (AdamW's first step moves
+    every coordinate by ≈lr, a later one by less), and the schedule would restart its warm-up."""
+    config, model, batch = setup
+    torch_trainer = PolicyTrainer(copy.deepcopy(model), config)
+    for _ in range(2):
+        torch_trainer.step(batch)
+    checkpoint = copy.deepcopy(torch_trainer.state_dict())
+    jax_trainer = JaxPolicyTrainer(copy.deepcopy(model), config)
+    jax_trainer.model.load_state_dict(torch_trainer.model.state_dict())  # as read_checkpoint
+    jax_trainer.load_state_dict(checkpoint)
+
+    t_out = torch_trainer.step(batch)
+    j_out = jax_trainer.step(batch)
+    assert j_out.learning_rate == pytest.approx(t_out.learning_rate, rel=1e-6)
+    lr = config.policy.optimizer.lr
+    for name, value in torch_trainer.model.state_dict().items():
+        torch.testing.assert_close(
+            jax_trainer.model.state_dict()[name], value, rtol=0, atol=1e-2 * lr
+        )
