@@ -235,7 +235,7 @@ class JaxPolicyTrainer:
     def _apply_program(
         self, params: nnx.State, opt_state: Any, grads: nnx.State, learning_rate: jax.Array
     ) -> tuple[nnx.State, Any, jax.Array]:
-        norm = optax.global_norm(grads)
+        norm = optax.tree.norm(grads)
         opt_state.hyperparams["learning_rate"] = learning_rate
         updates, opt_state = self.transform.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, norm
