@@ -65,7 +65,11 @@ from dockyard.consumers.trainer.jax_backend.model import (
     next_token_logprobs,
 )
 from dockyard.consumers.trainer.jax_backend.optim import build_transform
-from dockyard.consumers.trainer.jax_backend.weights import host_arrays, load_named
+from dockyard.consumers.trainer.jax_backend.weights import (
+    host_arrays,
+    load_named,
+    parameter_name,
+)
 from dockyard.consumers.trainer.optim import lr_multiplier
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
 from dockyard.utils.logging import get_logger
@@ -168,9 +172,7 @@ class JaxPolicyTrainer:
                 variable.replace(
                     jax.device_put(
                         variable.get_value(),
-                        parameter_sharding(
-                            mesh, ".".join(map(str, path)), variable.get_value().shape
-                        ),
+                        parameter_sharding(mesh, parameter_name(path), variable.get_value().shape),
                     )
                 ),
             )

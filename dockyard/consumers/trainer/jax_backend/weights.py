@@ -28,13 +28,15 @@ TIED_HEAD = "lm_head.weight"
 EMBEDDING = "model.embed_tokens.weight"
 
 
-def _name(path: tuple[object, ...]) -> str:
+def parameter_name(path: tuple[object, ...]) -> str:
+    """The torch name of the parameter at an NNX state path."""
     return ".".join(str(part) for part in path)
 
 
 def named_arrays(state: nnx.State, *, tied: bool) -> dict[str, jax.Array]:
     """``{torch name: array}`` of a parameter state (on its devices, not copied)."""
-    named = {_name(path): variable.get_value() for path, variable in nnx.to_flat_state(state)}
+    flat = nnx.to_flat_state(state)
+    named = {parameter_name(path): variable.get_value() for path, variable in flat}
     if tied:
         named[TIED_HEAD] = named[EMBEDDING]
     return named
@@ -52,7 +54,7 @@ def load_named(
 ) -> nnx.State:
     """A state shaped like ``template`` holding ``arrays`` (float32); refuses a missing,
     unexpected or mis-shaped tensor, naming it and ``where`` the weights came from."""
-    expected = {_name(path): variable for path, variable in nnx.to_flat_state(template)}
+    expected = {parameter_name(path): variable for path, variable in nnx.to_flat_state(template)}
     names = set(arrays)
     if tied and TIED_HEAD in names:
         if EMBEDDING in arrays and not np.array_equal(arrays[TIED_HEAD], arrays[EMBEDDING]):
@@ -67,7 +69,7 @@ def load_named(
         )
     flat = []
     for path, variable in nnx.to_flat_state(template):
-        name = _name(path)
+        name = parameter_name(path)
         value = np.asarray(arrays[name], dtype=np.float32)
         if value.shape != variable.get_value().shape:
             raise ValueError(
