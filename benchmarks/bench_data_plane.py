@@ -274,7 +274,7 @@ async def pipeline(
 Row = tuple[str, int, int, float, float, float, float, float]
 
 
-async def run(seconds_per_case: float, repeats: int) -> list[Row]:
+async def run(seconds_per_case: float, repeats: int, sizes: list[str]) -> list[Row]:
     """One row per group size; each rate is the median of ``repeats`` runs (a shared VM swings
     by ±15-25% from one run to the next)."""
     rows = []
@@ -286,7 +286,8 @@ async def run(seconds_per_case: float, repeats: int) -> list[Row]:
         )
         url = server.start()
         try:
-            for case, target in SIZES.items():
+            for case in sizes:
+                target = SIZES[case]
                 # Small groups: enough messages for a steady state (256 took ~0.1 s, noisy).
                 count = max(3, min(1024, int(seconds_per_case * 150 * MiB) // target))
                 rollouts = build_rollouts(target, count)
@@ -336,9 +337,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds-per-case", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=1, help="runs per size (medians)")
+    parser.add_argument(
+        "--sizes", nargs="+", choices=list(SIZES), default=list(SIZES), help="group sizes to run"
+    )
     parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args()
-    rows = asyncio.run(run(args.seconds_per_case, args.repeats))
+    rows = asyncio.run(run(args.seconds_per_case, args.repeats, args.sizes))
     lines = table(rows)
     print("\n".join(lines))
     if args.write_docs:

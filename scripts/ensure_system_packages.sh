@@ -3,7 +3,8 @@
 # - bubblewrap: every sandboxed run's namespaces, private /tmp and /dev/shm and no-new-privileges
 #   (docs/operations.md, "Isolation of one run");
 # - python3-pytest: pytest for the sandbox's interpreter (the system python3, which the sandbox
-#   uid can run), so the SWE service can score pytest repositories.
+#   uid can run), so the SWE service can score pytest repositories;
+# - chromium: the headless browser the dashboard's tests load the page in (charts drawn, content).
 # Installing needs root and apt (Debian/Ubuntu).
 set -euo pipefail
 missing=()
@@ -11,6 +12,7 @@ command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c "import pytest" >/dev/null 2>&1; then
     missing+=(python3-pytest)
 fi
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi

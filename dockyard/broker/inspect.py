@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import msgspec
+import numpy as np
+
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.plane import HEADER_UNREADABLE, StoredMessage
 from dockyard.schemas import (
@@ -161,11 +164,21 @@ def _readable(message: Message) -> dict[str, object]:
     """``message`` as people read it, as JSON values: a group as one map per sample and per
     score (its rows, the same content), not the wire's columns, so that
     ``jq '.message.scores[].reward'`` reads one reward per sample."""
+    readable = _as_json(message)
     if isinstance(message, ScoredRollout | Rollout):
         rows = "scores" if isinstance(message, ScoredRollout) else "samples"
-        readable = message.model_dump(mode="json", exclude={rows, "rollout"})
         if isinstance(message, ScoredRollout):
             readable["rollout"] = _readable(message.rollout)
-        readable[rows] = [row.model_dump(mode="json") for row in getattr(message, rows)]
-        return {name: readable[name] for name in type(message).model_fields}
-    return message.model_dump(mode="json")
+        readable[rows] = [_as_json(row) for row in getattr(message, rows)]
+    return readable
+
+
+def _as_json(value: object) -> dict[str, object]:
+    """A struct as JSON values: arrays as lists, bytes as base64 (msgspec's rule)."""
+    return msgspec.to_builtins(value, enc_hook=_array_as_list)  # type: ignore[no-any-return]
+
+
+def _array_as_list(value: object) -> object:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise NotImplementedError(f"{type(value).__name__} has no JSON form")

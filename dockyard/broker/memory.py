@@ -204,7 +204,8 @@ class MemoryPlane(DataPlane):
         limits = self.config.streams
         extra_msgs = 1 if extra_bytes else 0
         too_many = limits.max_msgs >= 0 and len(stream.messages) + extra_msgs > limits.max_msgs
-        too_big = limits.max_bytes >= 0 and stream.bytes + extra_bytes > limits.max_bytes
+        max_bytes = stream.spec.effective_max_bytes(limits.max_bytes)
+        too_big = max_bytes >= 0 and stream.bytes + extra_bytes > max_bytes
         return too_many or too_big
 
     def _expire(self, stream: _Stream) -> None:

@@ -14,6 +14,13 @@ from enum import StrEnum
 #: A lease record outlives any lease (leases are renewed every few seconds): after a day it can
 #: only be the last word of a reader that died, and the server drops it.
 LEASE_RECORD_MAX_AGE_S = 24 * 3600.0
+#: A heartbeat record is kept this long after its role's last beat (roles beat every few
+#: seconds): long enough to see that a role went silent and what it said last, short enough that
+#: the records of roles long gone leave the fleet view by themselves (the stream's TTL).
+HEARTBEAT_RECORD_MAX_AGE_S = 3600.0
+#: The heartbeats stream's byte cap: a record is at most 64 KiB (about 1 KiB in practice), one
+#: per role instance, so this holds a thousand instances at the worst.
+HEARTBEAT_STREAM_MAX_BYTES = 64 * 1024 * 1024
 
 
 class Retention(StrEnum):
@@ -35,6 +42,9 @@ class StreamSpec:
     max_msgs_per_subject: int = -1
     #: Overrides ``data_plane.streams.max_age_s`` for a stream whose records expire by nature.
     max_age_s: float | None = None
+    #: Caps ``data_plane.streams.max_bytes`` for a stream of small records (JetStream reserves
+    #: a file stream's max_bytes up front: a stream of heartbeats must not take gigabytes).
+    max_bytes_cap: int | None = None
     #: Each stored message is announced on ``stored_notice`` (headers only), so its subjects can
     #: be followed (``DataPlane.watch``) without a consumer. Only for streams that are followed:
     #: on the experience stream the notices would double the server's messages per group.
@@ -43,6 +53,12 @@ class StreamSpec:
     def effective_max_age_s(self, configured: float) -> float:
         """This stream's message age limit in seconds (0 = none), given the configured one."""
         return configured if self.max_age_s is None else self.max_age_s
+
+    def effective_max_bytes(self, configured: int) -> int:
+        """This stream's byte limit (-1 = none), given the configured one."""
+        if self.max_bytes_cap is None:
+            return configured
+        return self.max_bytes_cap if configured < 0 else min(configured, self.max_bytes_cap)
 
 
 @dataclass(frozen=True)
@@ -109,6 +125,19 @@ class PlaneNames:
         """Every reader's lease record on one blob."""
         return f"{self.namespace}.leases.{digest}.*"
 
+    def heartbeat_subject(self, role: str, instance_token: str) -> str:
+        """Where one role instance publishes its heartbeat (``instance_token`` is one subject
+        token; see ``heartbeats.subject_token``)."""
+        return f"{self.namespace}.heartbeats.{role}.{instance_token}"
+
+    def heartbeats_of(self, role: str) -> str:
+        """Every instance's heartbeat subject of one role (what a role may publish to)."""
+        return f"{self.namespace}.heartbeats.{role}.*"
+
+    @property
+    def heartbeats_wildcard(self) -> str:
+        return f"{self.namespace}.heartbeats.>"
+
     @property
     def stored_notices(self) -> str:
         """Where every stream announces what it stored (headers only; see ``stored_notice``)."""
@@ -172,6 +201,19 @@ class PlaneNames:
             announces=True,
         )
 
+    @property
+    def heartbeats_stream(self) -> StreamSpec:
+        """Each role instance's last heartbeat (see ``heartbeats.py``): a key-value bucket in all
+        but name (one record per subject, expiring), read by ``dockyard status``."""
+        return StreamSpec(
+            f"{self.namespace}_heartbeats",
+            (self.heartbeats_wildcard,),
+            Retention.LIMITS,
+            max_msgs_per_subject=1,
+            max_age_s=HEARTBEAT_RECORD_MAX_AGE_S,
+            max_bytes_cap=HEARTBEAT_STREAM_MAX_BYTES,
+        )
+
     def message_streams(self) -> tuple[StreamSpec, ...]:
         """The streams a typed message can land in (the ones replay shows by default)."""
         return (
@@ -187,6 +229,7 @@ class PlaneNames:
             self.chunks_stream,
             self.blobs_stream,
             self.leases_stream,
+            self.heartbeats_stream,
         )
 
     def stream_for_subject(self, subject: str) -> StreamSpec:

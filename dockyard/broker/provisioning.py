@@ -52,7 +52,7 @@ def stream_config(
         num_replicas=limits.replicas,
         # Blob retention is by version count (see weights/retention), never by a byte limit
         # that could silently drop part of a blob a worker is about to read.
-        max_bytes=-1 if is_blob_store else limits.max_bytes,
+        max_bytes=-1 if is_blob_store else spec.effective_max_bytes(limits.max_bytes),
         max_msgs=-1 if is_blob_store else limits.max_msgs,
         max_age=0 if is_blob_store else spec.effective_max_age_s(limits.max_age_s),
         max_msgs_per_subject=spec.max_msgs_per_subject,

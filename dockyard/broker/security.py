@@ -68,18 +68,29 @@ def role_grants(names: PlaneNames) -> dict[str, RoleGrant]:
         *(f"STREAM.INFO.{stream}" for stream in streams),
         *(f"CONSUMER.INFO.{c.stream}.{c.durable}" for c in names.consumers()),
     )
-    # Everyone reassembles chunked messages and may dead-letter what it cannot read.
+    # Everyone reassembles chunked messages and may dead-letter what it cannot read. Each role
+    # publishes its heartbeat under its own role's name only (heartbeats.py), so no role can
+    # speak for another in the fleet view.
     common_publish = (chunks, names.dead_letters)
     weights = names.weights_stream.name
     blobs = names.blobs_stream.name
     return {
-        "dispatcher": RoleGrant("dispatcher", (names.prompts, *common_publish), api=(*common_api,)),
+        "dispatcher": RoleGrant(
+            "dispatcher",
+            (names.prompts, names.heartbeats_of("dispatcher"), *common_publish),
+            api=(*common_api,),
+        ),
         # Rollout workers read weight blobs, so they write the leases that protect their reads.
         # A worker sweeping exhausted prompts deletes them from the work queue: no new power,
         # since acking a prompt it pulled removes it as well, and only rollouts read prompts.
         "rollout": RoleGrant(
             "rollout",
-            (names.rollouts, f"{names.namespace}.leases.>", *common_publish),
+            (
+                names.rollouts,
+                f"{names.namespace}.leases.>",
+                names.heartbeats_of("rollout"),
+                *common_publish,
+            ),
             api=(
                 *common_api,
                 *_reads(names.prompts_stream.name),
@@ -93,7 +104,7 @@ def role_grants(names: PlaneNames) -> dict[str, RoleGrant]:
         ),
         "scorer": RoleGrant(
             "scorer",
-            (names.scored, *common_publish),
+            (names.scored, names.heartbeats_of("scorer"), *common_publish),
             api=(
                 *common_api,
                 *_reads(names.experience_stream.name),
@@ -106,7 +117,13 @@ def role_grants(names: PlaneNames) -> dict[str, RoleGrant]:
         # starvation from every stream's consumers.
         "trainer": RoleGrant(
             "trainer",
-            (names.weight_events, f"{names.namespace}.blobs.>", names.prompts, *common_publish),
+            (
+                names.weight_events,
+                f"{names.namespace}.blobs.>",
+                names.prompts,
+                names.heartbeats_of("trainer"),
+                *common_publish,
+            ),
             api=(
                 *common_api,
                 *(f"CONSUMER.LIST.{stream}" for stream in streams),

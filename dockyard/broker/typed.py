@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from opentelemetry.trace import Span
+
 from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import (
     HEADER_ANSWERS_DELIVERY,
@@ -24,6 +26,7 @@ from dockyard.broker.plane import (
     PublishAck,
     StoredMessage,
 )
+from dockyard.broker.trace_context import end_publish_span, record_receipt, start_publish_span
 from dockyard.schemas import (
     DEFAULT_LIMITS,
     CodecError,
@@ -73,6 +76,10 @@ class MessagePlane:
         self.stage = stage
         self.limits = limits
         self.dead_lettered: Counter[str] = Counter()  # by reason code
+        # This instance's own totals (the Prometheus counters are per process, and
+        # ``dockyard run`` may host several roles in one): what its heartbeat reports.
+        self.received = 0  # deliveries that decoded and went to the role
+        self.published = 0
 
     def subject_for(self, message_type: type[Message]) -> str:
         subjects: dict[type[Message], str] = {
@@ -87,23 +94,37 @@ class MessagePlane:
         except KeyError:
             raise TypeError(f"no subject carries {message_type.__name__}") from None
 
-    def _outgoing(self, message: Message, answers: Delivery | None = None) -> OutgoingMessage:
+    def _outgoing(
+        self, message: Message, answers: Delivery | None = None
+    ) -> tuple[OutgoingMessage, Span]:
+        """The message to publish, and its publish span (end it with the publish): its trace
+        context goes into the headers, continuing the answered delivery's trace."""
         encoded = encode(message)
         headers = dict(encoded.headers)
         msg_id = headers.pop("Nats-Msg-Id")
         if answers is not None:
             headers[HEADER_ANSWERS_SEQ] = str(answers.seq)
             headers[HEADER_ANSWERS_DELIVERY] = str(answers.num_delivered)
-        return OutgoingMessage(self.subject_for(type(message)), encoded.payload, msg_id, headers)
+        subject = self.subject_for(type(message))
+        span = start_publish_span(
+            message, subject, self.stage, headers, answers.headers if answers else None
+        )
+        return OutgoingMessage(subject, encoded.payload, msg_id, headers), span
 
     async def publish(self, message: Message, *, answers: Delivery | None = None) -> PublishAck:
         """Publish ``message``; ``answers`` is the delivery it was made from (its provenance is
-        stored in the message's headers for ``replay trace``)."""
-        out = self._outgoing(message, answers)
-        ack = await self.plane.publish(
-            out.subject, out.payload, msg_id=out.msg_id, headers=out.headers
-        )
+        stored in the message's headers for ``replay trace``, and its trace continues)."""
+        out, span = self._outgoing(message, answers)
+        try:
+            ack = await self.plane.publish(
+                out.subject, out.payload, msg_id=out.msg_id, headers=out.headers
+            )
+        except BaseException as error:
+            end_publish_span(span, error)
+            raise
+        end_publish_span(span)
         MESSAGES_PUBLISHED.labels(self.stage, type(message).__name__).inc()
+        self.published += 1
         return ack
 
     async def publish_many(
@@ -112,10 +133,18 @@ class MessagePlane:
         if answers is not None and len(answers) != len(messages):
             raise ValueError(f"{len(answers)} deliveries answered by {len(messages)} messages")
         sources: Sequence[Delivery | None] = answers or [None] * len(messages)
-        outgoing = [self._outgoing(m, a) for m, a in zip(messages, sources, strict=True)]
-        acks = await self.plane.publish_many(outgoing)
+        built = [self._outgoing(m, a) for m, a in zip(messages, sources, strict=True)]
+        try:
+            acks = await self.plane.publish_many([out for out, _span in built])
+        except BaseException as error:
+            for _out, span in built:
+                end_publish_span(span, error)
+            raise
+        for _out, span in built:
+            end_publish_span(span)
         for message in messages:
             MESSAGES_PUBLISHED.labels(self.stage, type(message).__name__).inc()
+        self.published += len(messages)
         return acks
 
     @contextlib.asynccontextmanager
@@ -188,9 +217,11 @@ class MessagePlane:
                 ):
                     self.dead_lettered[error.reason.value] += 1
                 continue
+            record_receipt(message, delivery.subject, self.stage, delivery.headers)
             out.append(Received(message, delivery))
         if out:
             MESSAGES_RECEIVED.labels(self.stage, expected.__name__).inc(len(out))
+            self.received += len(out)
         return out
 
     async def current_weight_version(self) -> WeightVersion | None:

@@ -55,6 +55,7 @@ async def run_in_process(config: MasterConfig, run_dir: Path, progress: Progress
     from dockyard.consumers.trainer.loop import TrainerStarved
     from dockyard.fleet.inprocess import RoleFailed
     from dockyard.utils.logging import logging_to_file
+    from dockyard.utils.tracing import tracing
 
     log_file = run_dir / "logs" / LOG_FILE
     inputs = prepare_trainer(config)  # the launch checks, before any model loads
@@ -62,7 +63,12 @@ async def run_in_process(config: MasterConfig, run_dir: Path, progress: Progress
     _one_compute_thread_per_role()
     engines: list[GenerationEngine] = []
     # One endpoint for the one process: the roles' series differ by their ``stage`` label.
-    with logging_to_file(log_file), metrics_endpoint(config) as metrics:
+    with (
+        logging_to_file(log_file),
+        metrics_endpoint(config) as metrics,
+        # One process, one tracer provider: every role's spans go out under one service.
+        tracing(config.run.tracing, role="fleet", instance="0"),
+    ):
         try:
             for index in range(config.run.num_rollout_workers):
                 engines.append(await _load_engine(config, f"rollout-{index}"))

@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 EXIT_INVALID_CONFIG = 2
 
 
-def add_plane_arguments(parser: argparse.ArgumentParser, *, url: bool = True) -> None:
+def add_plane_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    url: bool = True,
+    overrides_help: str = "Hydra-style overrides with --config (key=value, +key=value, ~key)",
+) -> None:
     parser.add_argument("--config", metavar="PATH", help="YAML config file (its data_plane)")
     if url:
         parser.add_argument("--url", help="nats:// URL of a bare server (instead of --config)")
@@ -33,7 +38,7 @@ def add_plane_arguments(parser: argparse.ArgumentParser, *, url: bool = True) ->
         "overrides",
         nargs="*",
         metavar="OVERRIDE",
-        help="Hydra-style overrides with --config (key=value, +key=value, ~key)",
+        help=overrides_help,
     )
 
 
@@ -70,3 +75,18 @@ def plane_config(args: argparse.Namespace) -> DataPlaneConfig:
         return DataPlaneConfig.model_validate(fields)
     except ValueError as error:
         raise CliError(f"invalid data plane arguments: {error}", EXIT_INVALID_CONFIG) from None
+
+
+def open_running_plane(args: argparse.Namespace, *, command: str):  # -> JetStreamPlane (lazy)
+    """The running broker's plane, for a command that only looks (``replay``, ``status``,
+    ``dashboard``): it provisions nothing. An embedded URL is refused: it would start a server
+    of its own, empty, instead of reading the one the run uses."""
+    from dockyard.broker.jetstream import JetStreamPlane
+
+    config = plane_config(args)
+    if config.is_embedded:
+        raise CliError(
+            f"{command} reads a running broker: give --url nats://... or a config whose "
+            "data_plane.url is a nats:// URL (not 'embedded')"
+        )
+    return JetStreamPlane(config, provision=False, client_name=f"dockyard-{command}")

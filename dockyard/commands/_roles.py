@@ -22,12 +22,16 @@ from dockyard.commands._cli import CliError
 from dockyard.commands._common import EXIT_INVALID_CONFIG
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from dockyard.algorithms.grpo import MasterConfig
     from dockyard.broker.plane import DataPlane
     from dockyard.consumers.scorer import Scorer
+    from dockyard.consumers.scoring import OutputChecks
     from dockyard.consumers.trainer.loop import TrainerLoop, TrainerSummary
     from dockyard.data.base import Dataset
     from dockyard.engines.base import GenerationEngine, SamplingParams
+    from dockyard.producers.episodes import EpisodeRunner
     from dockyard.producers.rollout_worker import RolloutWorker
     from dockyard.utils.prometheus import MetricsServer
     from dockyard.utils.status import StatusFile
@@ -117,7 +121,9 @@ def prepare_trainer(config: MasterConfig) -> TrainerInputs:
         # Every dataset the run reads is built here, so a bad file or field mapping is refused
         # at launch with its key path, not found by the trainer after the roles started.
         try:
-            built[key] = build_dataset(section, config.data.default_env)
+            built[key] = build_dataset(
+                section, config.data.default_env, config.data.default_processor
+            )
         except UnknownDatasetError as error:
             raise CliError(f"{key}.name: {error}", exit_code=EXIT_INVALID_CONFIG) from None
         except DatasetError as error:
@@ -147,6 +153,7 @@ def build_trainer(
     *,
     run_dir: Path,
     status_dir: Path | str | None,
+    mesh: DeviceMesh | None = None,
 ) -> TrainerLoop:
     from dockyard.broker.typed import MessagePlane
     from dockyard.broker.weights.factory import create_weight_store
@@ -166,6 +173,7 @@ def build_trainer(
         run_dir,
         dispatcher,
         status=StatusFile(status_dir, "trainer", "0"),
+        mesh=mesh,
     )
 
 
@@ -214,6 +222,7 @@ def build_rollout_worker(
     from dockyard.producers.rollout_worker import RolloutWorker
     from dockyard.schemas import EngineInfo
 
+    async_grpo = config.grpo.async_grpo
     return RolloutWorker(
         MessagePlane(plane, stage="rollout"),
         create_weight_store(plane, reader_id=worker_id),
@@ -225,6 +234,35 @@ def build_rollout_worker(
         simulated_latency_per_token_s=config.run.simulated_latency_per_token_s,
         multimodal=MultimodalLimits.from_config(config.policy.generation),
         status=status,
+        episodes=build_episode_runner(config, engine, params),
+        max_generation_failures=async_grpo.max_generation_failures,
+        in_flight_weight_updates=async_grpo.in_flight_weight_updates,
+    )
+
+
+def build_episode_runner(
+    config: MasterConfig, engine: GenerationEngine, params: SamplingParams
+) -> EpisodeRunner | None:
+    """Episodes when ``grpo.structured_tool_use.enabled`` (tool calls parsed and run, up to
+    ``grpo.max_rollout_turns`` turns); None: one generation per sample."""
+    if not config.grpo.structured_tool_use.enabled:
+        return None
+    from dockyard.models import load_tokenizer
+    from dockyard.producers.episodes import EpisodeRunner, EpisodeSettings
+
+    settings = EpisodeSettings.from_config(config.grpo, config.policy.max_total_sequence_length)
+    tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
+    return EpisodeRunner(engine, params, settings, tokenizer)
+
+
+def output_checks(config: MasterConfig) -> OutputChecks:
+    """The flags a scorer raises from the samples' own turns (see ``OutputChecks``)."""
+    from dockyard.consumers.scoring import OutputChecks
+
+    tools = config.grpo.structured_tool_use
+    return OutputChecks(
+        tool_call_format=tools.tool_call_format if tools.enabled else None,  # type: ignore[arg-type]
+        thinking=config.grpo.malformed_thinking_advantage is not None,
     )
 
 
@@ -273,4 +311,5 @@ def build_scorer(
         max_deliver=consumer.max_deliver,
         nak_delay_s=consumer.nak_delay_s,
         status=status,
+        output_checks=output_checks(config),
     )

@@ -1,6 +1,6 @@
 """``dockyard replay ls|show|export|requeue``: look into the streams of a running data plane
 (``trace`` lives in :mod:`dockyard.commands._replay_trace`, ``rescore`` and ``diff`` in
-:mod:`dockyard.commands._replay_rescore`).
+:mod:`dockyard.commands._replay_rescore`, ``retrain`` in :mod:`dockyard.commands._replay_retrain`).
 
     dockyard replay ls      (--config PATH [overrides] | --url nats://...)
     dockyard replay show    --subject S [--from-seq N | --since TIME] [--limit K] (...)
@@ -22,21 +22,13 @@ import sys
 from pathlib import Path
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
-from dockyard.commands._plane_args import add_plane_arguments, plane_config
+from dockyard.commands._plane_args import add_plane_arguments, open_running_plane
 
 DEFAULT_SHOW_LIMIT = 50
 
 
 def _open_plane(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from dockyard.broker.jetstream import JetStreamPlane
-
-    config = plane_config(args)
-    if config.is_embedded:
-        raise CliError(
-            "replay reads a running broker: give --url nats://... or a config whose "
-            "data_plane.url is a nats:// URL (not 'embedded')"
-        )
-    return JetStreamPlane(config, provision=False, client_name="dockyard-replay")
+    return open_running_plane(args, command="replay")
 
 
 def _human_bytes(count: int) -> str:
@@ -310,10 +302,11 @@ def register(registrar: CommandRegistrar) -> None:
     add_plane_arguments(requeue)
     requeue.set_defaults(handler=_requeue)
 
-    from dockyard.commands import _replay_rescore, _replay_trace
+    from dockyard.commands import _replay_rescore, _replay_retrain, _replay_trace
 
     # The plane helpers are handed over, not imported back: _replay_trace stays a leaf.
     _replay_trace.register(commands, open_plane=_open_plane, run=_run)
+    _replay_retrain.register(commands)
     _replay_rescore.register(
         commands,
         open_plane=_open_plane,

@@ -23,6 +23,8 @@ from dockyard.commands._roles import (
 
 async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.factory import create_data_plane
+    from dockyard.broker.heartbeats import publishing_heartbeats
+    from dockyard.utils.tracing import tracing
 
     config = load_role_config(args)
     refuse_in_memory_plane(config, "rollout")
@@ -37,7 +39,10 @@ async def _serve(args: argparse.Namespace) -> int:
         f"loading the {config.policy.generation.backend} engine",
     )
     # Bound before the engine loads: a port in use is refused at once, not minutes later.
-    with metrics_endpoint(config) as metrics:
+    with (
+        metrics_endpoint(config) as metrics,
+        tracing(config.run.tracing, role="rollout", instance=worker_id),
+    ):
         record_metrics_port(metrics, status)
         engine = create_rollout_engine(config)
         plane = create_data_plane(config.data_plane, client_name=f"rollout-{worker_id}")
@@ -46,7 +51,8 @@ async def _serve(args: argparse.Namespace) -> int:
                 config, plane, engine, params, worker_id=worker_id, status=status
             )
             on_shutdown_signals(worker.stop)
-            await serve_rollout_worker(worker)
+            async with publishing_heartbeats(plane, status, worker.messages):
+                await serve_rollout_worker(worker)
     return 0
 
 

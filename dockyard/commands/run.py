@@ -35,6 +35,7 @@ def _run(args: argparse.Namespace) -> int:
 
     config = load_role_config(args)
     _refuse_metrics_ports_out_of_range(config)
+    trainer_ranks = _trainer_ranks(config, args.trainer_ranks)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / f"{config.run.name}-{stamp}")
     private_dir(run_dir)  # config.yaml may hold data_plane.credentials; logs, checkpoints
@@ -44,7 +45,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if config.data_plane is None:
             return asyncio.run(run_in_process(config, run_dir, progress))
-        return _run_processes(config, resolved, run_dir, progress)
+        return _run_processes(config, resolved, run_dir, progress, trainer_ranks)
     finally:
         print(progress.summary(), file=sys.stderr)
         print(f"run directory: {run_dir}")
@@ -65,8 +66,34 @@ def _refuse_metrics_ports_out_of_range(config: MasterConfig) -> None:
         )
 
 
+def _trainer_ranks(config: MasterConfig, requested: int | None) -> int:
+    """How many trainer ranks to start (``cluster``, ``--trainer-ranks``, this machine's GPUs)."""
+    import torch
+
+    from dockyard.fleet.trainer_ranks import LaunchRefused, check_ranks_can_run, ranks_for_run
+
+    try:
+        ranks = ranks_for_run(
+            config.cluster, requested=requested, cuda_devices=torch.cuda.device_count()
+        )
+        check_ranks_can_run(config, ranks)
+    except LaunchRefused as refused:
+        raise CliError(str(refused), exit_code=EXIT_INVALID_CONFIG) from None
+    if ranks > 1 and config.data_plane is None:
+        raise CliError(
+            f"{ranks} trainer ranks need processes: data_plane: null runs every role in this "
+            "one process; configure a data_plane (url: embedded starts one here)",
+            exit_code=EXIT_INVALID_CONFIG,
+        )
+    return ranks
+
+
 def _run_processes(
-    config: MasterConfig, resolved: Path, run_dir: Path, progress: ProgressDisplay
+    config: MasterConfig,
+    resolved: Path,
+    run_dir: Path,
+    progress: ProgressDisplay,
+    trainer_ranks: int,
 ) -> int:
     from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
     from dockyard.fleet.supervisor import Supervisor
@@ -93,6 +120,7 @@ def _run_processes(
         num_rollout_workers=config.run.num_rollout_workers,
         num_scorers=config.run.num_scorers,
         metrics_port=config.run.metrics_port,
+        trainer_ranks=trainer_ranks,
     )
     # SIGTERM (a scheduler, `kill`) stops the fleet the same way Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -128,4 +156,11 @@ def register(registrar: CommandRegistrar) -> None:
     )
     add_config_arguments(parser)
     parser.add_argument("--run-dir", default=None, help="default: <run.output_dir>/<name>-<time>")
+    parser.add_argument(
+        "--trainer-ranks",
+        type=int,
+        default=None,
+        help="data-parallel trainer processes (torchrun; gloo on the CPU); default: "
+        "cluster.gpus_per_node when set, else 1",
+    )
     parser.set_defaults(handler=_run)

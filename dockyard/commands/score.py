@@ -20,6 +20,8 @@ from dockyard.commands._roles import (
 
 async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.factory import create_data_plane
+    from dockyard.broker.heartbeats import publishing_heartbeats
+    from dockyard.utils.tracing import tracing
 
     config = load_role_config(args)
     refuse_in_memory_plane(config, "score")
@@ -27,14 +29,18 @@ async def _serve(args: argparse.Namespace) -> int:
     # ready once it takes rollouts
     status = starting_status(args.status_dir, "scorer", scorer_id, "loading the tokenizer")
     plane = create_data_plane(config.data_plane, client_name=f"scorer-{scorer_id}")
-    with metrics_endpoint(config) as metrics:
+    with (
+        metrics_endpoint(config) as metrics,
+        tracing(config.run.tracing, role="scorer", instance=scorer_id),
+    ):
         record_metrics_port(metrics, status)
         async with plane:
             scorer = build_scorer(
                 config, plane, scorer_id=scorer_id, status=status, only_env=args.env
             )
             on_shutdown_signals(scorer.stop)
-            await scorer.run()
+            async with publishing_heartbeats(plane, status, scorer.messages):
+                await scorer.run()
     return 0
 
 

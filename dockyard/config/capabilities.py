@@ -28,9 +28,8 @@ if TYPE_CHECKING:
 # The open work that will implement what is refused, named in every refusal.
 TRAINER_AT_SCALE = "issue #21 (the trainer on GPUs, sharded, LoRA, packing)"
 REAL_DATA = "issue #22 (real data and the config family's environments)"
-MULTI_TURN = "issue #23 (multi-turn agentic rollouts and tool use)"
 
-_TORCH_TRAINER = "the trainer here is single-process torch (policy.dtensor_cfg)"
+_TORCH_TRAINER = "the trainer here is torch with FSDP2 data parallelism (policy.dtensor_cfg)"
 
 Handling = Literal["refused", "warned"]
 
@@ -57,6 +56,8 @@ class Unsupported:
     until: str
     when: Callable[[MasterConfig], bool] = _always
     triggered: Callable[[object, object], bool] = _differs
+    #: ``when`` in words, for the key table (" without grpo.structured_tool_use.enabled").
+    condition: str = ""
 
     def message(self) -> str:
         if self.handling == "warned":
@@ -68,8 +69,8 @@ def _dtensor_on(config: MasterConfig) -> bool:
     return config.policy.dtensor_cfg.enabled
 
 
-def _lora_on(config: MasterConfig) -> bool:
-    return config.policy.dtensor_cfg.enabled and config.policy.dtensor_cfg.lora_cfg.enabled
+def _lora_beyond_torch_engine(config: MasterConfig) -> bool:
+    return config.policy.dtensor_cfg.enabled and config.policy.generation.backend != "torch"
 
 
 def _megatron_on(config: MasterConfig) -> bool:
@@ -85,20 +86,27 @@ def _vllm_server(config: MasterConfig) -> bool:
     return generation.backend == "vllm" and generation.vllm_cfg.mode == "server"
 
 
+_WITHOUT_TOOL_USE = " without grpo.structured_tool_use.enabled"
+
+
+def _no_tool_use(config: MasterConfig) -> bool:
+    return not config.grpo.structured_tool_use.enabled
+
+
+def _in_flight_updates(config: MasterConfig) -> bool:
+    return config.grpo.async_grpo.in_flight_weight_updates
+
+
+def _is_false(value: object, default: object) -> bool:
+    return value is False
+
+
 def _more_than_one(value: object, default: object) -> bool:
     return isinstance(value, int) and value > 1
 
 
-def _not_default_processor(value: object, default: object) -> bool:
-    return value not in (None, "default")
-
-
 def _is_float16(value: object, default: object) -> bool:
     return value == "float16"
-
-
-def _some_gpu(value: object, default: object) -> bool:
-    return isinstance(value, int) and value > 0
 
 
 _SERVER_SIDE_VLLM_KEYS = (
@@ -138,6 +146,15 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         when=_jax_on,
         triggered=_is_float16,
     ),
+    Unsupported(
+        "cluster.num_nodes",
+        "refused",
+        "with policy.jax_cfg.enabled: the JAX trainer is one process over its own devices; a "
+        "multi-host mesh (jax.distributed) is not set up (set 1)",
+        "not planned",
+        when=_jax_on,
+        triggered=_more_than_one,
+    ),
     *(
         Unsupported(
             f"policy.{name}.enabled",
@@ -154,50 +171,29 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         Unsupported(
             f"policy.dtensor_cfg.{name}",
             "refused",
-            "model parallelism is not implemented; the trainer holds the whole model on one "
-            "device (set 1)",
+            "context and expert parallelism are not implemented (tensor_parallel_size and FSDP2 "
+            "data parallelism are; set 1)",
             TRAINER_AT_SCALE,
             when=_dtensor_on,
             triggered=_more_than_one,
         )
-        for name in ("tensor_parallel_size", "context_parallel_size", "expert_parallel_size")
+        for name in ("context_parallel_size", "expert_parallel_size")
     ),
     Unsupported(
         "policy.dtensor_cfg.lora_cfg.enabled",
         "refused",
-        "LoRA is not implemented; the trainer updates every parameter",
+        "LoRA weight events carry the adapter alone, which only the torch engine merges yet "
+        "(policy.generation.backend=torch); vLLM's enable_lora is not wired",
+        TRAINER_AT_SCALE,
+        when=_lora_beyond_torch_engine,
+    ),
+    Unsupported(
+        "policy.dtensor_cfg.sequence_parallel",
+        "warned",
+        "sequence parallelism (the norms' activations split over the tensor-parallel ranks) "
+        "is not implemented; tensor parallelism runs without it",
         TRAINER_AT_SCALE,
         when=_dtensor_on,
-    ),
-    Unsupported(
-        "policy.dtensor_cfg.lora_cfg.*",
-        "refused",
-        "configures LoRA, which is not implemented",
-        TRAINER_AT_SCALE,
-        when=_lora_on,
-    ),
-    *(
-        Unsupported(
-            f"policy.dtensor_cfg.{name}",
-            "warned",
-            _TORCH_TRAINER,
-            TRAINER_AT_SCALE,
-            when=_dtensor_on,
-        )
-        for name in ("cpu_offload", "activation_checkpointing", "sequence_parallel")
-    ),
-    Unsupported(
-        "cluster.gpus_per_node",
-        "refused",
-        "the trainer is one process on the CPU; it uses no GPU (set 0)",
-        TRAINER_AT_SCALE,
-        triggered=_some_gpu,
-    ),
-    Unsupported(
-        "cluster.num_nodes",
-        "refused",
-        "the trainer is one process on one node (set 1)",
-        TRAINER_AT_SCALE,
     ),
     Unsupported(
         "policy.generation.colocated.enabled",
@@ -224,60 +220,56 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "several training dataloaders are not implemented; only data.train is dispatched",
         REAL_DATA,
     ),
-    *(
-        Unsupported(
-            path,
-            "refused",
-            "only the 'default' processor is built in",
-            REAL_DATA,
-            triggered=_not_default_processor,
-        )
-        for path in ("data.default_processor", "data.*.processor", "sft.dev_dataset.processor")
-    ),
     # ---- rollouts ----------------------------------------------------------------------------
     Unsupported(
         "grpo.max_rollout_turns",
         "refused",
-        "multi-turn rollouts are not implemented; rollout workers generate one turn per "
-        "sample (set 1)",
-        MULTI_TURN,
+        "a turn after the first continues on a tool's observation; without "
+        "grpo.structured_tool_use.enabled there is nothing to continue on (set 1, or enable "
+        "structured tool use)",
+        "by design",
+        when=_no_tool_use,
+        condition=_WITHOUT_TOOL_USE,
+        triggered=_more_than_one,
     ),
     Unsupported(
-        "grpo.structured_tool_use.*",
-        "refused",
-        "structured tool calls are not parsed or executed; rollouts are single-turn text",
-        MULTI_TURN,
+        "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
+        "warned",
+        "every turn of an episode is prefilled from its tokens with the weights current then, "
+        "so the KV cache is always recomputed after a weight update",
+        "by design",
+        when=_in_flight_updates,
+        triggered=_is_false,
+        condition=" to false with in_flight_weight_updates",
     ),
-    *(
-        Unsupported(
-            f"grpo.{name}",
-            "refused",
-            "no environment flags invalid tool calls or malformed thinking yet, so this "
-            "advantage override would never apply",
-            MULTI_TURN,
-        )
-        for name in ("invalid_tool_call_advantage", "malformed_thinking_advantage")
+    Unsupported(
+        "grpo.invalid_tool_call_advantage",
+        "refused",
+        "tool calls are parsed only with grpo.structured_tool_use.enabled, so no sample could "
+        "earn this advantage",
+        "by design",
+        when=_no_tool_use,
+        condition=_WITHOUT_TOOL_USE,
     ),
     Unsupported(
         "grpo.async_grpo.in_flight_weight_updates",
         "refused",
-        "a rollout worker refits between batches (policy.generation.inflight_refit_policy "
-        "says what happens to requests in flight); mid-request weight updates are not "
-        "implemented",
-        MULTI_TURN,
-    ),
-    Unsupported(
-        "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
-        "refused",
-        "weights never change under a running request here, so there is no KV cache to recompute",
-        MULTI_TURN,
+        "single-turn generation: policy.generation.inflight_refit_policy decides what a refit "
+        "does to requests in flight; this key governs refits between the turns of an episode "
+        "(grpo.structured_tool_use.enabled)",
+        "by design",
+        when=_no_tool_use,
+        condition=_WITHOUT_TOOL_USE,
     ),
     Unsupported(
         "grpo.async_grpo.max_generation_failures",
         "refused",
-        "a failed generation is retried and dead-lettered per prompt group "
-        "(data_plane.consumer.max_deliver); a run-wide failure budget is not implemented",
-        MULTI_TURN,
+        "single-turn generation fails per prompt group (retried, dead-lettered at "
+        "data_plane.consumer.max_deliver); this bounds failed episodes per group "
+        "(grpo.structured_tool_use.enabled)",
+        "by design",
+        when=_no_tool_use,
+        condition=_WITHOUT_TOOL_USE,
     ),
     Unsupported(
         "env.*.num_scoring_workers",
@@ -328,6 +320,6 @@ def key_table(schema: type[BaseModel]) -> str:
         else:
             rule = rules[0]
             verb = "refused" if rule.handling == "refused" else "warns (speed/memory only)"
-            handling = f"{verb} when set: {rule.why}; {rule.until}"
+            handling = f"{verb} when set{rule.condition}: {rule.why}; {rule.until}"
         rows.append(f"| `{path}` | {handling} |")
     return "\n".join(rows) + "\n"

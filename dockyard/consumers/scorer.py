@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 
 from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane, Received
-from dockyard.consumers.scoring import to_scored_rollout, to_scoring_group
+from dockyard.consumers.scoring import (
+    OutputChecks,
+    to_scored_rollout,
+    to_scoring_group,
+    with_output_flags,
+)
 from dockyard.environments.base import (
     Environment,
     EnvironmentContext,
@@ -69,8 +74,10 @@ class Scorer:
         max_deliver: int = 5,
         nak_delay_s: float = 1.0,
         status: StatusFile | None = None,
+        output_checks: OutputChecks | None = None,
     ) -> None:
         self.messages = messages
+        self.output_checks = output_checks or OutputChecks()
         self.context = context
         self.tokenizer = tokenizer
         self.scorer_id = scorer_id
@@ -140,6 +147,7 @@ class Scorer:
             group = to_scoring_group(rollout, self.tokenizer)
             async with self.messages.kept_in_progress([item]):
                 score = await score_with_timeout(environment, group)
+            score = with_output_flags(score, rollout, self.tokenizer, self.output_checks)
         except InvalidScoringInput as error:
             await self._dead_letter(item, error.reason_code, str(error))
             return

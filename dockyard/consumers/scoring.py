@@ -2,10 +2,72 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 
 from dockyard.environments.base import GroupScore, SampleInput, ScoreFlag, ScoringGroup
-from dockyard.schemas import Rollout, SampleScore, ScoredRollout
+from dockyard.environments.tools.calls import ToolCallFormat, parse_tool_calls, thinking_problem
+from dockyard.schemas import Rollout, RolloutSample, SampleScore, ScoredRollout
+
+
+@dataclass(frozen=True)
+class OutputChecks:
+    """Flags a scorer raises from a sample's own turns, whatever its environment says: the
+    ones ``grpo.invalid_tool_call_advantage`` and ``grpo.malformed_thinking_advantage`` act on.
+
+    ``tool_call_format``: set with ``grpo.structured_tool_use.enabled``; a turn holding a call
+    that cannot be read is flagged ``invalid_tool_call``. ``thinking``: a turn whose
+    ``<think>`` block is broken (:func:`thinking_problem`) is flagged ``malformed_thinking``.
+    """
+
+    tool_call_format: ToolCallFormat | None = None
+    thinking: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.tool_call_format is not None or self.thinking
+
+
+def turn_texts(sample: RolloutSample, tokenizer: object) -> list[str]:
+    """The model's turns as text: its assistant segments, or the whole response (one turn)."""
+    tokens = sample.response_token_ids
+    spans = [(s.start, s.end) for s in sample.segments if s.role == "assistant"]
+    if not sample.segments:
+        spans = [(0, len(tokens))]
+    return [
+        tokenizer.decode(tokens[start:end], skip_special_tokens=True)  # type: ignore[attr-defined]
+        for start, end in spans
+    ]
+
+
+def output_flags(
+    sample: RolloutSample, tokenizer: object, checks: OutputChecks
+) -> frozenset[ScoreFlag]:
+    flags: set[ScoreFlag] = set()
+    for text in turn_texts(sample, tokenizer):
+        fmt = checks.tool_call_format
+        if fmt is not None and parse_tool_calls(text, fmt).malformed:
+            flags.add(ScoreFlag.INVALID_TOOL_CALL)
+        if checks.thinking and thinking_problem(text) is not None:
+            flags.add(ScoreFlag.MALFORMED_THINKING)
+    return frozenset(flags)
+
+
+def with_output_flags(
+    score: GroupScore, rollout: Rollout, tokenizer: object, checks: OutputChecks
+) -> GroupScore:
+    """``score`` with each sample's output flags added (unchanged when no check is on)."""
+    if not checks.active:
+        return score
+    samples = [
+        dataclasses.replace(
+            sample_score,
+            flags=sample_score.flags | output_flags(sample, tokenizer, checks),
+        )
+        for sample_score, sample in zip(score.samples, rollout.samples, strict=True)
+    ]
+    return GroupScore(group_id=score.group_id, samples=samples)
 
 
 def to_scoring_group(rollout: Rollout, tokenizer: object) -> ScoringGroup:

@@ -1,4 +1,5 @@
-"""The quickstart's verifiable task: ``a+b=`` → the decimal sum.
+"""The quickstart's verifiable task: ``a+b=`` → the decimal sum (``params.op: "*"``: ``a*b=`` →
+the product, the multi-turn demo's task, which a tiny model answers with a calculator).
 
 Operands are drawn from ``[low, high]``. The space of pairs is partitioned deterministically
 (a hash of the pair) into a validation part and a training part, so held-out problems are never
@@ -8,13 +9,15 @@ trained on, whatever the seeds and sizes.
 from __future__ import annotations
 
 import hashlib
+import operator
 import random
 from dataclasses import dataclass
 
 from dockyard.config.sections.data import DatasetConfig
-from dockyard.data.base import PromptRecord, register_dataset
+from dockyard.data.base import DatasetError, PromptRecord, register_dataset
 
 VALIDATION_SPLITS = ("validation", "val", "test", "dev")
+_OPERATIONS = {"+": operator.add, "*": operator.mul}
 HELD_OUT_PERCENT = 10
 
 
@@ -28,6 +31,7 @@ class ArithmeticDataset:
     name: str
     pairs: tuple[tuple[int, int], ...]
     env: str
+    op: str = "+"
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -36,8 +40,8 @@ class ArithmeticDataset:
         a, b = self.pairs[index]
         return PromptRecord(
             index=index,
-            prompt=f"{a}+{b}=",
-            ground_truth=str(a + b),
+            prompt=f"{a}{self.op}{b}=",
+            ground_truth=str(_OPERATIONS[self.op](a, b)),
             env=self.env,
             agent_name="arithmetic",
         )
@@ -63,6 +67,11 @@ def build_arithmetic(config: DatasetConfig, env: str) -> ArithmeticDataset:
     params = config.params
     low, high = int(params.get("low", 10)), int(params.get("high", 99))
     count = int(config.max_samples or params.get("num_samples", 10_000))
+    op = str(params.get("op", "+"))
+    if op not in _OPERATIONS:
+        raise DatasetError(
+            "params.op", f"arithmetic op must be one of {', '.join(_OPERATIONS)}, got {op!r}"
+        )
     held_out = config.split in VALIDATION_SPLITS
     pairs = make_pairs(low, high, count, int(params.get("seed", 0)), held_out)
-    return ArithmeticDataset(name=f"arithmetic/{config.split}", pairs=tuple(pairs), env=env)
+    return ArithmeticDataset(name=f"arithmetic/{config.split}", pairs=tuple(pairs), env=env, op=op)

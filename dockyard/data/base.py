@@ -10,6 +10,8 @@ from dockyard.config.sections.data import DatasetConfig
 
 # Ground truth and extra scorer data differ per dataset; JSON-like values by nature.
 JsonScalar = str | int | float | bool | None
+# What a record carries to its scorer beyond scalars (a program's test cases): JSON by nature.
+JsonValue = JsonScalar | list["JsonValue"] | dict[str, "JsonValue"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class PromptRecord:
     ground_truth: str
     env: str
     agent_name: str = "default"
-    extra: dict[str, JsonScalar] = field(default_factory=dict)
+    extra: dict[str, JsonValue] = field(default_factory=dict)
     messages: tuple[ChatMessage, ...] = ()
 
 

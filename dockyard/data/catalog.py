@@ -17,6 +17,7 @@ from dockyard.data.base import (
     registered_names,
 )
 from dockyard.data.files import load_file_dataset
+from dockyard.data.processors import DEFAULT_PROCESSOR, process_dataset
 
 
 def dataset_names() -> list[str]:
@@ -24,9 +25,16 @@ def dataset_names() -> list[str]:
     return registered_names()
 
 
-def build_dataset(config: DatasetConfig, default_env: str) -> Dataset:
+def build_dataset(
+    config: DatasetConfig, default_env: str, default_processor: str = DEFAULT_PROCESSOR
+) -> Dataset:
     """Build the dataset a ``data.train`` / ``data.validation`` entry names: the local files at
-    ``path`` when it is set, else the registered builder of ``name``."""
+    ``path`` when it is set, else the registered builder of ``name``; then its processor
+    (``processor``, else ``default_processor``: ``data.default_processor``)."""
+    return process_dataset(_records_of(config, default_env), config.processor or default_processor)
+
+
+def _records_of(config: DatasetConfig, default_env: str) -> Dataset:
     env = config.env or default_env
     builder = builder_for(config.name)
     if config.path is not None:

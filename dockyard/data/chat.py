@@ -153,5 +153,5 @@ def build_prompt_dataset(
     section: DatasetConfig, data: DataConfig, tokenizer_config: TokenizerConfig, tokenizer: object
 ) -> Dataset:
     """A ``data.*`` / ``sft.dev_dataset`` entry as the model sees it (built, then formatted)."""
-    dataset = build_dataset(section, data.default_env)
+    dataset = build_dataset(section, data.default_env, data.default_processor)
     return format_dataset(dataset, PromptFormat.from_config(data, tokenizer_config), tokenizer)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard.config.sections.data import DatasetConfig, FieldMapping
-from dockyard.data.base import ChatMessage, DatasetError, JsonScalar, PromptRecord
+from dockyard.data.base import ChatMessage, DatasetError, JsonValue, PromptRecord
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 _SCALARS = (str, int, float, bool, type(None))
@@ -139,7 +139,9 @@ def _record(row: object, number: int, fields: FieldMapping, env: str, path: Path
         assert fields.messages is not None
         raw = get("messages", fields.messages)
         messages = _messages(raw, f"{where}: field {fields.messages!r}")
-    extra: dict[str, JsonScalar] = {}
+    extra: dict[str, JsonValue] = {}
+    if fields.tests is not None:
+        extra["tests"] = _test_cases(get("tests", fields.tests), f"{where}: field {fields.tests!r}")
     for name in fields.metadata:
         value = get("metadata", name)
         if not isinstance(value, _SCALARS):
@@ -157,6 +159,31 @@ def _record(row: object, number: int, fields: FieldMapping, env: str, path: Path
         extra=extra,
         messages=messages,
     )
+
+
+# The two kinds of test case a program is scored on (dockyard.environments.code_env).
+_CASE_KEYS = ({"input", "output"}, {"output"}, {"assert"})
+
+
+def _test_cases(value: object, where: str) -> list[JsonValue]:
+    """Checked here, at launch, so a malformed case is refused with its record, not
+    dead-lettered run after run."""
+    if not isinstance(value, list) or not value:
+        raise DatasetError("fields.tests", f"{where} is not a non-empty list of test cases")
+    cases: list[JsonValue] = []
+    for index, case in enumerate(value):
+        if (
+            not isinstance(case, Mapping)
+            or set(case) not in _CASE_KEYS
+            or not all(isinstance(text, str) for text in case.values())
+        ):
+            raise DatasetError(
+                "fields.tests",
+                f"{where}, case {index}: expected {{input, output}} or {{assert}} with string "
+                f"values, got {case!r:.120}",
+            )
+        cases.append(dict(case))
+    return cases
 
 
 def _messages(value: object, where: str) -> tuple[ChatMessage, ...]:

@@ -102,6 +102,9 @@ class TorchEngine(GenerationEngine):
         self._claim: ModelClaim[StateDict] = ModelClaim(self._apply_refit)
         self._abort = threading.Event()
         self._closed = False
+        #: The weights LoRA adapters merge onto (taken at the first adapter: LoRA never changes
+        #: the base), so every version is base + its adapter, never a merge of merges.
+        self._lora_base: dict[str, torch.Tensor] | None = None
 
     @classmethod
     def from_pretrained(
@@ -183,6 +186,7 @@ class TorchEngine(GenerationEngine):
         leaves the model untouched. Wait on ``ticket.done`` for the outcome.
         """
         self._check_open()
+        state = self._merged_if_adapter(state)
         load_into_module(self._model, state, dry_run=True)
         ticket: RefitTicket[StateDict] = RefitTicket(version, state)
         self._claim.request(ticket)
@@ -212,6 +216,22 @@ class TorchEngine(GenerationEngine):
     async def shutdown(self) -> None:
         self._closed = True
         self._abort.set()
+
+    def _merged_if_adapter(self, state: StateDict) -> StateDict:
+        """A LoRA adapter (``dockyard.models.lora``) as the whole weights it stands for."""
+        from dockyard.models.lora import is_adapter, merge_adapter
+
+        if not is_adapter(state):
+            return state
+        own = self._model.state_dict()
+        if self._lora_base is None:
+            targets = {name.rsplit(".lora_", 1)[0] + ".weight" for name in state}
+            self._lora_base = {n: own[n].detach().clone() for n in targets if n in own}
+        try:
+            merged = merge_adapter(self._lora_base, state)
+        except ValueError as error:
+            raise EngineError(f"refit adapter does not fit the model: {error}") from None
+        return {**own, **merged}
 
     def _check_open(self) -> None:
         if self._closed:

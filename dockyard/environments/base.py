@@ -39,6 +39,8 @@ class ScoreFlag(enum.StrEnum):
     CHECK_TIMEOUT = "check_timeout"  # an answer check ran past env.<name>.check_timeout_s
     CHECK_CRASHED = "check_crashed"  # the worker process checking an answer died
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"  # no sandbox URL answered
+    INVALID_TOOL_CALL = "invalid_tool_call"  # a turn holds a tool call that cannot be read
+    MALFORMED_THINKING = "malformed_thinking"  # a turn's <think> block is broken
 
 
 class InvalidScoringInput(ValueError):

@@ -1,19 +1,28 @@
 """``code``: program synthesis, scored by running the program on stdin/stdout test cases.
 
-Ground truth: a list of ``{"input": str, "output": str}`` cases, as ``group.ground_truth`` or
-``extra["tests"]``. Each case runs in its own sandbox session (fresh directory and uid), so no
-state leaks from one case to the next. The program is the last fenced code block of the response
-(```` ```python ```` preferred), or the whole response if it has no fence.
+Ground truth: a list of cases, as ``group.ground_truth`` (a list, or a mapping with ``tests``)
+or ``extra["tests"]`` (``data.*.fields.tests``). A case is ``{"input": str, "output": str}``
+(the program's stdout for that stdin) or ``{"assert": str}`` (Python run after the program in
+its namespace, MBPP style). Each case runs in its own sandbox session (fresh directory and uid),
+so no state leaks from one case to the next. The program is the last fenced code block of the
+response (```` ```python ```` preferred), or the whole response if it has no fence.
+
+An ``assert`` case passes only if the harness reaches its end: it exits with a status drawn at
+random per run and handed over on stdin (in no file the program can read), so a program that
+exits early (``sys.exit(0)``) or swallows the assertion fails. A program that inspects its
+caller's stack frames could still forge it; the sandbox bounds what such a program can do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dockyard.config.sections.env import CodeEnvConfig
 from dockyard.environments.base import (
@@ -28,20 +37,45 @@ from dockyard.environments.base import (
 from dockyard.environments.registry import register_environment
 from dockyard.environments.sandbox import Sandbox, SandboxResult
 
+_Result = TypeVar("_Result")
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = {"python", "py", "python3"}
 
 
+# Imports the program as a module, then runs the case's assertions in its namespace; only a
+# run that gets to the end exits with the status read from stdin (see the module docstring).
+_ASSERT_HARNESS = """\
+import os, sys
+
+
+def _check():
+    status = int(sys.stdin.readline())
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import solution
+
+    with open("checks.py") as source:
+        exec(compile(source.read(), "checks.py", "exec"), vars(solution))
+    sys.stdout.flush()
+    os._exit(status)
+
+
+_check()
+"""
+
+
 @dataclass(frozen=True)
 class TestCase:
-    stdin: str
-    expected_stdout: str
+    stdin: str = ""
+    expected_stdout: str = ""
+    # Python assertions run after the program (an ``assert`` case); None for stdin/stdout.
+    assertions: str | None = None
 
 
 @dataclass(frozen=True)
 class CaseOutcome:
     passed: bool
     result: SandboxResult
+    note: str | None = None  # why a run that exited cleanly still failed, when not wrong output
 
 
 def extract_program(response: str) -> str | None:
@@ -62,17 +96,52 @@ def parse_test_cases(group: ScoringGroup) -> list[TestCase]:
     raw: JSONValue = group.ground_truth
     if isinstance(raw, Mapping):
         raw = raw.get("tests")
+    elif isinstance(raw, str):
+        raw = None  # a file dataset's answer (a reference solution), not the tests
     if raw is None:
         raw = group.extra.get("tests")
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
         raise InvalidScoringInput("missing_test_cases", f"group {group.group_id} has no tests")
     cases: list[TestCase] = []
     for index, case in enumerate(raw):
+        if isinstance(case, Mapping) and isinstance(case.get("assert"), str):
+            cases.append(TestCase(assertions=case["assert"]))
+            continue
         if not isinstance(case, Mapping) or not isinstance(case.get("output"), str):
-            raise InvalidScoringInput("bad_test_case", f"test {index} needs an 'output' string")
+            raise InvalidScoringInput(
+                "bad_test_case", f"test {index} needs an 'output' or an 'assert' string"
+            )
         stdin = case.get("input", "")
         cases.append(TestCase(stdin if isinstance(stdin, str) else "", case["output"]))
     return cases
+
+
+SampleWork = Callable[[str, float, threading.Event], _Result]
+
+
+async def map_samples_in_thread(
+    group: ScoringGroup, task_timeout: float, work: SampleWork[_Result]
+) -> list[_Result]:
+    """``work(response_text, deadline, cancel)`` for each sample, in a worker thread (sandboxed
+    runs block), all within ``task_timeout``; cancelling the caller cancels the runs."""
+    deadline = time.monotonic() + task_timeout
+    cancel = threading.Event()
+
+    def run_all() -> list[_Result]:
+        return [work(sample.response_text, deadline, cancel) for sample in group.samples]
+
+    try:
+        return await asyncio.to_thread(run_all)
+    except asyncio.CancelledError:
+        cancel.set()  # the worker thread kills its sandbox within one poll interval
+        raise
+
+
+async def score_samples_in_thread(
+    group: ScoringGroup, task_timeout: float, score_sample: SampleWork[SampleScore]
+) -> GroupScore:
+    scores = await map_samples_in_thread(group, task_timeout, score_sample)
+    return GroupScore(group_id=group.group_id, samples=scores)
 
 
 @register_environment
@@ -86,26 +155,11 @@ class CodeEnvironment(Environment):
 
     async def score(self, group: ScoringGroup) -> GroupScore:
         cases = parse_test_cases(group)
-        deadline = time.monotonic() + self.settings.task_timeout
-        cancel = threading.Event()
-        try:
-            scores = await asyncio.to_thread(self._score_all, group, cases, deadline, cancel)
-        except asyncio.CancelledError:
-            cancel.set()  # the worker thread kills its sandbox within one poll interval
-            raise
-        return GroupScore(group_id=group.group_id, samples=scores)
-
-    def _score_all(
-        self,
-        group: ScoringGroup,
-        cases: list[TestCase],
-        deadline: float,
-        cancel: threading.Event,
-    ) -> list[SampleScore]:
-        return [
-            self.score_program(sample.response_text, cases, deadline, cancel)
-            for sample in group.samples
-        ]
+        return await score_samples_in_thread(
+            group,
+            self.settings.task_timeout,
+            lambda text, deadline, cancel: self.score_program(text, cases, deadline, cancel),
+        )
 
     def score_program(
         self,
@@ -122,13 +176,8 @@ class CodeEnvironment(Environment):
         all_pass = self.settings.reward_mode == "all_pass"
         outcomes: list[CaseOutcome] = []
         for case in cases:
-            result = self.sandbox.run_python(
-                program, stdin=case.stdin.encode(), deadline=deadline, cancel=cancel
-            )
-            passed = result.ok and normalize_output(
-                result.stdout.decode(errors="replace")
-            ) == normalize_output(case.expected_stdout)
-            outcomes.append(CaseOutcome(passed, result))
+            outcomes.append(self._run_case(program, case, deadline, cancel))
+            passed = outcomes[-1].passed
             if (all_pass and not passed) or (cancel is not None and cancel.is_set()):
                 break  # the reward is already decided
         passed_count = sum(outcome.passed for outcome in outcomes)
@@ -145,6 +194,33 @@ class CodeEnvironment(Environment):
             flags=frozenset(flags),
             detail=_describe(outcomes, len(cases)),
         )
+
+    def _run_case(
+        self,
+        program: str,
+        case: TestCase,
+        deadline: float | None,
+        cancel: threading.Event | None,
+    ) -> CaseOutcome:
+        if case.assertions is None:
+            result = self.sandbox.run_python(
+                program, stdin=case.stdin.encode(), deadline=deadline, cancel=cancel
+            )
+            passed = result.ok and normalize_output(
+                result.stdout.decode(errors="replace")
+            ) == normalize_output(case.expected_stdout)
+            return CaseOutcome(passed, result)
+        status = 3 + secrets.randbelow(120)  # not 0-2: what an early or failed exit gives
+        with self.sandbox.session() as session:
+            session.write_file("solution.py", program.encode())
+            session.write_file("checks.py", case.assertions.encode())
+            session.write_file("harness.py", _ASSERT_HARNESS.encode())
+            result = session.run_python(
+                "harness.py", stdin=f"{status}\n".encode(), deadline=deadline, cancel=cancel
+            )
+        passed = result.returncode == status and not result.timed_out
+        early = None if passed or result.returncode != 0 else "exited before its checks ran"
+        return CaseOutcome(passed, result, early)
 
 
 def _describe(outcomes: list[CaseOutcome], total: int) -> str:
@@ -163,6 +239,6 @@ def _describe(outcomes: list[CaseOutcome], total: int) -> str:
             tail = result.stderr.decode(errors="replace").strip().splitlines()[-1:]
             reason = f"exit {result.returncode}: {tail[0][:120] if tail else ''}"
         else:
-            reason = "wrong output"
+            reason = first_failure.note or "wrong output"
         text += f"; first failure: {reason}"
     return text

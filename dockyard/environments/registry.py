@@ -21,6 +21,9 @@ _BUILTIN_MODULES = {
     "reasoning_gym": "dockyard.environments.reasoning_gym_env",
     "gpqa": "dockyard.environments.choice_env",
     "hle": "dockyard.environments.hle_env",
+    "program_bench": "dockyard.environments.program_bench_env",
+    "terminal_bench": "dockyard.environments.terminal_bench_env",
+    "gdpval": "dockyard.environments.gdpval_env",
 }
 
 

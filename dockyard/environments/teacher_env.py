@@ -103,15 +103,15 @@ def _response_logprobs(
     return selected.gather(-1, targets.unsqueeze(-1)).squeeze(-1).cpu().numpy().astype(np.float32)
 
 
-_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
+_PRECISION_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def load_teacher(model_name: str, precision: str, device: str) -> PreTrainedModel:
-    import torch
-    from transformers import AutoModelForCausalLM
+    """A teacher as the policy is loaded: an HF directory or name, or a ``tiny://`` recipe (the
+    CPU presets' teachers), in ``precision`` (an unknown one is refused, not read as float32)."""
+    from dockyard.models import load_policy
 
-    dtype = getattr(torch, _DTYPES.get(precision, "float32"))
-    model = AutoModelForCausalLM.from_pretrained(model_name, dtype=dtype)
+    model, _ = load_policy(model_name, _PRECISION_ALIASES.get(precision, precision))
     return model.to(device).eval()
 
 

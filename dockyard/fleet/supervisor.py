@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dockyard.fleet.trainer_ranks import torchrun_argv
 from dockyard.utils.logging import get_logger
 from dockyard.utils.private_files import create_private_file, private_dir
 
@@ -92,11 +93,16 @@ class Supervisor:
         num_scorers: int,
         max_restarts: int = 3,
         metrics_port: int | None = None,
+        trainer_ranks: int = 1,
     ) -> None:
+        """``trainer_ranks`` > 1: the trainer is that many data-parallel ranks under torchrun
+        (one role: they start, fail and stop together; rank 0 writes the log's trainer lines
+        and heartbeats)."""
         self.run_dir = run_dir
         self.status_dir = run_dir / "status"
         self.max_restarts = max_restarts
-        base = [sys.executable, "-m", "dockyard", "--log-format", "json"]
+        options = ["--log-format", "json"]
+        base = [sys.executable, "-m", "dockyard", *options]
         common = ["--config", str(config_path), *overrides, "--status-dir", str(self.status_dir)]
 
         def port(offset: int) -> list[str]:
@@ -106,10 +112,13 @@ class Supervisor:
             return [f"run.metrics_port={metrics_port + offset}"]
 
         logs = run_dir / "logs"
+        trainer_args = ["trainer", *common, *port(0), "--run-dir", str(run_dir)]
         self.trainer = RoleProcess(
             "trainer",
             "0",
-            [*base, "trainer", *common, *port(0), "--run-dir", str(run_dir)],
+            [*base, *trainer_args]
+            if trainer_ranks == 1
+            else torchrun_argv(trainer_ranks, [*options, *trainer_args]),
             logs / "trainer.log",
         )
         self.workers = [

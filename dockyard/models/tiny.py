@@ -25,6 +25,7 @@ from transformers import (
 
 from dockyard.models.tokenizers import (
     DEFAULT_CORPUS,
+    build_calculator_tokenizer,
     build_character_tokenizer,
     train_bpe_tokenizer,
 )
@@ -111,6 +112,16 @@ def build_arithmetic_policy(
     return model.to(dtype), tokenizer
 
 
+def build_calculator_policy(
+    seed: int = 0, *, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """The multi-turn demo's policy: the quickstart's model over :func:`build_calculator_tokenizer`
+    (``a*b=``, a calculator call, its observation, the answer)."""
+    tokenizer = build_calculator_tokenizer()
+    model = build_tiny_model(TinyModelSpec(seed=seed, max_position_embeddings=64), tokenizer)
+    return model.to(dtype), tokenizer
+
+
 def build_bpe_policy(
     arch: Arch = "qwen2",
     *,
@@ -138,6 +149,10 @@ TINY_RECIPES: dict[str, TinyRecipe] = {
     "qwen2-arithmetic": TinyRecipe(
         "character-level Qwen2 for the quickstart's 2-digit addition (≈0.5M parameters)",
         lambda dtype: build_arithmetic_policy(seed=0, dtype=dtype),
+    ),
+    "qwen2-calculator": TinyRecipe(
+        "character-level Qwen2 with calculator tool-call tokens, for the multi-turn demo",
+        lambda dtype: build_calculator_policy(seed=0, dtype=dtype),
     ),
     "qwen2-bpe": TinyRecipe(
         "Qwen2 with a byte-level BPE trained on a built-in corpus",

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from tokenizers import (
+    AddedToken,
     Regex,
     Tokenizer,
     decoders,
@@ -39,6 +40,19 @@ SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN)
 # The quickstart task is `BOS a+b=` → `digits EOS`; one token per character keeps the model
 # tiny and makes every answer digit its own decision for the reward to shape.
 ARITHMETIC_CHARACTERS = tuple("0123456789+=")
+
+# The multi-turn demo's calculator episode in a few tokens: the Hermes call around an expression
+# and the observation around a number are one token each, so the model's choices are the digits
+# it copies and whether it calls the tool at all.
+CALCULATOR_CHARACTERS = tuple("0123456789+*=")
+CALCULATOR_TOKENS = (
+    "<tool_call>",
+    '{"name": "calculator", "arguments": {"expression": "',
+    '"}}',
+    "</tool_call>",
+    "<tool_response>\n",
+    "\n</tool_response>\n",
+)
 
 # A small built-in corpus so `init-tiny` works with no file at all. Its content only shapes
 # which merges the BPE learns; the model built on it is random anyway.
@@ -107,6 +121,14 @@ def train_bpe_tokenizer(
     )
     tokenizer.train_from_iterator(list(corpus), trainer=trainer)
     return _wrap(tokenizer, model_max_length=model_max_length)
+
+
+def build_calculator_tokenizer() -> PreTrainedTokenizerFast:
+    """Characters of ``a*b=`` plus :data:`CALCULATOR_TOKENS` (plain added tokens, not special:
+    an observation encoded with ``split_special_tokens`` keeps them)."""
+    tokenizer = build_character_tokenizer(CALCULATOR_CHARACTERS)
+    tokenizer.add_tokens([AddedToken(text, normalized=False) for text in CALCULATOR_TOKENS])
+    return tokenizer
 
 
 def build_character_tokenizer(

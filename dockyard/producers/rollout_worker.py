@@ -8,6 +8,13 @@ Refit: a background task follows weight-version events, fetches the blob (the st
 digest; a mismatch is refused and the old weights stay), and hands it to the engine, whose
 in-flight policy decides what happens to a batch being decoded. Every token records the version
 that produced it either way.
+
+Multi-turn (``grpo.max_rollout_turns`` > 1 with ``grpo.structured_tool_use``): every sample is an
+episode of :mod:`dockyard.producers.episodes`; refits between turns follow
+``grpo.async_grpo.in_flight_weight_updates`` (:mod:`dockyard.producers.refit_gate`), and a group
+with more failed episodes than ``grpo.async_grpo.max_generation_failures`` is not published but
+retried like an engine failure (redelivered, replayed from scratch, dead-lettered at its last
+delivery).
 """
 
 from __future__ import annotations
@@ -19,19 +26,19 @@ from collections.abc import Sequence
 from PIL import Image
 
 from dockyard.broker.typed import MessagePlane, Received
-from dockyard.broker.weights.base import (
-    BlobDigestMismatch,
-    BlobNotFound,
-    WeightBlobStore,
-    new_ref,
-)
+from dockyard.broker.weights.base import BlobDigestMismatch, BlobNotFound, WeightBlobStore
+from dockyard.broker.weights.chain import ChainFollower
+from dockyard.broker.weights.patch import PatchError
 from dockyard.engines.base import (
     GenerationEngine,
     GenerationRequest,
     SamplingParams,
 )
+from dockyard.environments.tools.toolbox import ToolServiceUnavailable, UnknownToolboxError
+from dockyard.producers.episodes import EpisodeRunner
 from dockyard.producers.multimodal import ImageInputError, MultimodalLimits, gate_sample_images
-from dockyard.producers.rollouts import build_rollout
+from dockyard.producers.refit_gate import RefitGate
+from dockyard.producers.rollouts import build_episode_rollout, build_rollout
 from dockyard.schemas import EngineInfo, PromptGroup, WeightVersion
 from dockyard.utils.logging import get_logger
 from dockyard.utils.prometheus import GENERATED_TOKENS, REFIT_DURATION
@@ -42,12 +49,20 @@ log = get_logger(__name__)
 
 #: Dead-letter reason of a group the engine failed on, alone, at its last delivery.
 REASON_ENGINE_ERROR = "engine_error"
+#: Dead-letter reason of a group with too many failed episodes, at its last delivery.
+REASON_EPISODES_FAILED = "episodes_failed"
+#: Dead-letter reason of a multi-turn group whose environment has no toolbox.
+REASON_NO_TOOLBOX = "no_toolbox"
 #: After the weight-event watch broke (the broker, not the events): when to watch again.
 _WATCH_RETRY_S = 1.0
 
 
 class WorkerUnhealthy(RuntimeError):
     """Repeated engine failures: the worker stops taking work and exits non-zero."""
+
+
+class EpisodesFailed(RuntimeError):
+    """More failed episodes in a group than ``grpo.async_grpo.max_generation_failures``."""
 
 
 class RolloutWorker:
@@ -67,9 +82,14 @@ class RolloutWorker:
         max_refit_wait_s: float = 10.0,
         multimodal: MultimodalLimits | None = None,
         status: StatusFile | None = None,
+        episodes: EpisodeRunner | None = None,
+        max_generation_failures: int = 0,
+        in_flight_weight_updates: bool = False,
     ) -> None:
         self.messages = messages
         self.weights = weights
+        patches = messages.plane.config.weight_transport.patches
+        self.weight_chain = ChainFollower(weights, retain=patches.enabled)
         self.engine = engine
         self.params = params
         self.worker_id = worker_id
@@ -86,6 +106,11 @@ class RolloutWorker:
         self.version_changed = asyncio.Condition()
         self.max_refit_wait_s = max_refit_wait_s
         self.multimodal = multimodal or MultimodalLimits()
+        # None: one generation per sample (single-turn).
+        self.episodes = episodes
+        self.max_generation_failures = max_generation_failures
+        self.refit_gate = RefitGate(in_flight_weight_updates=in_flight_weight_updates)
+        self.failed_episodes = 0
         self.refused_groups = 0
         self.groups_done = 0
         self.failures = 0
@@ -108,6 +133,8 @@ class RolloutWorker:
         finally:
             follower.cancel()
             await asyncio.gather(follower, return_exceptions=True)
+            if self.episodes is not None:
+                await self.episodes.aclose()
             self.status.update("stopped")
 
     async def generation_loop(self) -> None:
@@ -171,15 +198,21 @@ class RolloutWorker:
                 except Exception as alone:
                     failure = alone
             if not item.delivery.settled:
-                await self.messages.retry_later(
-                    item,
-                    REASON_ENGINE_ERROR,
-                    failure,
-                    base_delay_s=self.nak_delay_s,
-                    max_deliver=self.max_deliver,
-                    stage="rollout",
-                )
+                await self.retry_group(item, REASON_ENGINE_ERROR, failure)
         return worked
+
+    async def retry_group(
+        self, item: Received[PromptGroup], reason: str, error: BaseException
+    ) -> None:
+        """Nak with backoff for another try; dead-letter with ``reason`` at the last delivery."""
+        await self.messages.retry_later(
+            item,
+            reason,
+            error,
+            base_delay_s=self.nak_delay_s,
+            max_deliver=self.max_deliver,
+            stage="rollout",
+        )
 
     async def process(self, received: Sequence[Received[PromptGroup]]) -> None:
         started = time.time()
@@ -189,7 +222,7 @@ class RolloutWorker:
             max(item.message.dispatch_weight_version for item in received),
             self.max_refit_wait_s,
         )
-        by_size: dict[int, list[tuple[Received[PromptGroup], list[Image.Image]]]] = {}
+        accepted: list[tuple[Received[PromptGroup], list[Image.Image]]] = []
         for item in received:
             try:
                 images = gate_sample_images(
@@ -202,6 +235,22 @@ class RolloutWorker:
                 )
                 self.refused_groups += 1
                 continue
+            accepted.append((item, images))
+        if self.episodes is None:
+            await self.generate_single_turn(accepted, started)
+        else:
+            await self.run_episodes(self.episodes, accepted, started)
+        self.status.update(
+            groups=self.groups_done,
+            weight_version=self.engine.current_version,
+            seconds_per_batch=time.time() - started,
+        )
+
+    async def generate_single_turn(
+        self, accepted: Sequence[tuple[Received[PromptGroup], list[Image.Image]]], started: float
+    ) -> None:
+        by_size: dict[int, list[tuple[Received[PromptGroup], list[Image.Image]]]] = {}
+        for item, images in accepted:
             by_size.setdefault(item.message.num_generations, []).append((item, images))
         for num_generations, entries in by_size.items():
             items = [item for item, _ in entries]
@@ -232,11 +281,59 @@ class RolloutWorker:
             for item in items:
                 await item.ack()  # only once the rollout is stored
             self.groups_done += len(items)
-        self.status.update(
-            groups=self.groups_done,
-            weight_version=self.engine.current_version,
-            seconds_per_batch=time.time() - started,
-        )
+
+    async def run_episodes(
+        self,
+        runner: EpisodeRunner,
+        accepted: Sequence[tuple[Received[PromptGroup], list[Image.Image]]],
+        started: float,
+    ) -> None:
+        opened = []
+        try:
+            for item, images in accepted:
+                try:
+                    starts = await runner.open_group(
+                        item.message, images, item.delivery.num_delivered
+                    )
+                except UnknownToolboxError as error:
+                    await self.messages.plane.dead_letter(
+                        item.delivery, REASON_NO_TOOLBOX, str(error), stage="rollout"
+                    )
+                    self.refused_groups += 1
+                    continue
+                except ToolServiceUnavailable as error:  # no sandbox: try again later
+                    await self.retry_group(item, REASON_EPISODES_FAILED, error)
+                    continue
+                opened.append((item, starts))
+            async with self.refit_gate.episodes():
+                episodes = await runner.run([start for _, starts in opened for start in starts])
+        finally:
+            await runner.close([start for _, starts in opened for start in starts])
+        offset = 0
+        for item, starts in opened:
+            group_episodes = episodes[offset : offset + len(starts)]
+            offset += len(starts)
+            failed = [episode for episode in group_episodes if episode.failure is not None]
+            self.failed_episodes += len(failed)
+            if len(failed) > self.max_generation_failures:
+                error = EpisodesFailed(
+                    f"{len(failed)} of {len(starts)} episodes failed (at most "
+                    f"{self.max_generation_failures} allowed); first: {failed[0].failure}"
+                )
+                await self.retry_group(item, REASON_EPISODES_FAILED, error)
+                continue
+            GENERATED_TOKENS.inc(sum(sum(episode.loss_mask) for episode in group_episodes))
+            rollout = build_episode_rollout(
+                item.message,
+                group_episodes,
+                self.params,
+                engine=self.engine_info,
+                worker_id=self.worker_id,
+                started_at_unix_s=started,
+            )
+            await self.messages.publish_many([rollout], answers=[item.delivery])
+            await item.ack()  # only once the rollout is stored
+            self.groups_done += 1
 
     async def wait_for_version(self, version: int, timeout_s: float) -> None:
         async def reached() -> None:
@@ -263,7 +360,8 @@ class RolloutWorker:
                     if event.version <= self.engine.current_version and self.refits:
                         continue
                     try:
-                        await self.refit(event)
+                        async with self.refit_gate.refit():
+                            await self.refit(event)
                     except Exception as error:  # an engine or transport failure, not a bug
                         self.failed_refits += 1
                         log.error("refit.failed", version=event.version, error=repr(error))
@@ -275,10 +373,10 @@ class RolloutWorker:
 
     async def refit(self, event: WeightVersion) -> None:
         started = time.perf_counter()
-        ref = new_ref(event.version, event.digest, event.nbytes, event.blob_ref)
         try:
-            tensors = await self.weights.get_tensors(ref)
-        except (BlobDigestMismatch, BlobNotFound) as error:
+            # A snapshot, or a patch on the weights held (or caught up to from its chain).
+            tensors = await self.weight_chain.resolve(event)
+        except (BlobDigestMismatch, BlobNotFound, PatchError) as error:
             # Corrupt or missing bytes never reach the engine: the old weights stay in use.
             self.refused_refits += 1
             log.error("refit.refused", version=event.version, reason=str(error))
@@ -291,5 +389,11 @@ class RolloutWorker:
         self.refits += 1
         self.last_refit_latency_s = time.perf_counter() - started
         REFIT_DURATION.observe(self.last_refit_latency_s)
-        log.info("refit.done", version=event.version, seconds=self.last_refit_latency_s)
+        log.info(
+            "refit.done",
+            version=event.version,
+            format=event.format,
+            nbytes=event.nbytes,
+            seconds=self.last_refit_latency_s,
+        )
         self.status.update(weight_version=event.version, refit_s=self.last_refit_latency_s)

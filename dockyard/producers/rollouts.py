@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from dockyard.engines.base import GenerationResult
 from dockyard.engines.base import SamplingParams as EngineSamplingParams
+from dockyard.producers.episodes import Episode
 from dockyard.schemas import (
     EngineInfo,
     PromptGroup,
@@ -16,6 +18,8 @@ from dockyard.schemas import (
     RolloutSample,
     SampleTimings,
     SamplingParams,
+    Segment,
+    ToolCall,
 )
 
 
@@ -30,6 +34,59 @@ def wire_sampling_params(params: EngineSamplingParams) -> SamplingParams:
     )
 
 
+@dataclass(frozen=True)
+class _Generated:
+    """What differs between the samples of a group: their tokens and how they ended."""
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    loss_mask: np.ndarray
+    finish_reason: str
+    first_token_s: float | None
+    segments: Sequence[Segment] = ()
+    tool_calls: Sequence[ToolCall] = ()
+
+
+def _assemble(
+    group: PromptGroup,
+    generated: Sequence[_Generated],
+    params: EngineSamplingParams,
+    *,
+    engine: EngineInfo,
+    worker_id: str,
+    started_at_unix_s: float,
+    queue_wait_s: float | None,
+) -> Rollout:
+    sampling = wire_sampling_params(params)
+    prompt = np.asarray(group.prompt_token_ids, dtype=np.int32)
+    finished = time.time()
+    samples = [
+        RolloutSample(
+            sample_index=index,
+            prompt_token_ids=prompt,
+            response_token_ids=sample.token_ids.astype(np.int32, copy=False),
+            behaviour_logprobs=sample.logprobs.astype(np.float32, copy=False),
+            token_weight_versions=sample.versions.astype(np.int64, copy=False),
+            loss_mask=sample.loss_mask,
+            finish_reason=sample.finish_reason,
+            sampling=sampling,
+            engine=engine,
+            worker_id=worker_id,
+            timings=SampleTimings(
+                started_at_unix_s=started_at_unix_s,
+                finished_at_unix_s=finished,
+                time_to_first_token_s=sample.first_token_s,
+                queue_wait_s=queue_wait_s,
+            ),
+            segments=list(sample.segments),
+            tool_calls=list(sample.tool_calls),
+        )
+        for index, sample in enumerate(generated)
+    ]
+    return Rollout(group=group, samples=samples, created_at_unix_s=finished)
+
+
 def build_rollout(
     group: PromptGroup,
     results: Sequence[GenerationResult],
@@ -41,28 +98,65 @@ def build_rollout(
     queue_wait_s: float | None = None,
 ) -> Rollout:
     """One group's samples, in ``sample_index`` order, with per-token versions and log-probs."""
-    sampling = wire_sampling_params(params)
-    prompt = np.asarray(group.prompt_token_ids, dtype=np.int32)
-    finished = time.time()
-    samples = [
-        RolloutSample(
-            sample_index=index,
-            prompt_token_ids=prompt,
-            response_token_ids=result.token_ids.astype(np.int32, copy=False),
-            behaviour_logprobs=result.logprobs.astype(np.float32, copy=False),
-            token_weight_versions=result.weight_versions.astype(np.int64, copy=False),
-            loss_mask=np.ones(result.num_tokens, dtype=np.uint8),
-            finish_reason=result.finish_reason,
-            sampling=sampling,
-            engine=engine,
-            worker_id=worker_id,
-            timings=SampleTimings(
-                started_at_unix_s=started_at_unix_s,
-                finished_at_unix_s=finished,
-                time_to_first_token_s=result.timings.first_token_s,
-                queue_wait_s=queue_wait_s,
-            ),
+    generated = [
+        _Generated(
+            result.token_ids,
+            result.logprobs,
+            result.weight_versions,
+            np.ones(result.num_tokens, dtype=np.uint8),
+            result.finish_reason,
+            result.timings.first_token_s,
         )
-        for index, result in enumerate(results)
+        for result in results
     ]
-    return Rollout(group=group, samples=samples, created_at_unix_s=finished)
+    return _assemble(
+        group,
+        generated,
+        params,
+        engine=engine,
+        worker_id=worker_id,
+        started_at_unix_s=started_at_unix_s,
+        queue_wait_s=queue_wait_s,
+    )
+
+
+def _trained_tokens(episode: Episode) -> np.ndarray:
+    """The episode's loss mask; none of a failed episode's tokens: the infrastructure cut it
+    short, not the model (it travels for accounting, as ``finish_reason="error"``)."""
+    if episode.failure is not None:
+        return np.zeros(len(episode.token_ids), dtype=np.uint8)
+    return np.asarray(episode.loss_mask, dtype=np.uint8)
+
+
+def build_episode_rollout(
+    group: PromptGroup,
+    episodes: Sequence[Episode],
+    params: EngineSamplingParams,
+    *,
+    engine: EngineInfo,
+    worker_id: str,
+    started_at_unix_s: float,
+) -> Rollout:
+    """One group's multi-turn samples: observation tokens masked, turns as segments."""
+    generated = [
+        _Generated(
+            np.asarray(episode.token_ids),
+            np.asarray(episode.logprobs),
+            np.asarray(episode.versions),
+            _trained_tokens(episode),
+            str(episode.finish_reason),
+            episode.first_token_s,
+            episode.segments,
+            episode.tool_calls,
+        )
+        for episode in episodes
+    ]
+    return _assemble(
+        group,
+        generated,
+        params,
+        engine=engine,
+        worker_id=worker_id,
+        started_at_unix_s=started_at_unix_s,
+        queue_wait_s=None,
+    )

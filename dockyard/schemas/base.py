@@ -1,38 +1,41 @@
-"""Base classes of the wire models: immutable pydantic models that may hold numpy arrays."""
+"""Base classes of the wire types: frozen msgspec Structs that may hold numpy arrays.
+
+A message is a tree of :class:`WireModel` structs. msgspec checks every field's type and its
+``Meta`` constraints when it decodes a frame (strictly: no coercion); what a type cannot say —
+array dtypes and values, finite floats, lengths that must agree across fields — is checked in
+``__post_init__``, which runs both on decode and when Python code builds a message. (msgspec
+does not check types or ``Meta`` constraints of a struct built in Python: the decoder is where
+a message from elsewhere is judged.)
+"""
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, ClassVar, TypeVar
+import typing
+from collections.abc import Mapping
+from functools import cache
+from typing import Annotated, Any, ClassVar
 
+import msgspec
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
-#: Identifiers that end up in ``Nats-Msg-Id`` and subjects: no spaces, no wildcards.
-IDENTIFIER_PATTERN = r"^[A-Za-z0-9_.:/@+=-]{1,256}$"
+from dockyard.schemas.arrays import ArrayKind
+from dockyard.schemas.errors import ReasonCode, WireError
+
+#: Identifiers that end up in ``Nats-Msg-Id`` and subjects: no spaces, no wildcards. ``\Z``, not
+#: ``$``: Python's ``$`` also matches before a trailing newline.
+IDENTIFIER_PATTERN = r"^[A-Za-z0-9_.:/@+=-]{1,256}\Z"
 #: msgpack integers are 64-bit: every integer field is bounded so that encoding cannot fail.
 INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1
-#: Marks a field validator that leaves every value a frame can carry unchanged: it converts
-#: what Python code passes (a list of row models), which a decoded frame never holds. The
-#: compiled reader (``compiled``) may then skip it; any other field validator rules it out.
-FRAME_INERT = "__dockyard_frame_inert__"
-#: Marks the ``BeforeValidator`` function of a ``str`` enum field that only looks a value up
-#: among the enum's values (anything else refused): what msgspec does itself when it decodes
-#: the enum, so the compiled reader (``compiled``) decodes such a field natively.
-STR_ENUM_LOOKUP = "__dockyard_str_enum_lookup__"
 #: ``\Z``, not ``$``: Python's ``$`` also matches before a trailing newline ("3.0\n").
 _SCHEMA_VERSION = re.compile(r"\A(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})\Z")
 
-
-_F = TypeVar("_F")
-
-
-def frame_inert(func: _F) -> _F:
-    """Decorator, under ``field_validator`` and ``classmethod``, of a :data:`FRAME_INERT`
-    validator."""
-    setattr(func, FRAME_INERT, True)
-    return func
+#: An integer ≥ 0 (counts, indices, versions, sizes).
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+#: A string that may not be empty.
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 def values_equal(left: Any, right: Any) -> bool:
@@ -49,7 +52,7 @@ def values_equal(left: Any, right: Any) -> bool:
     if isinstance(left, WireModel):
         return type(left) is type(right) and all(
             values_equal(getattr(left, name), getattr(right, name))
-            for name in type(left).model_fields
+            for name in left.__struct_fields__
         )
     if isinstance(left, list | tuple):
         return (
@@ -66,20 +69,45 @@ def values_equal(left: Any, right: Any) -> bool:
     return bool(left == right)
 
 
-class WireModel(BaseModel):
-    """A model that crosses the broker, whole or as part of a message.
+def check_finite(value: float | None, what: str, minimum: float | None = None) -> None:
+    """A finite float (NaN, ±∞: ``non_finite``) at least ``minimum`` (``invalid_field``);
+    None passes (an optional field left out). ``what``: the field's name (or dotted path)."""
+    if value is None:
+        return
+    if not math.isfinite(value):
+        raise WireError(ReasonCode.NON_FINITE, f"{value} is not finite", field=what)
+    if minimum is not None and value < minimum:
+        raise WireError(ReasonCode.INVALID_FIELD, f"{value} is below {minimum}", field=what)
+
+
+def check_finite_all(values: list[float | None], what: str, minimum: float | None) -> None:
+    """:func:`check_finite` for every entry of a column (``what.index``): one pass in C for
+    a column that passes (the common case), entry by entry only to name a refused one."""
+    present = [value for value in values if value is not None] if None in values else values
+    if all(map(math.isfinite, present)) and (  # type: ignore[arg-type]
+        minimum is None or not present or min(present) >= minimum  # type: ignore[type-var]
+    ):
+        return
+    for index, value in enumerate(values):
+        check_finite(value, f"{what}.{index}", minimum)
+
+
+class WireModel(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """A struct that crosses the broker, whole or as part of a message.
 
     Frozen: a decoded message is a read-only view of the frame, and a stage that adds to a
-    message (a scorer) builds a new one. Unknown keys are *ignored* so that a newer minor
-    version of a schema still decodes here (see the compatibility rule in the wire-format doc).
+    message (a scorer) builds a new one (``msgspec.structs.replace``). Unknown keys are
+    *ignored* so that a newer minor version of a schema still decodes here (see the
+    compatibility rule in the wire-format doc). No reference cycles: ``gc=False``.
+
+    ``FINITE`` names the float fields that must be finite, each with its lower bound (None:
+    any finite value).
     """
 
-    model_config = ConfigDict(
-        frozen=True,
-        extra="ignore",
-        arbitrary_types_allowed=True,
-        validate_default=False,
-    )
+    FINITE: ClassVar[Mapping[str, float | None]] = {}
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, WireModel):
@@ -89,7 +117,73 @@ class WireModel(BaseModel):
     __hash__ = None  # type: ignore[assignment]  # arrays are not hashable
 
 
-class Message(WireModel):
+def check_fields(model: WireModel) -> None:
+    """The per-field checks a type cannot express: array fields (converted from lists when
+    built in Python) and finite floats."""
+    for name, kind in array_fields(type(model)):
+        value = getattr(model, name)
+        if value is not None:
+            checked = kind.check(value, name)
+            if checked is not value:
+                msgspec.structs.force_setattr(model, name, checked)
+    for name, minimum in model.FINITE.items():
+        check_finite(getattr(model, name), name, minimum)
+
+
+@cache
+def array_fields(cls: type[WireModel]) -> tuple[tuple[str, ArrayKind], ...]:
+    """The array fields of ``cls`` (``Annotated[np.ndarray, KIND]``, optional or not)."""
+    found = []
+    for info in msgspec.structs.fields(cls):
+        kind = _array_kind(info.type)
+        if kind is not None:
+            found.append((info.name, kind))
+    return tuple(found)
+
+
+@cache
+def nested_array_holders(cls: type[WireModel]) -> tuple[str, ...]:
+    """The fields of ``cls`` that hold one nested struct with arrays in it (or None)."""
+    found = []
+    for info in msgspec.structs.fields(cls):
+        inner = _without_none(info.type)
+        if _array_kind(inner) is not None:
+            continue
+        if isinstance(inner, type) and issubclass(inner, WireModel) and holds_arrays(inner):
+            found.append(info.name)
+        elif _mentions_arrays(inner):
+            # The encoder finds arrays through these two plans only.
+            raise TypeError(f"{cls.__name__}.{info.name}: arrays only directly or one struct deep")
+    return tuple(found)
+
+
+def holds_arrays(cls: type[WireModel]) -> bool:
+    return bool(array_fields(cls) or nested_array_holders(cls))
+
+
+def _without_none(annotation: Any) -> Any:
+    args = typing.get_args(annotation)
+    if type(None) in args and len(args) == 2:
+        return next(arg for arg in args if arg is not type(None))
+    return annotation
+
+
+def _array_kind(annotation: Any) -> ArrayKind | None:
+    inner = _without_none(annotation)
+    if typing.get_origin(inner) is Annotated:
+        return next((item for item in inner.__metadata__ if isinstance(item, ArrayKind)), None)
+    return None
+
+
+def _mentions_arrays(annotation: Any) -> bool:
+    if annotation is np.ndarray or _array_kind(annotation) is not None:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, WireModel):
+        return holds_arrays(annotation)
+    return any(_mentions_arrays(arg) for arg in typing.get_args(annotation))
+
+
+class Message(WireModel, frozen=True, gc=False, kw_only=True):
     """A top-level message: one NATS message body. Subclasses set the two ClassVars."""
 
     SCHEMA_NAME: ClassVar[str]

@@ -8,27 +8,22 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import TypeVar, overload
 
-from pydantic import ValidationError
+import msgspec
 
-from dockyard.schemas.arrays import CTX_BLOB, CTX_LIMITS, CTX_PRECHECKED
+from dockyard.schemas.arrays import DECODING, dec_hook
 from dockyard.schemas.base import Message, parse_schema_version
-from dockyard.schemas.compiled import read_compiled
-from dockyard.schemas.envelope import (
-    build_envelope_prefix,
-    parse_envelope,
-    scan_envelope,
-)
-from dockyard.schemas.errors import CodecError, ReasonCode
+from dockyard.schemas.envelope import build_envelope_prefix, parse_envelope
+from dockyard.schemas.errors import CodecError, ReasonCode, WireError
 from dockyard.schemas.frames import ZSTD_LEVEL, compress_with_stored_tail, decompress_bounded
-from dockyard.schemas.layout import lay_out
+from dockyard.schemas.layout import lay_out, pack_meta
 from dockyard.schemas.limits import DEFAULT_LIMITS, DecodeLimits
 from dockyard.schemas.messages import MESSAGE_TYPES
-from dockyard.schemas.precheck import ArrayPrecheck, NotChecked
-from dockyard.schemas.prechecked import prechecked_validator
 
 HEADER_MSG_ID = "Nats-Msg-Id"
 HEADER_SCHEMA = "Dockyard-Schema"
@@ -72,9 +67,9 @@ def encode(message: Message, *, level: int = ZSTD_LEVEL) -> EncodedMessage:
     cls = type(message)
     if MESSAGE_TYPES.get(cls.SCHEMA_NAME) is not cls:
         raise CodecError(ReasonCode.UNENCODABLE, f"{cls.__name__} is not a registered message")
-    laid_out = lay_out(message)
+    layout, laid_out = lay_out(message)
     prefix = build_envelope_prefix(
-        cls.SCHEMA_NAME, cls.SCHEMA_VERSION, laid_out.meta, laid_out.nbytes
+        cls.SCHEMA_NAME, cls.SCHEMA_VERSION, pack_meta(message, layout), laid_out.nbytes
     )
     payload = compress_with_stored_tail(
         b"".join((prefix, *laid_out.compressed_chunks)),
@@ -97,7 +92,6 @@ def decode(
     payload: bytes,
     *,
     limits: DecodeLimits = ...,
-    compiled: bool = ...,
     expected: type[M],
 ) -> M: ...
 
@@ -108,7 +102,6 @@ def decode(
     payload: bytes,
     *,
     limits: DecodeLimits = ...,
-    compiled: bool = ...,
     expected: None = ...,
 ) -> Message: ...
 
@@ -118,13 +111,13 @@ def decode(
     payload: bytes,
     *,
     limits: DecodeLimits = DEFAULT_LIMITS,
-    compiled: bool = True,
     expected: type[Message] | None = None,
 ) -> Message:
     """The message in ``payload``; headers are optional (replay tools decode bare payloads).
 
-    ``compiled=False`` skips the compiled reader (``compiled``) and decodes the reference way
-    only: the same result, for benchmarks and for checking a suspected difference."""
+    The one decode path: bounded decompression of exactly one frame, the envelope, the schema
+    name and version against the headers, then msgspec decodes ``meta`` into the message's
+    struct (strictly: no coercion), resolving each array descriptor in the array section."""
     if not isinstance(payload, bytes | bytearray | memoryview):
         raise CodecError(ReasonCode.WRONG_TYPE, f"payload must be bytes, not {type(payload)}")
     if len(payload) > limits.max_compressed_bytes:
@@ -142,11 +135,7 @@ def decode(
         _resolve_type(header_schema, expected)
 
     content = decompress_bounded(bytes(payload), limits.max_decompressed_bytes)
-    if compiled:
-        message = _decode_compiled(content, headers, limits, expected)
-        if message is not None:
-            return message
-    envelope = parse_envelope(content, limits)
+    envelope = parse_envelope(content)
     if header_schema is not None and header_schema != envelope.schema:
         raise CodecError(
             ReasonCode.HEADER_MISMATCH,
@@ -160,57 +149,22 @@ def decode(
         )
     cls = _resolve_type(envelope.schema, expected)
     _check_version(cls, envelope.version)
-    return _validate(cls, envelope.meta, envelope.data, limits)
-
-
-def _decode_compiled(
-    content: bytes,
-    headers: Mapping[str, str],
-    limits: DecodeLimits,
-    expected: type[Message] | None,
-) -> Message | None:
-    """The message read by the compiled reader (``compiled``), or None for the reference path:
-    a message of the current major whose envelope and headers are in order, nothing else."""
-    envelope = scan_envelope(content, limits)
-    if envelope is None:
-        return None
-    schema, version = envelope.schema, envelope.version
-    cls = MESSAGE_TYPES.get(schema)
-    if (
-        cls is None
-        or (expected is not None and cls is not expected)
-        or headers.get(HEADER_SCHEMA, schema) != schema
-        or headers.get(HEADER_SCHEMA_VERSION, version) != version
-    ):
-        return None
+    DECODING.blob, DECODING.limits = envelope.data, limits
     try:
-        _check_version(cls, version)
-    except CodecError:
-        return None
-    return read_compiled(cls, envelope.meta, envelope.data, limits)  # type: ignore[no-any-return]
-
-
-def _validate(
-    cls: type[Message], meta: dict[str, Any], blob: memoryview | bytes, limits: DecodeLimits
-) -> Message:
-    # Fast path: every array resolved and checked once per message, then pydantic validates
-    # the rest. When the pre-pass is unsure, the reference path validates array by array.
-    precheck = ArrayPrecheck(blob, limits)
-    try:
-        precheck.run(cls, meta)
-    except NotChecked:
-        precheck.restore()
-        prechecked = False
-    else:
-        prechecked = True
-    context: dict[str, Any] = {CTX_BLOB: blob, CTX_LIMITS: limits}
-    try:
-        if prechecked:  # the arrays need no Python call each (``prechecked``)
-            context[CTX_PRECHECKED] = True
-            return prechecked_validator(cls).validate_python(meta, strict=True, context=context)
-        return cls.model_validate(meta, strict=True, context=context)
-    except ValidationError as exc:
+        return _decoder(cls).decode(envelope.meta)  # type: ignore[no-any-return]
+    except msgspec.ValidationError as exc:  # a DecodeError too: tested first
         raise _refusal(cls, exc) from None
+    except msgspec.DecodeError as exc:
+        raise CodecError(ReasonCode.BAD_MSGPACK, f"{cls.SCHEMA_NAME}: {exc}") from None
+    except RecursionError:
+        raise CodecError(ReasonCode.BAD_MSGPACK, "msgpack nests too deep") from None
+    finally:
+        DECODING.blob = DECODING.limits = None
+
+
+@functools.cache
+def _decoder(cls: type[Message]) -> msgspec.msgpack.Decoder[Message]:
+    return msgspec.msgpack.Decoder(cls, dec_hook=dec_hook)
 
 
 def _resolve_type(schema: str, expected: type[Message] | None) -> type[Message]:
@@ -241,31 +195,25 @@ def _check_version(cls: type[Message], version: str) -> None:
         )
 
 
-_REASONS_BY_VALUE = {reason.value: reason for reason in ReasonCode}
+def _refusal(cls: type[Message], exc: msgspec.ValidationError) -> CodecError:
+    """The reason of a refusal msgspec reports: a :class:`WireError` raised by a check
+    (``__post_init__``, the array hook) carries its own; msgspec's own messages say a type is
+    wrong ("Expected `int`, got `str`"), a field is missing, or a constraint failed. The detail
+    names the field as a dotted path (``rollout.samples.worker_id.1``)."""
+    cause = exc.__cause__
+    text, _, where = str(exc).partition(" - at `")
+    path = _PATH_INDEX.sub(r".\1", where.rstrip("`").removeprefix("$").lstrip("."))
+    if isinstance(cause, WireError):
+        reason, text = cause.reason, cause.detail
+        if cause.field:
+            path = f"{path}.{cause.field}" if path else cause.field
+    elif text.startswith("Object missing required field"):
+        reason = ReasonCode.MISSING_FIELD
+    elif text.startswith("Expected `") and "`, got `" in text:
+        reason = ReasonCode.WRONG_TYPE
+    else:  # a Meta constraint, an enum or literal value not listed
+        reason = ReasonCode.INVALID_FIELD
+    return CodecError(reason, f"{cls.SCHEMA_NAME}: {path or '<message>'}: {text}")
 
 
-def _reason_of(error_type: str) -> ReasonCode:
-    if error_type in _REASONS_BY_VALUE:
-        return _REASONS_BY_VALUE[error_type]
-    if error_type == "missing":
-        return ReasonCode.MISSING_FIELD
-    if error_type == "finite_number":  # a float field that refuses NaN and infinities
-        return ReasonCode.NON_FINITE
-    if error_type.endswith(("_type", "_parsing")) or error_type in {
-        "is_instance_of",
-        "model_attributes_type",
-        "invalid-json-value",  # a msgpack value JSON has no type for (bin, in ``extra``)
-    }:
-        return ReasonCode.WRONG_TYPE
-    return ReasonCode.INVALID_FIELD
-
-
-def _refusal(cls: type[Message], exc: ValidationError) -> CodecError:
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    first = errors[0]
-    described = [
-        f"{'.'.join(str(part) for part in error['loc']) or '<message>'}: {error['msg']}"
-        for error in errors[:3]
-    ]
-    more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
-    return CodecError(_reason_of(first["type"]), f"{cls.SCHEMA_NAME}: {'; '.join(described)}{more}")
+_PATH_INDEX = re.compile(r"\[(\d+)\]")

@@ -3,42 +3,39 @@
 from __future__ import annotations
 
 import hashlib
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field, model_validator
-from pydantic_core import PydanticCustomError
+import msgspec
 
-from dockyard.schemas.base import INT64_MAX, Message
-from dockyard.schemas.errors import ReasonCode
+from dockyard.schemas.base import Count, Message, NonEmpty, check_fields
+from dockyard.schemas.errors import ReasonCode, WireError
 
 
-class DeadLetter(Message):
+class DeadLetter(Message, kw_only=True):
     SCHEMA_NAME: ClassVar[str] = "dead_letter"
     SCHEMA_VERSION: ClassVar[str] = "1.0"
+    FINITE: ClassVar[dict[str, float | None]] = {"created_at_unix_s": 0.0}
 
-    original_subject: str = Field(min_length=1)
-    original_headers: dict[str, str] = Field(default_factory=dict)
+    original_subject: NonEmpty
+    original_headers: dict[str, str] = msgspec.field(default_factory=dict)
     #: The refused bytes verbatim; None when they are kept elsewhere (``original_ref``).
     original_payload: bytes | None = None
-    original_ref: str | None = Field(None, description="where the bytes are when not inline")
-    original_message_id: str | None = Field(None, description="its Nats-Msg-Id, if any")
-    original_stream_seq: int | None = Field(
-        None, ge=0, le=INT64_MAX, description="its JetStream sequence"
-    )
-    stage: str = Field(min_length=1, description="the role that refused it, e.g. 'scorer'")
+    original_ref: str | None = None  # where the bytes are when not inline
+    original_message_id: str | None = None  # its Nats-Msg-Id, if any
+    original_stream_seq: Count | None = None  # its JetStream sequence
+    stage: NonEmpty  # the role that refused it, e.g. "scorer"
     #: A :class:`ReasonCode` value for codec refusals; stages may use their own codes.
-    reason: str = Field(min_length=1, max_length=64)
-    message: str = Field(description="human-readable detail")
-    delivery_count: int = Field(0, ge=0, le=INT64_MAX)
-    created_at_unix_s: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    message: str  # human-readable detail
+    delivery_count: Count = 0
+    created_at_unix_s: float = 0.0
 
-    @model_validator(mode="after")
-    def _has_original(self) -> DeadLetter:
+    def __post_init__(self) -> None:
+        check_fields(self)
         if self.original_payload is None and self.original_ref is None:
-            raise PydanticCustomError(
-                ReasonCode.MISSING_FIELD.value, "original_payload or original_ref is required"
+            raise WireError(
+                ReasonCode.MISSING_FIELD, "original_payload or original_ref is required"
             )
-        return self
 
     def message_id(self) -> str:
         # Deterministic so that a stage that dead-letters the same delivery twice (it crashed

@@ -40,6 +40,23 @@ class ReasonCode(StrEnum):
     UNENCODABLE = "unencodable"
 
 
+class WireError(ValueError):
+    """A value a message cannot hold, raised where the message is built: by its
+    ``__post_init__`` (in Python and on decode) or by the array hook on decode. msgspec wraps
+    it in a ``ValidationError`` (with the field path) whose ``__cause__`` is this error; the codec
+    turns it into a :class:`CodecError` of the same reason."""
+
+    def __init__(self, reason: ReasonCode, detail: str, field: str | None = None) -> None:
+        super().__init__(f"{reason.value}: {field + ': ' if field else ''}{detail}")
+        self.reason = reason
+        self.detail = detail
+        #: The field refused, below the struct msgspec's path names (a column, an array).
+        self.field = field
+
+    def __reduce__(self) -> tuple[type[WireError], tuple[ReasonCode, str, str | None]]:
+        return (type(self), (self.reason, self.detail, self.field))
+
+
 class CodecError(Exception):
     """A message refused by :func:`dockyard.schemas.codec.decode` (or ``encode``)."""
 

@@ -13,7 +13,8 @@ class DecodeLimits:
 
     The defaults fit the largest messages the benchmarks use (a group of 64 samples × 8,192
     response tokens is ≈5 MB uncompressed) with a wide margin; a consumer that knows its
-    traffic can tighten them.
+    traffic can tighten them. The metadata's strings, bins and lists are bounded by the
+    decompressed size: msgspec builds at most one Python object per msgpack value.
     """
 
     #: The zstd frame as received (after any chunk reassembly by the broker).
@@ -24,19 +25,12 @@ class DecodeLimits:
     max_array_elements: int = 32 * MiB
     #: Token ids must be ``< vocab_size`` when set (the consumer's tokenizer size).
     vocab_size: int | None = None
-    #: msgpack limits on the metadata part (the array bytes are not parsed by msgpack).
-    max_str_bytes: int = 16 * MiB
-    max_bin_bytes: int = 64 * MiB
-    max_container_len: int = 1_000_000
 
     def __post_init__(self) -> None:
         for name in (
             "max_compressed_bytes",
             "max_decompressed_bytes",
             "max_array_elements",
-            "max_str_bytes",
-            "max_bin_bytes",
-            "max_container_len",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"DecodeLimits.{name} must be positive")

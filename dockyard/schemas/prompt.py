@@ -2,70 +2,99 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, JsonValue
+import msgspec
 
 from dockyard.schemas.arrays import TokenIdArray
-from dockyard.schemas.base import IDENTIFIER_PATTERN, INT64_MAX, Message, WireModel
+from dockyard.schemas.base import (
+    IDENTIFIER_PATTERN,
+    INT64_MAX,
+    Count,
+    Message,
+    NonEmpty,
+    WireModel,
+    check_fields,
+)
+from dockyard.schemas.errors import ReasonCode, WireError
 
 
-class ChatMessage(WireModel):
+class ChatMessage(WireModel, kw_only=True):
     """One turn of a chat-formatted prompt (before the chat template was applied)."""
 
-    role: str = Field(min_length=1, max_length=64)
+    role: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
     content: str
 
 
-class DatasetPosition(WireModel):
+class DatasetPosition(WireModel, kw_only=True):
     """Where in the dataset the prompt came from: lets a restarted dispatcher resume exactly."""
 
-    dataset: str = Field(min_length=1, description="dataset name as configured")
-    epoch: int = Field(ge=0, le=INT64_MAX)
-    index: int = Field(
-        ge=0, le=INT64_MAX, description="position within the epoch's (shuffled) order"
-    )
+    dataset: NonEmpty  # dataset name as configured
+    epoch: Count
+    index: Count  # position within the epoch's (shuffled) order
 
 
 #: Bounds on images carried inline (the worker applies the configured, usually tighter, limits).
 MAX_INLINE_IMAGES = 64
 MAX_INLINE_IMAGE_BYTES = 16 * 1024 * 1024
+_JSON_SCALARS = (str, int, float, bool, type(None))
 
 
-class PromptGroup(Message):
+def check_json(value: Any, what: str) -> None:
+    """``value`` is a JSON value (nil, bool, int, float, str, arrays, maps with str keys):
+    msgspec decodes ``Any`` as whatever msgpack holds, bin and ext included."""
+    if isinstance(value, _JSON_SCALARS):
+        return
+    if type(value) is list:
+        for item in value:
+            check_json(item, what)
+        return
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise WireError(ReasonCode.WRONG_TYPE, f"{what}: a map key that is not str")
+            check_json(item, what)
+        return
+    raise WireError(ReasonCode.WRONG_TYPE, f"{what}: {type(value).__name__} is not a JSON value")
+
+
+class PromptGroup(Message, kw_only=True):
     SCHEMA_NAME: ClassVar[str] = "prompt_group"
     #: 1.1 added ``images`` (default: none).
     SCHEMA_VERSION: ClassVar[str] = "1.1"
+    FINITE: ClassVar[dict[str, float | None]] = {"created_at_unix_s": 0.0}
 
-    group_id: str = Field(pattern=IDENTIFIER_PATTERN, description="unique per run")
+    #: Unique per run.
+    group_id: Annotated[str, msgspec.Meta(pattern=IDENTIFIER_PATTERN)]
     #: Re-dispatch counter: 0 for the first dispatch; the dispatcher increments it only when it
     #: deliberately issues the same prompt again (e.g. the first attempt was dropped as stale).
     #: Broker redelivery does *not* change it, so a redelivered group keeps its identity.
-    attempt: int = Field(0, ge=0, le=INT64_MAX)
+    attempt: Count = 0
     prompt_token_ids: TokenIdArray
-    prompt_text: str = Field(description="the prompt as text, after the chat template")
-    prompt_messages: list[ChatMessage] = Field(default_factory=list)
-    environment: str = Field(min_length=1, description="reward environment that scores it")
-    agent: str = Field(min_length=1, description="agent/rollout policy that generates it")
-    num_generations: int = Field(
-        ge=1, le=INT64_MAX, description="G: samples to generate for this prompt"
-    )
+    #: The prompt as text, after the chat template.
+    prompt_text: str
+    prompt_messages: list[ChatMessage] = msgspec.field(default_factory=list)
+    environment: NonEmpty  # the reward environment that scores it
+    agent: NonEmpty  # the agent / rollout policy that generates it
+    num_generations: Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]  # G
     dataset_position: DatasetPosition
-    ground_truth: str | None = Field(None, description="reference answer for the scorer")
+    ground_truth: str | None = None  # reference answer for the scorer
     #: Environment-specific data for the scorer (test cases, tool specs, ...): JSON values.
-    extra: dict[str, JsonValue] = Field(default_factory=dict)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
     #: Since 1.1. Encoded image files (PNG, JPEG, GIF, ...) for the prompt, as the dataset
     #: stored them; the rollout worker gates, bounds and normalises them before any engine.
-    images: list[Annotated[bytes, Field(max_length=MAX_INLINE_IMAGE_BYTES)]] = Field(
-        default_factory=list, max_length=MAX_INLINE_IMAGES
-    )
-    dispatch_weight_version: int = Field(
-        ge=0, le=INT64_MAX, description="policy version when dispatched"
-    )
-    trace_id: str = Field(min_length=1, max_length=128)
-    created_at_unix_s: float = Field(
-        0.0, ge=0.0, allow_inf_nan=False, description="dispatch time, Unix seconds"
-    )
+    images: Annotated[
+        list[Annotated[bytes, msgspec.Meta(max_length=MAX_INLINE_IMAGE_BYTES)]],
+        msgspec.Meta(max_length=MAX_INLINE_IMAGES),
+    ] = msgspec.field(default_factory=list)
+    dispatch_weight_version: Count  # policy version when dispatched
+    trace_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    created_at_unix_s: float = 0.0  # dispatch time, Unix seconds
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.extra:
+            check_json(self.extra, "extra")
 
     def message_id(self) -> str:
         return self.message_id_as(self.SCHEMA_NAME)

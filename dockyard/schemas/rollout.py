@@ -4,40 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
-from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal
 
+import msgspec
 import numpy as np
-from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
-from dockyard.schemas.arrays import (
-    LogProbArray,
-    MaskArray,
-    TokenIdArray,
-    VersionArray,
-)
-from dockyard.schemas.base import (
-    INT64_MAX,
-    STR_ENUM_LOOKUP,
-    UINT64_MAX,
-    Message,
-    WireModel,
-    frame_inert,
-)
+from dockyard.schemas.arrays import LogProbArray, MaskArray, TokenIdArray, VersionArray
+from dockyard.schemas.base import INT64_MAX, Count, Message, NonEmpty, WireModel, check_fields
 from dockyard.schemas.columns import (
     RowColumns,
-    check_counts,
+    check_columns,
     check_total,
+    columns_from_given_rows,
     columns_from_rows,
     concatenate,
     offsets_of,
     plain_columns,
     rows_from_columns,
-    rows_to_columns,
     split,
 )
-from dockyard.schemas.errors import ReasonCode
+from dockyard.schemas.errors import ReasonCode, WireError
 from dockyard.schemas.prompt import PromptGroup
 
 
@@ -49,82 +35,76 @@ class FinishReason(StrEnum):
     ERROR = "error"  # the engine failed; the sample is kept for accounting
 
 
-_FINISH_REASONS = {reason.value: reason for reason in FinishReason}
-
-
-def _finish_reason_of(value: Any) -> Any:
-    """A finish reason as its member: the codec validates frames strictly, and a strict enum
-    field takes members only, so the value a frame carries (a ``str``) is looked up here. Any
-    other value is refused as a segment's role is (``invalid_field``): an enumeration accepts
-    its listed strings and nothing else."""
+def finish_reason_of(value: Any) -> FinishReason:
+    """A finish reason as its member (Python code may pass the value, a ``str``)."""
     if type(value) is FinishReason:
         return value
-    if type(value) is str and value in _FINISH_REASONS:
-        return _FINISH_REASONS[value]
-    raise PydanticCustomError(
-        ReasonCode.INVALID_FIELD.value,
-        f"finish reason {str(value)[:32]!r} is not one of "
-        + ", ".join(reason.value for reason in FinishReason),
-    )
+    try:
+        return FinishReason(value)
+    except ValueError:
+        raise WireError(
+            ReasonCode.INVALID_FIELD,
+            f"finish reason {str(value)[:32]!r} is not one of "
+            + ", ".join(reason.value for reason in FinishReason),
+        ) from None
 
 
-setattr(_finish_reason_of, STR_ENUM_LOOKUP, True)
-#: A finish reason field: a member, or its value (as a frame or a producer writes it).
-FinishReasonField = Annotated[FinishReason, BeforeValidator(_finish_reason_of)]
+class SamplingParams(WireModel, kw_only=True):
+    FINITE: ClassVar[dict[str, float | None]] = {"temperature": 0.0}
+
+    temperature: float
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)] = -1  # -1 = disabled
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
+    seed: int | None = None  # any msgpack integer: [-2**63, 2**64)
+    stop: list[str] = msgspec.field(default_factory=list)
 
 
-class SamplingParams(WireModel):
-    # allow_inf_nan=False: refused as ``finite_number`` → ``non_finite``, without a Python call.
-    temperature: float = Field(ge=0.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, le=INT64_MAX, description="-1 = disabled")
-    max_new_tokens: int = Field(ge=1, le=INT64_MAX)
-    seed: int | None = Field(None, ge=-INT64_MAX - 1, le=UINT64_MAX)
-    stop: list[str] = Field(default_factory=list)
+class EngineInfo(WireModel, kw_only=True):
+    name: NonEmpty  # vllm | sglang | torch | ...
+    version: NonEmpty
 
 
-class EngineInfo(WireModel):
-    name: str = Field(min_length=1, description="vllm | sglang | torch | ...")
-    version: str = Field(min_length=1)
-
-
-class SampleTimings(WireModel):
+class SampleTimings(WireModel, kw_only=True):
     """Wall-clock times in seconds; ``*_unix_s`` are Unix timestamps."""
 
-    started_at_unix_s: float = Field(ge=0.0, allow_inf_nan=False)
-    finished_at_unix_s: float = Field(ge=0.0, allow_inf_nan=False)
-    time_to_first_token_s: float | None = Field(None, ge=0.0, allow_inf_nan=False)
-    queue_wait_s: float | None = Field(
-        None, ge=0.0, allow_inf_nan=False, description="from delivery to start"
-    )
+    FINITE: ClassVar[dict[str, float | None]] = {
+        "started_at_unix_s": 0.0,
+        "finished_at_unix_s": 0.0,
+        "time_to_first_token_s": 0.0,
+        "queue_wait_s": 0.0,
+    }
+
+    started_at_unix_s: float
+    finished_at_unix_s: float
+    time_to_first_token_s: float | None = None
+    queue_wait_s: float | None = None  # from delivery to start
 
 
-class Segment(WireModel):
+class Segment(WireModel, kw_only=True):
     """A span ``[start, end)`` of the response tokens in a multi-turn rollout."""
 
     role: Literal["assistant", "tool", "user", "environment"]
-    start: int = Field(ge=0, le=INT64_MAX)
-    end: int = Field(ge=0, le=INT64_MAX)
+    start: Count
+    end: Count
 
-    @model_validator(mode="after")
-    def _ordered(self) -> Segment:
+    def __post_init__(self) -> None:
         if self.end < self.start:
-            raise PydanticCustomError(ReasonCode.INVALID_FIELD.value, "segment end < start")
-        return self
+            raise WireError(ReasonCode.INVALID_FIELD, "segment end < start")
 
 
-class ToolCall(WireModel):
-    call_id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-    arguments_json: str = Field(description="the arguments as the model wrote them (JSON text)")
-    result: str | None = Field(None, description="tool output fed back to the model")
-    segment_index: int | None = Field(None, ge=0, le=INT64_MAX, description="the assistant segment")
+class ToolCall(WireModel, kw_only=True):
+    call_id: NonEmpty
+    name: NonEmpty
+    arguments_json: str  # the arguments as the model wrote them (JSON text)
+    result: str | None = None  # tool output fed back to the model
+    segment_index: Count | None = None  # the assistant segment
 
 
-class RolloutSample(WireModel):
+class RolloutSample(WireModel, kw_only=True):
     """One generation. Response arrays share one length T (one entry per response token)."""
 
-    sample_index: int = Field(ge=0, le=INT64_MAX, description="0 .. G-1 within the group")
+    sample_index: Count  # 0 .. G-1 within the group
     prompt_token_ids: TokenIdArray
     response_token_ids: TokenIdArray
     #: log p_behaviour(token) in nats under the policy that sampled it; finite, ≤ 0 expected.
@@ -133,42 +113,38 @@ class RolloutSample(WireModel):
     token_weight_versions: VersionArray
     #: 1 = generated by the policy (trained on), 0 = inserted (tool output, user turn).
     loss_mask: MaskArray
-    finish_reason: FinishReasonField
+    finish_reason: FinishReason
     sampling: SamplingParams
     engine: EngineInfo
-    worker_id: str = Field(min_length=1)
+    worker_id: NonEmpty
     timings: SampleTimings
-    segments: list[Segment] = Field(default_factory=list)
-    tool_calls: list[ToolCall] = Field(default_factory=list)
+    segments: list[Segment] = msgspec.field(default_factory=list)
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if type(self.finish_reason) is not FinishReason:
+            msgspec.structs.force_setattr(
+                self, "finish_reason", finish_reason_of(self.finish_reason)
+            )
+        length = len(self.response_token_ids)
+        for name in ("behaviour_logprobs", "token_weight_versions", "loss_mask"):
+            other = len(getattr(self, name))
+            if other != length:
+                raise WireError(
+                    ReasonCode.LENGTH_MISMATCH,
+                    f"{name} has {other} entries for {length} response tokens",
+                )
+        for segment in self.segments:
+            if segment.end > length:
+                raise WireError(
+                    ReasonCode.LENGTH_MISMATCH,
+                    f"segment [{segment.start}, {segment.end}) exceeds {length} response tokens",
+                )
 
     @property
     def num_response_tokens(self) -> int:
         return int(self.response_token_ids.shape[0])
-
-    @model_validator(mode="after")
-    def _lengths(self) -> RolloutSample:
-        # Runs for every sample of every decoded group: one chained comparison when all agree.
-        length = len(self.response_token_ids)
-        if not (
-            len(self.behaviour_logprobs)
-            == len(self.token_weight_versions)
-            == len(self.loss_mask)
-            == length
-        ):
-            for name in ("behaviour_logprobs", "token_weight_versions", "loss_mask"):
-                other = len(getattr(self, name))
-                if other != length:
-                    raise PydanticCustomError(
-                        ReasonCode.LENGTH_MISMATCH.value,
-                        f"{name} has {other} entries for {length} response tokens",
-                    )
-        for segment in self.segments:
-            if segment.end > length:
-                raise PydanticCustomError(
-                    ReasonCode.LENGTH_MISMATCH.value,
-                    f"segment [{segment.start}, {segment.end}) exceeds {length} response tokens",
-                )
-        return self
 
     def min_weight_version(self) -> int | None:
         versions = self.token_weight_versions
@@ -180,8 +156,8 @@ SamplingParamsColumns = plain_columns(SamplingParams)
 EngineInfoColumns = plain_columns(EngineInfo)
 SampleTimingsColumns = plain_columns(SampleTimings)
 
-TokenCount = Annotated[int, Field(ge=0, le=INT64_MAX)]
-WorkerId = Annotated[str, Field(min_length=1)]
+TokenCount = Count
+WorkerId = NonEmpty
 
 #: The response-aligned arrays: one entry per response token of every sample.
 _RESPONSE_ARRAYS = (
@@ -192,16 +168,16 @@ _RESPONSE_ARRAYS = (
 )
 
 
-class SampleColumns(RowColumns):
+class SampleColumns(RowColumns, kw_only=True):
     """A rollout's G samples field by field: entry i of every list, and the i-th run of every
     array (cut by ``prompt_lengths`` / ``response_lengths``), belong to sample i.
 
     It reads as a sequence of :class:`RolloutSample` (``len``, iteration, indexing), built on
-    first access from the validated columns; the trainer reads the columns themselves.
+    first access from the checked columns; the trainer reads the columns themselves.
     """
 
     #: Prompt tokens per sample.
-    prompt_lengths: list[TokenCount] = Field(min_length=1)
+    prompt_lengths: Annotated[list[TokenCount], msgspec.Meta(min_length=1)]
     #: The samples' prompts back to back; with ``prompt_shared``, the one prompt they all have.
     prompt_token_ids: TokenIdArray
     prompt_shared: bool = False
@@ -211,7 +187,7 @@ class SampleColumns(RowColumns):
     behaviour_logprobs: LogProbArray
     token_weight_versions: VersionArray
     loss_mask: MaskArray
-    finish_reason: list[FinishReasonField]
+    finish_reason: list[FinishReason]
     sampling: SamplingParamsColumns  # type: ignore[valid-type]
     engine: EngineInfoColumns  # type: ignore[valid-type]
     worker_id: list[WorkerId]
@@ -219,20 +195,18 @@ class SampleColumns(RowColumns):
     segments: list[list[Segment]]
     tool_calls: list[list[ToolCall]]
 
-    @model_validator(mode="after")
-    def _consistent(self) -> SampleColumns:
+    def __post_init__(self) -> None:
         count = len(self.prompt_lengths)
-        check_counts(self, count, "samples")
+        check_columns(self, count, "samples")
         total = sum(self.response_lengths)
         for name in _RESPONSE_ARRAYS:
             check_total(getattr(self, name), self.response_lengths, name, "response tokens", total)
         if self.prompt_shared:
             shared = self.prompt_token_ids.shape[0]
             if self.prompt_lengths.count(shared) != count:
-                raise PydanticCustomError(
-                    ReasonCode.LENGTH_MISMATCH.value,
-                    "a shared prompt of {shared} tokens, but prompt_lengths differ",
-                    {"shared": shared},
+                raise WireError(
+                    ReasonCode.LENGTH_MISMATCH,
+                    f"a shared prompt of {shared} tokens, but prompt_lengths differ",
                 )
         else:
             check_total(self.prompt_token_ids, self.prompt_lengths, "prompt_token_ids", "tokens")
@@ -240,21 +214,13 @@ class SampleColumns(RowColumns):
         for index, (segments, length) in enumerate(
             zip(self.segments, self.response_lengths, strict=True)
         ):
-            if not segments:  # most samples (no multi-turn structure)
-                continue
-            for segment in segments:
+            for segment in segments:  # most samples have none (no multi-turn structure)
                 if segment.end > length:
-                    raise PydanticCustomError(
-                        ReasonCode.LENGTH_MISMATCH.value,
-                        "sample {index}: segment [{start}, {end}) exceeds {length} response tokens",
-                        {
-                            "index": index,
-                            "start": segment.start,
-                            "end": segment.end,
-                            "length": length,
-                        },
+                    raise WireError(
+                        ReasonCode.LENGTH_MISMATCH,
+                        f"sample {index}: segment [{segment.start}, {segment.end}) exceeds "
+                        f"{length} response tokens",
                     )
-        return self
 
     def _share_identical_prompts(self) -> None:
         """Write G identical prompts as one shared prompt, as ``from_rows`` does: the same
@@ -265,21 +231,19 @@ class SampleColumns(RowColumns):
             return
         prompts = self.prompt_token_ids.reshape(len(lengths), first)
         if bool((prompts == prompts[0]).all()):
-            # Still validating: the model is not handed out yet.
-            self.__dict__["prompt_token_ids"] = prompts[0]
-            self.__dict__["prompt_shared"] = True
+            # Still in __post_init__: the struct is not handed out yet.
+            msgspec.structs.force_setattr(self, "prompt_token_ids", prompts[0])
+            msgspec.structs.force_setattr(self, "prompt_shared", True)
 
     @classmethod
     def from_rows(cls, rows: Sequence[RolloutSample]) -> SampleColumns:
-        """The columns of ``rows`` (validated samples, in ``sample_index`` order 0..G-1)."""
+        """The columns of ``rows`` (checked samples, in ``sample_index`` order 0..G-1)."""
         if any(row.sample_index != index for index, row in enumerate(rows)):
-            raise PydanticCustomError(
-                ReasonCode.INVALID_FIELD.value, "sample_index must be 0..G-1 in order"
-            )
+            raise WireError(ReasonCode.INVALID_FIELD, "sample_index must be 0..G-1 in order")
         prompts = [row.prompt_token_ids for row in rows]
         first = prompts[0]
         # One array object (how producers build a group) is shared at once; prompts equal by
-        # value are joined, then shared by the validator (``_share_identical_prompts``).
+        # value are joined, then shared by ``_share_identical_prompts``.
         shared = all(prompt is first for prompt in prompts)
         columns = cls(
             prompt_lengths=[prompt.shape[0] for prompt in prompts],
@@ -287,23 +251,22 @@ class SampleColumns(RowColumns):
             prompt_shared=shared,
             response_lengths=[row.num_response_tokens for row in rows],
             **{
-                name: concatenate([row.__dict__[name] for row in rows]) for name in _RESPONSE_ARRAYS
+                name: concatenate([getattr(row, name) for row in rows]) for name in _RESPONSE_ARRAYS
             },
             finish_reason=[row.finish_reason for row in rows],
-            sampling=columns_from_rows(SamplingParams, [row.sampling for row in rows]),
-            engine=columns_from_rows(EngineInfo, [row.engine for row in rows]),
+            sampling=SamplingParamsColumns(
+                **columns_from_rows(SamplingParams, [row.sampling for row in rows])
+            ),
+            engine=EngineInfoColumns(**columns_from_rows(EngineInfo, [row.engine for row in rows])),
             worker_id=[row.worker_id for row in rows],
-            timings=columns_from_rows(SampleTimings, [row.timings for row in rows]),
+            timings=SampleTimingsColumns(
+                **columns_from_rows(SampleTimings, [row.timings for row in rows])
+            ),
             segments=[row.segments for row in rows],
             tool_calls=[row.tool_calls for row in rows],
         )
         columns.keep_rows(rows)
         return columns
-
-    @cached_property
-    def rows(self) -> list[RolloutSample]:
-        """Every sample as a :class:`RolloutSample` (views of the columns' arrays), built once."""
-        return self._build_rows()
 
     def _build_rows(self) -> list[RolloutSample]:
         count = len(self.prompt_lengths)
@@ -315,7 +278,7 @@ class SampleColumns(RowColumns):
         engines = rows_from_columns(EngineInfo, self.engine, count)
         timings = rows_from_columns(SampleTimings, self.timings, count)
         return [
-            RolloutSample.model_construct(
+            RolloutSample(
                 sample_index=index,
                 prompt_token_ids=prompts[index],
                 **{name: arrays[index] for name, arrays in responses.items()},
@@ -349,36 +312,32 @@ class SampleColumns(RowColumns):
         return int(versions.min()) if versions.size else None
 
 
-class Rollout(Message):
+class Rollout(Message, kw_only=True):
     """The raw group: the prompt group it answers plus its G samples (as columns)."""
 
     SCHEMA_NAME: ClassVar[str] = "rollout"
     #: 3.0: the samples travel as columns (docs/wire-format.md); the first released version
     #: (the pre-release 1.x and 2.x are not read).
     SCHEMA_VERSION: ClassVar[str] = "3.0"
+    FINITE: ClassVar[dict[str, float | None]] = {"created_at_unix_s": 0.0}
 
     group: PromptGroup
+    #: Built in Python from a list of :class:`RolloutSample` as well.
     samples: SampleColumns
-    created_at_unix_s: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    created_at_unix_s: float = 0.0
 
-    @field_validator("samples", mode="before")
-    @classmethod
-    @frame_inert
-    def _samples_from_rows(cls, value: Any, info: ValidationInfo) -> Any:
-        return rows_to_columns(value, info, RolloutSample, SampleColumns.from_rows, "samples")
+    def __post_init__(self) -> None:
+        columns_from_given_rows(self, "samples", RolloutSample, SampleColumns)
+        check_fields(self)
+        if len(self.samples) != self.group.num_generations:
+            raise WireError(
+                ReasonCode.LENGTH_MISMATCH,
+                f"{len(self.samples)} samples for num_generations={self.group.num_generations}",
+            )
 
     @property
     def group_id(self) -> str:
         return self.group.group_id
-
-    @model_validator(mode="after")
-    def _samples(self) -> Rollout:
-        if len(self.samples) != self.group.num_generations:
-            raise PydanticCustomError(
-                ReasonCode.LENGTH_MISMATCH.value,
-                f"{len(self.samples)} samples for num_generations={self.group.num_generations}",
-            )
-        return self
 
     def message_id(self) -> str:
         # Not the worker id: a group redelivered to another worker after a crash is the same

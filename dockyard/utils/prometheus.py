@@ -63,6 +63,23 @@ TRAIN_STEP_DURATION = Histogram(
     "Trainer optimizer steps (forward, backward and update of one step's groups)",
     buckets=_DURATION_BUCKETS_S,
 )
+WORKER_TOKEN_MULT_PROB_ERROR = Gauge(
+    "dockyard_worker_token_mult_prob_error",
+    "Per rollout worker: mean exp(|behaviour - trainer log-prob|) over its recent tokens "
+    "(1 = agreement), as the trainer measured it (grpo.worker_trust)",
+    ["worker"],
+)
+WORKER_GEN_KL = Gauge(
+    "dockyard_worker_gen_kl",
+    "Per rollout worker: mean k3 KL(behaviour || trainer) per token over its recent tokens",
+    ["worker"],
+)
+WORKER_FLAGGED = Gauge(
+    "dockyard_worker_flagged",
+    "1 while a rollout worker's log-probs disagree with the trainer's beyond the limits "
+    "(its groups are dead-lettered), else 0",
+    ["worker"],
+)
 CONSUMER_BACKLOG = Gauge(
     "dockyard_consumer_backlog_messages",
     "Messages a durable consumer has not acknowledged yet (pending + in flight), as the "

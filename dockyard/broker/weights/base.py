@@ -6,7 +6,7 @@ import abc
 import contextlib
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,8 +99,15 @@ def check_digest(expected: str, actual: str, where: str) -> None:
         )
 
 
-def prunable(refs: list[BlobRef], keep_last: int, grace_s: float, now: float) -> list[BlobRef]:
-    """Versions the age rule lets go: beyond the newest ``keep_last``, superseded long enough.
+def prunable(
+    refs: list[BlobRef],
+    keep_last: int,
+    grace_s: float,
+    now: float,
+    needed: Collection[str] = (),
+) -> list[BlobRef]:
+    """Versions the age rule lets go: beyond the newest ``keep_last``, superseded long enough,
+    and not ``needed`` (digests of the current version chain: its snapshot and patches).
 
     A version stays for ``grace_s`` after the version that replaced it was put, so a worker that
     started fetching it just before the new event can finish even without a lease; a version
@@ -110,7 +117,7 @@ def prunable(refs: list[BlobRef], keep_last: int, grace_s: float, now: float) ->
     doomed = []
     for index, ref in enumerate(ordered[: max(0, len(ordered) - keep_last)]):
         superseded_at = ordered[index + 1].created_at_unix_s
-        if now - superseded_at >= grace_s:
+        if now - superseded_at >= grace_s and ref.digest not in needed:
             doomed.append(ref)
     return doomed
 
@@ -121,6 +128,16 @@ class WeightBlobStore(abc.ABC):
         self.grace_s = grace_s
         #: Reader leases: when set, every read holds one and pruning spares leased versions.
         self.leases = leases
+
+    @abc.abstractmethod
+    def uri_for(self, hex_digest: str) -> str:
+        """Where this transport keeps the blob of that digest."""
+
+    def ref_for(self, version: int, digest: str, nbytes: int) -> BlobRef:
+        """A reference to a blob known by its digest (a version chain names its links so)."""
+        return BlobRef(
+            version, digest, nbytes, self.uri_for(digest.removeprefix(DIGEST_PREFIX)), 0.0
+        )
 
     @abc.abstractmethod
     async def put(self, version: int, source: BlobSource) -> BlobRef:
@@ -160,10 +177,12 @@ class WeightBlobStore(abc.ABC):
     @abc.abstractmethod
     async def delete(self, ref: BlobRef) -> None: ...
 
-    async def prune(self, now: float | None = None) -> list[BlobRef]:
-        """Apply the retention rule; returns what was deleted."""
+    async def prune(
+        self, now: float | None = None, *, needed: Collection[str] = ()
+    ) -> list[BlobRef]:
+        """Apply the retention rule, sparing the ``needed`` digests; returns what was deleted."""
         now = time.time() if now is None else now
-        candidates = prunable(await self.refs(), self.keep_last, self.grace_s, now)
+        candidates = prunable(await self.refs(), self.keep_last, self.grace_s, now, needed)
         leased: dict[str, list[str]] = {}
         if self.leases is not None and candidates:
             leased = await self.leases.live([ref.hex for ref in candidates], now)

@@ -7,6 +7,7 @@ leases, its own reader id) and they all see the blobs the trainer puts."""
 from __future__ import annotations
 
 from dockyard.broker.weights.base import (
+    DIGEST_PREFIX,
     BlobNotFound,
     BlobRef,
     BlobSource,
@@ -32,10 +33,13 @@ class MemoryBlobStore(WeightBlobStore):
         super().__init__(keep_last=keep_last, grace_s=grace_s, leases=leases)
         self._blobs: dict[str, tuple[BlobRef, bytes]] = {} if blobs is None else blobs
 
+    def uri_for(self, hex_digest: str) -> str:
+        return f"memory://{DIGEST_PREFIX}{hex_digest}"
+
     async def put(self, version: int, source: BlobSource) -> BlobRef:
         data = source_to_bytes(source)
         digest = digest_of_bytes(data)
-        ref = new_ref(version, digest, len(data), f"memory://{digest}")
+        ref = new_ref(version, digest, len(data), self.uri_for(digest.removeprefix(DIGEST_PREFIX)))
         self._blobs.setdefault(digest, (ref, data))
         return self._blobs[digest][0]
 

@@ -24,6 +24,12 @@ class FieldMapping(Section):
         default_factory=list,
         description="fields copied to the scorer as extra data (string, number, bool or null)",
     )
+    tests: str | None = Field(
+        None,
+        description="field holding the record's test cases, a non-empty list of {input, output} "
+        "(stdin/stdout) or {assert} (Python run after the program) objects; copied to the "
+        "scorer as extra 'tests' (program_bench, code)",
+    )
 
     def rule_issues(self) -> list[ConfigIssue]:
         if self.prompt is not None and self.messages is not None:
@@ -40,6 +46,17 @@ class FieldMapping(Section):
         return self.prompt or "prompt"
 
 
+# The built-in processors (dockyard.data.processors holds what each does); a name outside them
+# is refused when the config loads, with its key path.
+PROCESSORS = ("default", "boxed_answer", "python_program", "shell_script")
+
+
+def processor_issue(path: str, name: str | None) -> list[ConfigIssue]:
+    if name is None or name in PROCESSORS:
+        return []
+    return [ConfigIssue(path, f"unknown processor {name!r}; built in: {', '.join(PROCESSORS)}")]
+
+
 class DatasetConfig(Section):
     name: str = Field(
         description="dataset name in the dataset registry; with path, the name the run "
@@ -54,12 +71,19 @@ class DatasetConfig(Section):
     )
     fields: FieldMapping = Field(default_factory=FieldMapping)
     env: str | None = Field(None, description="environment scoring this data; None = default_env")
-    processor: str | None = Field(None, description="None = data.default_processor")
+    processor: str | None = Field(
+        None,
+        description="what the task says before the chat template (default, boxed_answer, "
+        "python_program, shell_script); None = data.default_processor",
+    )
     max_samples: PositiveInt | None = Field(
         None, description="keep the first max_samples records (before shuffling)"
     )
     # Dataset-specific generator parameters (e.g. operand ranges): free-form by nature.
     params: dict[str, int | float | str | bool] = Field(default_factory=dict)
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        return processor_issue("processor", self.processor)
 
 
 class DataConfig(Section):
@@ -70,8 +94,13 @@ class DataConfig(Section):
     )
     max_input_seq_length: PositiveInt | None = None
     shuffle: bool = True
-    default_processor: str = "default"
+    default_processor: str = Field(
+        "default", description="the processor of a dataset that names none (data.*.processor)"
+    )
     default_env: str = "math"
     system_prompt: str | None = Field(
         None, description="a system message put before every prompt (applies the chat template)"
     )
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        return processor_issue("default_processor", self.default_processor)

@@ -72,6 +72,23 @@ class TLSConfig(Section):
         return []
 
 
+class WeightPatchConfig(Section):
+    """Lossless sparse weight patches (``docs/operations.md``, "Sparse weight patches")."""
+
+    enabled: bool = Field(
+        False,
+        description="publish a version as a patch on the one before (the changed elements of "
+        "the engine-dtype weights, bit-identical, digest-checked) between full snapshots; the "
+        "trainer and every worker keep one CPU copy of the weights to diff and patch",
+    )
+    snapshot_every: PositiveInt = Field(
+        10,
+        description="a full snapshot every this many versions, patches in between: a worker "
+        "that missed a patch or joins late reads at most one snapshot and this many minus "
+        "one patches; 1 = snapshots only",
+    )
+
+
 class WeightTransportConfig(Section):
     kind: Literal["jetstream", "filesystem", "http"] = "jetstream"
     path: str | None = Field(None, description="shared directory for kind=filesystem")
@@ -92,6 +109,7 @@ class WeightTransportConfig(Section):
     fetch_stall_timeout_s: PositiveFloat = Field(
         30.0, description="give up a blob fetch when no chunk arrived for this long"
     )
+    patches: WeightPatchConfig = Field(default_factory=WeightPatchConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
         if self.kind == "filesystem" and not self.path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from dockyard.config.base import Section
 from dockyard.config.errors import ConfigIssue
@@ -157,6 +157,73 @@ class CodeEnvConfig(EnvSettings):
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
 
 
+class ProgramBenchEnvConfig(CodeEnvConfig):
+    """Program synthesis (``data.*.env: program_bench``): the ``code`` scorer on a benchmark's
+    records, whose test cases come from ``data.*.fields.tests``."""
+
+    eos_markers: list[str] = Field(
+        default_factory=default_eos_markers,
+        description="the response is read up to the first of these (decoded special tokens), "
+        "so an unfenced program does not end in one",
+    )
+
+
+class TerminalBenchEnvConfig(EnvSettings):
+    """Single-turn terminal tasks (``data.*.env: terminal_bench``): setup, the response's
+    command script, then the task's check script, in one sandbox session."""
+
+    shell: str = Field("bash", description="the shell that runs each script (on the base PATH)")
+    eos_markers: list[str] = Field(
+        default_factory=default_eos_markers,
+        description="the response is read up to the first of these (decoded special tokens)",
+    )
+    max_script_chars: PositiveInt = Field(
+        20_000, description="a longer command script scores 0 (bounds the sandbox's input)"
+    )
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+
+
+class JudgeConfig(Section):
+    """An LLM judge behind an OpenAI-compatible ``/v1/chat/completions`` endpoint."""
+
+    base_url: str | None = Field(
+        None, description="the endpoint's base URL (http://host:port); required by the env"
+    )
+    model: str = Field("judge", description="the model name the endpoint serves")
+    api_key_file: str | None = Field(
+        None,
+        description="file (mode 0600) with the endpoint's API key; unset = "
+        "$DOCKYARD_JUDGE_API_KEY if set, else no key",
+    )
+    temperature: float = Field(0.0, ge=0.0)
+    max_tokens: PositiveInt = Field(256, description="of one judgement")
+    max_score: PositiveInt = Field(10, description="the rubric scale: reward = score / max_score")
+    structured_output: bool = Field(
+        True,
+        description="ask for the judgement as JSON by schema (response_format json_schema; "
+        "vLLM and OpenAI support it); false = by the prompt alone",
+    )
+    max_retries: NonNegativeInt = Field(
+        3,
+        description="more attempts per judgement, on a transport error, a 429/5xx, or an "
+        "answer that is not a judgement; then a refused judgement is dead-lettered",
+    )
+    request_timeout_s: PositiveFloat = Field(60.0, description="per request")
+    max_file_chars: PositiveInt = Field(
+        20_000, description="of each deliverable shown to the judge (the rest is cut, marked)"
+    )
+
+
+class GdpvalEnvConfig(TerminalBenchEnvConfig):
+    """File-producing tasks (``data.*.env: gdpval``): the response's command script writes the
+    deliverables in the sandbox; a judge grades them by the task's rubric."""
+
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    max_deliverable_bytes: PositiveInt = Field(
+        1_000_000, description="a larger deliverable file scores 0"
+    )
+
+
 class SWEEnvConfig(EnvSettings):
     reward_mode: Literal["binary", "fraction"] = "binary"
     integrity_check: bool = Field(
@@ -198,9 +265,17 @@ class EnvConfig(Section):
     reasoning_gym: ReasoningGymEnvConfig = Field(default_factory=ReasoningGymEnvConfig)
     gpqa: GpqaEnvConfig = Field(default_factory=GpqaEnvConfig)
     hle: HleEnvConfig = Field(default_factory=HleEnvConfig)
+    program_bench: ProgramBenchEnvConfig = Field(default_factory=ProgramBenchEnvConfig)
+    terminal_bench: TerminalBenchEnvConfig = Field(default_factory=TerminalBenchEnvConfig)
+    gdpval: GdpvalEnvConfig = Field(default_factory=GdpvalEnvConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
         issues: list[ConfigIssue] = []
+        judge_url = self.gdpval.judge.base_url
+        if judge_url is not None and not judge_url.startswith(("http://", "https://")):
+            issues.append(
+                ConfigIssue("gdpval.judge.base_url", f"{judge_url!r} is not an http(s) URL")
+            )
         for index, url in enumerate(self.swe.sandbox_urls):
             if not url.startswith(("http://", "https://")):
                 issues.append(

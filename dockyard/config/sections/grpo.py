@@ -119,10 +119,59 @@ class AsyncGRPOConfig(Section):
         return []
 
 
+#: What dockyard.environments.tools.calls parses (config imports no other dockyard package).
+TOOL_CALL_FORMATS = ("hermes", "openai")
+
+
 class StructuredToolUseConfig(Section):
     enabled: bool = False
-    tool_call_format: str = "hermes"
+    tool_call_format: str = Field(
+        "hermes", description="hermes (<tool_call> JSON blocks) | openai (tool_calls message)"
+    )
     max_tool_calls_per_turn: PositiveInt = 8
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        if self.tool_call_format not in TOOL_CALL_FORMATS:
+            return [
+                ConfigIssue(
+                    "tool_call_format",
+                    f"must be one of {', '.join(TOOL_CALL_FORMATS)}, got {self.tool_call_format!r}",
+                )
+            ]
+        return []
+
+
+class WorkerTrustConfig(Section):
+    """Per-worker agreement of behaviour log-probs with the trainer's (``docs/trainer.md``,
+    "Untrusted or broken workers")."""
+
+    enabled: bool = Field(
+        False,
+        description="recompute every sample's log-probs under the trainer's weights before its "
+        "step (one extra forward pass over the step's batch) and judge each rollout worker by "
+        "how well its behaviour log-probs agree; a worker beyond a limit has its groups "
+        "dead-lettered instead of trained",
+    )
+    max_token_mult_prob_error: float = Field(
+        1.1,
+        gt=1.0,
+        description="flag a worker whose recent tokens' mean exp(|behaviour − trainer "
+        "log-prob|) exceeds this (1 = perfect agreement; the loss's token_mult_prob_error)",
+    )
+    max_gen_kl: float = Field(
+        0.02,
+        gt=0.0,
+        description="flag a worker whose recent tokens' mean k3 estimate of KL(π_behaviour ‖ "
+        "π_trainer) exceeds this (nats per token; the loss's gen_kl_error)",
+    )
+    window_samples: PositiveInt = Field(
+        64, description="a worker is judged on its most recent this many samples"
+    )
+    min_tokens: PositiveInt = Field(
+        16,
+        description="a worker is judged once its window holds this many tokens; its groups "
+        "before that are trained",
+    )
 
 
 class GRPOConfig(Section):
@@ -155,11 +204,13 @@ class GRPOConfig(Section):
     seq_logprob_error_threshold: float | None = Field(None, gt=0.0)
     structured_tool_use: StructuredToolUseConfig = Field(default_factory=StructuredToolUseConfig)
     async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig)
+    worker_trust: WorkerTrustConfig = Field(default_factory=WorkerTrustConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
+        issues = []
         low, high = self.advantage_clip_low, self.advantage_clip_high
         if low is not None and high is not None and low >= high:
-            return [
+            issues.append(
                 ConfigIssue("advantage_clip_low", f"must be below advantage_clip_high ({high})")
-            ]
-        return []
+            )
+        return issues

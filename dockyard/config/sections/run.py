@@ -2,10 +2,45 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from dockyard.config.base import Section
 from dockyard.config.errors import ConfigIssue
+
+
+class TracingConfig(Section):
+    """OpenTelemetry traces: each message's publish and receipt is a span, and the W3C trace
+    context (``traceparent``) travels in the message's headers, so a group's path from the
+    dispatcher through a rollout worker and a scorer to the trainer is one trace."""
+
+    exporter: Literal["off", "otlp", "file"] = Field(
+        "off",
+        description="off: no spans are recorded (a traceparent that arrives is passed on); "
+        "otlp: OTLP over HTTP to `endpoint`; file: one JSON span a line into `directory`",
+    )
+    endpoint: str | None = Field(
+        None,
+        description="with exporter otlp: the collector's traces URL "
+        "(http://HOST:4318/v1/traces); null: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
+        "OTEL_EXPORTER_OTLP_ENDPOINT from the environment, else http://localhost:4318/v1/traces",
+    )
+    directory: str | None = Field(
+        None,
+        description="with exporter file: each role process writes spans-<role>-<instance>.jsonl "
+        "here (created if missing)",
+    )
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        issues = []
+        if self.exporter == "file" and not self.directory:
+            issues.append(ConfigIssue("directory", "exporter file writes its spans here: set it"))
+        if self.directory and self.exporter != "file":
+            issues.append(ConfigIssue("directory", "only the file exporter writes a directory"))
+        if self.endpoint and self.exporter != "otlp":
+            issues.append(ConfigIssue("endpoint", "only the otlp exporter sends to an endpoint"))
+        return issues
 
 
 class RunConfig(Section):
@@ -46,6 +81,11 @@ class RunConfig(Section):
         ge=0.0,
         description="benchmarking: each rollout batch also waits this long per generated token, "
         "as an engine with that decode latency would (isolates pipeline overlap from CPU load)",
+    )
+
+    tracing: TracingConfig = Field(
+        default_factory=TracingConfig,
+        description="OpenTelemetry traces across roles (W3C trace context in message headers)",
     )
 
     def rule_issues(self) -> list[ConfigIssue]:

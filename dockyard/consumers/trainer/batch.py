@@ -33,6 +33,10 @@ class TrainingBatch:
     truncated: torch.Tensor  # [B] bool: stopped on the length limit
     invalid_action: torch.Tensor  # [B] bool: flagged by the environment
     teacher_logprobs: torch.Tensor | None = None  # [B, L-1] for on-policy distillation
+    # [B] bool, from the scores' flags: what grpo.invalid_tool_call_advantage and
+    # grpo.malformed_thinking_advantage act on.
+    invalid_tool_call: torch.Tensor | None = None
+    malformed_thinking: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -153,4 +157,13 @@ def build_batch(groups: Sequence[ScoredRollout], pad_token_id: int) -> TrainingB
             [flag for group in groups for flag in group.scores.invalid_action]
         ),
         teacher_logprobs=torch.from_numpy(teacher) if teacher is not None else None,
+        invalid_tool_call=_flagged(groups, "invalid_tool_call"),
+        malformed_thinking=_flagged(groups, "malformed_thinking"),
+    )
+
+
+def _flagged(groups: Sequence[ScoredRollout], flag: str) -> torch.Tensor:
+    """[B] bool: which samples' scores carry ``flag``."""
+    return torch.tensor(
+        [flag in flags for group in groups for flags in group.scores.flags], dtype=torch.bool
     )

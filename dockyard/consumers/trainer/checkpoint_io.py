@@ -5,6 +5,10 @@ HF config and tokenizer, written by :mod:`dockyard.utils.native_checkpoint` so t
 ``dockyard export hf`` turns the directory into a Hugging Face build; ``optimizer.pt`` (optimizer
 + scheduler, if ``save_optimizer``); ``rng.pt``; ``trainer_state.json`` (step, weight version,
 dispatcher position, stream position, ledger).
+
+The model and optimizer state are whole tensors by parameter name whether the trainer ran in one
+process or sharded over ranks (gathered to rank 0 first, :mod:`~dockyard.consumers.trainer.ranks`),
+so a checkpoint written either way resumes either way.
 """
 
 from __future__ import annotations
@@ -13,14 +17,20 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from dockyard.consumers.trainer.backend import TrainerBackend
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+from dockyard.models.lora import save_peft_adapter
 from dockyard.utils.native_checkpoint import load_checkpoint_state_dict, save_model_checkpoint
 
 OPTIMIZER_FILE = "optimizer.pt"
+#: Under LoRA: the adapter in PEFT's format (the model file holds the merged weights).
+ADAPTER_DIR = "adapter"
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
 
@@ -38,21 +48,28 @@ class TrainerState:
 
 def write_checkpoint(
     directory: Path,
-    trainer: TrainerBackend,
+    model: torch.nn.Module,
     tokenizer: object,
     state: TrainerState,
     *,
-    save_optimizer: bool,
+    model_state: dict[str, torch.Tensor],
+    training_state: dict[str, object] | None,
     model_format: str = "safetensors",
+    adapter: PeftModel | None = None,
 ) -> None:
+    """``model_state``: the whole weights (``PolicyTrainer.model_state``); ``model`` gives the
+    HF config. ``training_state`` (``PolicyTrainer.state_dict``): None = not saved."""
     save_model_checkpoint(
-        trainer.model,  # type: ignore[arg-type]
+        model,  # type: ignore[arg-type]
         directory,
         format=model_format,  # type: ignore[arg-type]
         tokenizer=tokenizer,  # type: ignore[arg-type]
+        state_dict=model_state,
     )
-    if save_optimizer:
-        torch.save(trainer.state_dict(), directory / OPTIMIZER_FILE)
+    if adapter is not None:
+        save_peft_adapter(adapter, directory / ADAPTER_DIR)
+    if training_state is not None:
+        torch.save(training_state, directory / OPTIMIZER_FILE)
     torch.save(
         {
             "torch": torch.get_rng_state(),
@@ -77,13 +94,23 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: 
         )
 
 
-def read_checkpoint(directory: Path, trainer: TrainerBackend) -> TrainerState:
-    load_weights(trainer.model, load_checkpoint_state_dict(directory), directory)
+@dataclass
+class Checkpoint:
+    weights: dict[str, torch.Tensor]  # whole, tied duplicates absent
+    training_state: dict[str, object] | None  # None: saved without the optimizer
+    state: TrainerState
+
+
+def read_checkpoint(directory: Path) -> Checkpoint:
+    """The checkpoint's contents; restores this process's random number generators."""
+    weights = load_checkpoint_state_dict(directory)
     optimizer_path = directory / OPTIMIZER_FILE
-    if optimizer_path.exists():
-        trainer.load_state_dict(torch.load(optimizer_path, weights_only=False))
+    training_state = (
+        torch.load(optimizer_path, weights_only=False) if optimizer_path.exists() else None
+    )
     rng = torch.load(directory / RNG_FILE, weights_only=False)
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
-    return TrainerState(**json.loads((directory / STATE_FILE).read_text()))
+    state = TrainerState(**json.loads((directory / STATE_FILE).read_text()))
+    return Checkpoint(weights, training_state, state)

@@ -12,9 +12,8 @@ FSDP2 runs collectives in every forward (parameter all-gather) and backward (gra
 reduce-scatter), so every rank must run the same number of passes: :func:`pad_plans` appends
 zero-weight passes to the ranks with fewer micro-batches.
 
-Launched with ``torchrun``; the backend is NCCL on GPUs and gloo on the CPU. Not yet wired into
-``dockyard trainer`` (the data plane's intake and weight publishing are one process's): see
-docs/trainer.md.
+Launched with ``torchrun``; the backend is NCCL on GPUs and gloo on the CPU. How ``dockyard
+trainer`` runs its ranks (rank 0 leads, the others follow): :mod:`.ranks`.
 """
 
 from __future__ import annotations
@@ -22,25 +21,42 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
 from dockyard.algorithms.loss import GlobalCounts
 from dockyard.consumers.trainer.batch import TrainingBatch
 from dockyard.consumers.trainer.micro_batches import MicroBatch
 
 
-def shard_policy(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
-    """Shard each decoder layer, then the rest (embeddings, final norm, head) at the root."""
+def shard_policy(
+    model: torch.nn.Module, mesh: DeviceMesh, *, cpu_offload: bool = False
+) -> torch.nn.Module:
+    """Shard each decoder layer, then the rest (embeddings, final norm, head) at the root.
+
+    ``cpu_offload`` (``policy.dtensor_cfg.cpu_offload``): FSDP2's ``CPUOffloadPolicy`` — the
+    shards, their gradients and the optimizer state live in CPU memory, copied to the GPU for
+    each layer's forward and backward (and the optimizer steps on the CPU). On a CPU mesh the
+    shards are on the CPU anyway: the policy changes nothing there but runs its path."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(
             f"{type(model).__name__} has no .model.layers: FSDP2 wrapping here knows the "
             "Hugging Face decoder-only layout (Qwen2, Llama, ...)"
         )
+    offload = (
+        CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
+    )
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, offload_policy=offload)
+    fully_shard(model, mesh=mesh, offload_policy=offload)
     return model
+
+
+def broadcast_from_first_rank(model: torch.nn.Module) -> None:
+    """Every rank starts from rank 0's weights: ranks that each loaded or initialised the model
+    could differ (a random initialisation, a file changed between reads)."""
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, src=0)
 
 
 def gradient_scale(mesh: DeviceMesh | None) -> float:
@@ -61,18 +77,20 @@ def shard_by_groups(batch: TrainingBatch, rank: int, world_size: int) -> Trainin
     return batch.slice(bounds[first], bounds[last])
 
 
-def global_counts(local: GlobalCounts, device: torch.device) -> GlobalCounts:
+def global_counts(local: GlobalCounts, device: torch.device, mesh: DeviceMesh) -> GlobalCounts:
     values = torch.tensor(
         [local.valid_tokens, local.valid_sequences, local.positive_tokens],
         dtype=torch.float64,
         device=device,
     )
-    dist.all_reduce(values)
+    dist.all_reduce(values, group=mesh.get_group())
     return GlobalCounts(*(float(v) for v in values.tolist()))
 
 
-def pad_plans(plans: list[MicroBatch], device: torch.device) -> list[MicroBatch | None]:
+def pad_plans(
+    plans: list[MicroBatch], device: torch.device, mesh: DeviceMesh
+) -> list[MicroBatch | None]:
     """``plans`` and ``None`` (a zero-weight pass) up to the largest count of any rank."""
     count = torch.tensor([len(plans)], device=device)
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX, group=mesh.get_group())
     return [*plans, *([None] * (int(count.item()) - len(plans)))]

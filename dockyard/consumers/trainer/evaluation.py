@@ -112,6 +112,8 @@ class Evaluator:
                 prompt_text=record.prompt,
                 samples=[SampleInput(response_text=text, finish_reason=result.finish_reason)],
                 ground_truth=record.ground_truth,
+                # What the record carries for its scorer (test cases, answer type, choices).
+                extra=record.extra,
             )
             scored = (await self.environment.score(group)).rewards
             if len(scored) != 1:

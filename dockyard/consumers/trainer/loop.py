@@ -22,6 +22,7 @@ the same steps, so the versions published after the checkpoint keep their places
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 import uuid
 from collections.abc import Iterable
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.rewards import dynamic_sampling_filter
@@ -36,6 +38,7 @@ from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.base import WeightBlobStore
+from dockyard.broker.weights.chain import ChainPublisher, PublishedBlob
 from dockyard.consumers.trainer.backend import build_policy_trainer
 from dockyard.consumers.trainer.batch import build_batch
 from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoint, write_checkpoint
@@ -45,7 +48,9 @@ from dockyard.consumers.trainer.ledger import Ledger
 from dockyard.consumers.trainer.lineage import VersionLineage
 from dockyard.consumers.trainer.plot import plot_run
 from dockyard.consumers.trainer.prompt_source import PromptSource
+from dockyard.consumers.trainer.ranks import TrainerRanks, load_trained_policy
 from dockyard.consumers.trainer.sft import run_sft
+from dockyard.consumers.trainer.worker_trust import WorkerScreen
 from dockyard.data.chat import build_prompt_dataset
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
@@ -110,12 +115,22 @@ class TrainerLoop:
         *,
         status: StatusFile | None = None,
         producer_id: str | None = None,
+        mesh: DeviceMesh | None = None,
     ) -> None:
+        """``mesh``: this is rank 0 of several data-parallel trainer ranks (``torchrun``); the
+        others run :func:`~dockyard.consumers.trainer.ranks.run_follower`."""
         self.config = config
+        self.mesh = mesh
         self.dispatcher = prompt_source
         self.messages = messages
         self.plane = messages.plane
         self.weights = weights
+        patches = self.plane.config.weight_transport.patches
+        self.weight_chain = ChainPublisher(
+            weights, enabled=patches.enabled, snapshot_every=patches.snapshot_every
+        )
+        self.published_blob: PublishedBlob | None = None
+        self.worker_screen: WorkerScreen | None = None  # grpo.worker_trust, set by _build
         self.run_dir = run_dir
         self.status = status or StatusFile(None, "trainer", "0")
         self.producer_id = producer_id or f"trainer-{uuid.uuid4().hex[:8]}"
@@ -140,17 +155,21 @@ class TrainerLoop:
 
     # -- set-up ------------------------------------------------------------------------------
     def _build(self) -> None:
-        from dockyard.models import load_policy, precision_dtype
+        from dockyard.models import precision_dtype
 
         cfg = self.config
-        torch.manual_seed(cfg.grpo.seed)
         # Float32 master weights; policy.precision is the compute precision (autocast) and the
         # precision of published weights (dockyard.models.devices).
-        self.model, self.tokenizer = load_policy(
-            cfg.policy.model_name, "float32", tokenizer_name=cfg.policy.tokenizer.name
-        )
-        # Moves the model to the training device; torch, or JAX with policy.jax_cfg.enabled.
-        self.trainer = build_policy_trainer(self.model, cfg)
+        self.model, self.tokenizer = load_trained_policy(cfg)
+        # Sharded, a forward pass is a collective of every rank: validation generates on rank
+        # 0 alone, with a whole copy refreshed from the gathered weights before each run.
+        self.evaluation_model = copy.deepcopy(self.model) if self.mesh is not None else None
+        # Moves the model to the training device (and shards it over the mesh); torch, or JAX
+        # with policy.jax_cfg.enabled.
+        self.trainer = build_policy_trainer(self.model, cfg, mesh=self.mesh)
+        self.ranks = TrainerRanks(self.trainer)
+        if self.evaluation_model is not None:
+            self.evaluation_model.to(self.trainer.device)
         self.publish_dtype = precision_dtype(cfg.policy.precision)
         default_env = cfg.data.default_env
         self.train_data = build_prompt_dataset(
@@ -164,7 +183,7 @@ class TrainerLoop:
             )
             env_name = cfg.data.validation.env or default_env
             self.evaluator = Evaluator(
-                self.model,
+                self.evaluation_model or self.model,
                 self.tokenizer,
                 validation,
                 build_environment(env_name, context),
@@ -180,6 +199,18 @@ class TrainerLoop:
         self.metrics = MetricsLogger(cfg.logger, cfg.logger.directory(self.run_dir))
         self.gpu_monitor = start_gpu_monitor(cfg.logger)
         self.ledger = Ledger(trail=self.run_dir / LEDGER_FILE)
+        trust = cfg.grpo.worker_trust
+        self.worker_screen = (
+            WorkerScreen(
+                trust,
+                lambda batch: self.trainer.batch_logprobs(self.trainer.model, batch),
+                self.tokenizer.pad_token_id,  # type: ignore[attr-defined]
+                self.plane,
+                lambda: self.ledger,
+            )
+            if trust.enabled
+            else None
+        )
 
     async def _resume_or_start(self) -> int:
         """Returns the scored-stream sequence to replay from (0 = nothing to replay)."""
@@ -197,7 +228,9 @@ class TrainerLoop:
             await self._publish_weights()
             # Scored groups of a previous incarnation (if any) are accounted for, not lost.
             return 1 if published >= 0 else 0
-        state = read_checkpoint(latest.path, self.trainer)
+        checkpoint = read_checkpoint(latest.path)
+        self.ranks.load(checkpoint.weights, checkpoint.training_state, latest.path)
+        state = checkpoint.state
         self.step = state.step
         self.ledger = Ledger.restore(state.ledger, self.run_dir / LEDGER_FILE)
         self.dispatcher.load_state_dict(state.dispatcher)
@@ -259,6 +292,7 @@ class TrainerLoop:
                 await self._replay(replay_from)
             await self._train_until_done()
         finally:
+            self.ranks.stop()  # the other ranks (if any) are done too
             if self.gpu_monitor is not None:  # may wait out a reading: not on the event loop
                 await asyncio.to_thread(self.gpu_monitor.stop)
             self.metrics.close()
@@ -299,6 +333,8 @@ class TrainerLoop:
                 break
             else:
                 await self._check_starvation(last_data)
+            if self.worker_screen is not None and len(self.pending) >= per_step:
+                self.pending = await self.worker_screen.screen(self.pending)
             if len(self.pending) >= per_step:
                 wait_s = time.monotonic() - waiting_since
                 await self._train_step(self.pending[:per_step], wait_s)
@@ -492,7 +528,7 @@ class TrainerLoop:
             [self.lineage.age(int(v), self.weight_version) for v in batch.min_weight_versions],
             dtype=torch.float32,
         )
-        outcome = await asyncio.to_thread(self.trainer.step, batch)
+        outcome = await asyncio.to_thread(self.ranks.step, batch)
         TRAIN_STEP_DURATION.observe(outcome.seconds)
         self.step += 1
         self.zero_variance_this_step = 0
@@ -511,13 +547,22 @@ class TrainerLoop:
             "train/tokens_per_s": tokens / max(outcome.seconds, 1e-9),
             "staleness/mean": float(ages.mean()),
             "staleness/max": float(ages.max()),
+            # The step's staleness histogram, as scalars every tracker takes (the dashboard
+            # sums them over the run): samples trained at each age in weight versions.
+            **{
+                f"staleness/samples_at_age_{int(age)}": float(count)
+                for age, count in zip(*torch.unique(ages, return_counts=True), strict=True)
+            },
             "pipeline/dropped_stale": float(self.summary.dropped_stale),
             "pipeline/duplicates": float(self.summary.duplicates),
             "pipeline/in_flight": float(self.ledger.in_flight),
             "pipeline/skipped_too_long": float(self.dispatcher.state.skipped_too_long),
             "timing/wait_for_data_s": wait_s,
             "timing/publish_weights_s": publish_s,
+            "timing/scatter_batch_s": self.ranks.last_scatter_s,
             "weights/version": float(self.weight_version),
+            **weight_blob_metrics(self.published_blob),
+            **(self.worker_screen.trust.metrics() if self.worker_screen else {}),
         }
         if cfg.grpo.val_period and self.step % cfg.grpo.val_period == 0:
             metrics.update(await self._validate(self.step, log_now=False))
@@ -560,6 +605,8 @@ class TrainerLoop:
     async def _validate(self, step: int, *, log_now: bool = True) -> dict[str, float]:
         if self.evaluator is None:
             return {}
+        if self.evaluation_model is not None:  # sharded: the whole copy gets the weights
+            self.evaluation_model.load_state_dict(self.ranks.model_state())
         result = await self.evaluator.evaluate()
         metrics = result.as_metrics()
         if self.summary.val_accuracy_start is None:
@@ -580,23 +627,27 @@ class TrainerLoop:
         # (tied embeddings).
         state = {
             name: tensor.detach().to("cpu", self.publish_dtype)
-            for name, tensor in self.model.state_dict().items()
+            for name, tensor in self.ranks.engine_weights().items()
         }
-        ref = await self.weights.put(self.weight_version, state)
+        # A full snapshot or a sparse patch on the previous version (weight_transport.patches).
+        blob = await self.weight_chain.publish(self.weight_version, state)
+        ref = blob.ref
         event = WeightVersion(
             version=self.weight_version,
             step=self.step,
             blob_ref=ref.uri,
             digest=ref.digest,
             nbytes=ref.nbytes,
-            format="safetensors",
+            format=blob.format,
             dtype=str(next(iter(state.values())).dtype).removeprefix("torch."),
+            delta_base_version=blob.delta_base_version,
             created_at_unix_s=time.time(),
             producer_id=self.producer_id,
         )
         await self.messages.publish(event)
         self.summary.weight_version = self.weight_version
-        await self.weights.prune()
+        self.published_blob = blob
+        await self.weights.prune(needed=self.weight_chain.needed)
 
     def _save_checkpoint(self, metrics: dict[str, float] | None = None) -> None:
         """Blocking (a thread of its own): nothing else changes the trainer while it is
@@ -618,19 +669,36 @@ class TrainerLoop:
             # A second save of this step (the run's end after a periodic save): it keeps the
             # metrics the first recorded, which rank it for retention (``keep_top_k``).
             values = {**latest.metrics, **values}
+        # Gathered from every rank first (collectives), written by this rank alone.
+        model_state = self.ranks.model_state()
+        training_state = (
+            self.ranks.training_state() if self.config.checkpointing.save_optimizer else None
+        )
         self.checkpoints.save(
             self.step,
             lambda directory: write_checkpoint(
                 directory,
-                self.trainer,
+                self.model,
                 self.tokenizer,
                 state,
-                save_optimizer=self.config.checkpointing.save_optimizer,
+                model_state=model_state,
+                training_state=training_state,
                 model_format=self.config.checkpointing.model_save_format,
+                adapter=self.trainer.peft,
             ),
             values,
         )
         self.summary.steps = self.step
+
+
+def weight_blob_metrics(blob: PublishedBlob | None) -> dict[str, float]:
+    """The size of the weight blob just published, and for a patch its changed fraction."""
+    if blob is None:
+        return {}
+    metrics = {"weights/blob_bytes": float(blob.ref.nbytes)}
+    if blob.changed_fraction is not None:
+        metrics["weights/patch_changed_fraction"] = blob.changed_fraction
+    return metrics
 
 
 def generation_timeline(groups: Iterable[ScoredRollout]) -> dict[str, list[tuple[float, float]]]:

@@ -15,11 +15,18 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from dockyard.algorithms.advantages import AdvantageInputs, build_estimator
-from dockyard.algorithms.advantages.pipeline import compute_advantages
+from dockyard.algorithms.advantages.pipeline import AdvantageOverrides, compute_advantages
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.loss import ClippedPGLoss, GlobalCounts, LossInputs
 from dockyard.algorithms.loss_metrics import LossMetrics, merge_loss_metrics
@@ -27,6 +34,7 @@ from dockyard.algorithms.masked import per_sequence_mean
 from dockyard.algorithms.rewards import overlong_filter, prepare_rewards
 from dockyard.consumers.trainer.batch import TrainingBatch
 from dockyard.consumers.trainer.data_parallel import (
+    broadcast_from_first_rank,
     global_counts,
     gradient_scale,
     pad_plans,
@@ -40,10 +48,22 @@ from dockyard.consumers.trainer.micro_batches import (
     plan_micro_batches,
 )
 from dockyard.consumers.trainer.optim import build_optimizer, build_scheduler
+from dockyard.consumers.trainer.tensor_parallel import (
+    DP,
+    TP,
+    clip_mixed_gradients,
+    parallelize_policy,
+)
 from dockyard.models.devices import compute_precision, grad_scaler, training_device
+from dockyard.models.lora import adapter_for_engines, apply_lora, merged_weights
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
+
+#: The whole tensors of a sharded model or optimizer, gathered to rank 0's CPU (empty elsewhere).
+_GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)
+#: Whole tensors held by rank 0, sharded out to every rank.
+_FROM_FIRST_RANK = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
 
 def token_logprobs(
@@ -63,6 +83,7 @@ class StepOutcome:
     advantage_abs_mean: float
     seconds: float
     filtered_fraction: float = 0.0  # samples removed by overlong / log-prob-error filters
+    advantage_tokens: int = 0  # the valid tokens the advantage means are taken over
 
     def as_metrics(self) -> dict[str, float]:
         metrics = {f"loss/{name}": value for name, value in self.loss.as_dict().items()}
@@ -101,7 +122,9 @@ class PolicyTrainer:
         *,
         mesh: DeviceMesh | None = None,
     ) -> None:
-        """``mesh``: a data-parallel device mesh (under ``torchrun``): the policy is sharded
+        """``mesh``: the ranks' device mesh (under ``torchrun``): 1-D, data parallel; or 2-D
+        ``("dp", "tp")``, tensor parallel within each data-parallel group
+        (:mod:`~dockyard.consumers.trainer.tensor_parallel`). Over ``dp`` the policy is sharded
         with FSDP2 and each rank trains on its share of the batch (see
         :mod:`~dockyard.consumers.trainer.data_parallel`)."""
         self.config = config
@@ -110,6 +133,10 @@ class PolicyTrainer:
         # Master weights in float32 on the training device (moved in place: the caller's model
         # is the trained one); policy.precision applies to the math, see dockyard.models.devices.
         self.model = model.to(device=self.device, dtype=torch.float32).train()
+        if mesh is not None:
+            broadcast_from_first_rank(self.model)
+        # Names that share another's parameter (tied embeddings): one tensor, as in the model.
+        self.tied = tied_names(self.model)
         self.scaler = grad_scaler(self.device, policy.precision)
         self.loss = ClippedPGLoss(config.loss_fn)
         self.estimator = build_estimator(config.grpo, config.loss_fn)
@@ -120,10 +147,41 @@ class PolicyTrainer:
         self.reference: torch.nn.Module | None = (
             copy.deepcopy(model).eval().requires_grad_(False) if needs_reference else None
         )
-        self.varlen = has_varlen_attention(self.model)
+        # LoRA (after the reference copy: the reference is the base model): only the adapters
+        # train; self.model stays the same object and its forward goes through them.
+        lora = policy.dtensor_cfg.lora_cfg
+        self.peft = apply_lora(self.model, lora) if lora.enabled else None
+        if self.peft is not None and mesh is not None:
+            raise ValueError("LoRA with several data-parallel ranks is not implemented")
+        dtensor = policy.dtensor_cfg
+        if dtensor.activation_checkpointing:
+            # Each decoder layer keeps only its input; its activations are recomputed in
+            # backward. Non-reentrant: works with frozen base weights (LoRA) and FSDP2.
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.mesh = mesh
-        if mesh is not None:
-            shard_policy(self.model, mesh)
+        self.tensor_mesh = mesh[TP] if mesh is not None and mesh.ndim == 2 else None
+        #: The data-parallel ranks (None: not sharded by FSDP2).
+        self.data_mesh = (
+            mesh if self.tensor_mesh is None else _larger_than_one(mesh[DP])  # type: ignore[index]
+        )
+        tensor_ranks = self.tensor_mesh.size() if self.tensor_mesh is not None else 1
+        if dtensor.tensor_parallel_size != tensor_ranks:
+            raise ValueError(
+                f"policy.dtensor_cfg.tensor_parallel_size={dtensor.tensor_parallel_size} but the "
+                f"mesh has {tensor_ranks} tensor-parallel rank(s)"
+            )
+        if dtensor.cpu_offload and self.data_mesh is None:
+            raise ValueError(
+                "policy.dtensor_cfg.cpu_offload offloads FSDP2 shards: it needs data-parallel "
+                "ranks (a mesh)"
+            )
+        self.varlen = has_varlen_attention(self.model)
+        if self.tensor_mesh is not None:
+            parallelize_policy(self.model, self.tensor_mesh)
+        if self.data_mesh is not None:
+            shard_policy(self.model, self.data_mesh, cpu_offload=dtensor.cpu_offload)
         # After sharding: the optimizer holds (and its state follows) the sharded parameters.
         self.optimizer = build_optimizer(self.model, policy.optimizer)
         self.scheduler = build_scheduler(
@@ -134,7 +192,12 @@ class PolicyTrainer:
             device=str(self.device),
             precision=policy.precision,
             master_weights="float32",
-            data_parallel_ranks=mesh.size() if mesh is not None else 1,
+            data_parallel_ranks=self.data_mesh.size() if self.data_mesh is not None else 1,
+            tensor_parallel_ranks=self.tensor_mesh.size() if self.tensor_mesh is not None else 1,
+            lora_rank=lora.rank if self.peft is not None else None,
+            activation_checkpointing=dtensor.activation_checkpointing,
+            cpu_offload=dtensor.cpu_offload,
+            trained_parameters=sum(p.numel() for p in self.model.parameters() if p.requires_grad),
             varlen_attention=self.varlen,
         )
 
@@ -144,9 +207,9 @@ class PolicyTrainer:
         """:meth:`plan`, and for the sharded policy, ``None`` (a zero-weight pass on the first
         micro-batch) until every rank runs as many passes (FSDP2's collectives must match)."""
         plans = self.plan(batch, purpose)
-        if self.mesh is None or model is not self.model:
+        if self.data_mesh is None or model is not self.model:
             return list(plans)
-        return pad_plans(plans, self.device)
+        return pad_plans(plans, self.device, self.data_mesh)
 
     def plan(self, batch: TrainingBatch, purpose: str) -> list[MicroBatch]:
         """The forward passes of ``purpose`` (``"train"`` / ``"logprob"``), see
@@ -195,7 +258,10 @@ class PolicyTrainer:
             prev_logprobs=prev,
             reference_logprobs=reference,
         )
-        return compute_advantages(self.estimator, inputs, self.config.grpo, self.config.loss_fn)
+        overrides = AdvantageOverrides(batch.invalid_tool_call, batch.malformed_thinking)
+        return compute_advantages(
+            self.estimator, inputs, self.config.grpo, self.config.loss_fn, overrides
+        )
 
     def filter_samples(
         self, batch: TrainingBatch, prev: torch.Tensor
@@ -246,7 +312,7 @@ class PolicyTrainer:
                 rewards=part.rewards,
             )
             loss, metrics = self.loss(inputs, counts)
-            self.scaler.scale(loss * gradient_scale(self.mesh)).backward()
+            self.scaler.scale(loss * gradient_scale(self.data_mesh)).backward()
             parts.append(metrics)
         return parts
 
@@ -264,8 +330,8 @@ class PolicyTrainer:
         batch, masked_fraction = self.filter_samples(batch, prev)
         advantages = self.advantages(batch, prev, reference)
         counts = GlobalCounts.from_batch(batch.token_mask, batch.sample_mask, batch.rewards)
-        if self.mesh is not None:
-            counts = global_counts(counts, self.device)
+        if self.data_mesh is not None:
+            counts = global_counts(counts, self.device, self.data_mesh)
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -283,9 +349,12 @@ class PolicyTrainer:
         result = self.gradients(batch)
         self.scaler.unscale_(self.optimizer)
         max_norm = self.config.policy.max_grad_norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), max_norm if max_norm is not None else float("inf")
-        )
+        if self.tensor_mesh is not None:  # DTensors on two meshes, and whole tensors
+            grad_norm = clip_mixed_gradients(self.model.parameters(), max_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), max_norm if max_norm is not None else float("inf")
+            )
         if isinstance(grad_norm, DTensor):  # sharded gradients: the norm of the whole
             grad_norm = grad_norm.full_tensor()
         # With float16 loss scaling, a step whose gradients overflowed is skipped and the scale
@@ -303,17 +372,89 @@ class PolicyTrainer:
             advantage_abs_mean=float(advantages[valid].abs().mean()) if valid.any() else 0.0,
             filtered_fraction=result.filtered_fraction,
             seconds=time.perf_counter() - started,
+            advantage_tokens=int(valid.sum()),
         )
 
+    # -- whole state, sharded or not -----------------------------------------------------------
+    # With a mesh each of these is a collective: every rank calls it (see ranks.py).
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights by name: the parameters themselves in one process; when
+        sharded, gathered to rank 0's CPU (empty on the other ranks). Tied names share one
+        tensor either way, so both serialise alike. Under LoRA: the adapters merged, under the
+        model's own names (what checkpoints and exports hold)."""
+        if self.peft is not None:
+            return merged_weights(self.model)
+        if self.mesh is None:
+            return self.model.state_dict()
+        state = get_model_state_dict(self.model, options=_GATHERED)
+        for name, owner in self.tied.items():
+            if owner in state:
+                state[name] = state[owner]
+        return state
+
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """What a weight event carries: the adapter alone under LoRA
+        (:func:`~dockyard.models.lora.adapter_for_engines`), else :meth:`model_state`."""
+        if self.peft is not None:
+            return adapter_for_engines(self.model)
+        return self.model_state()
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Sharded: rank 0's whole weights (tied duplicates may be absent) out to every rank;
+        the other ranks pass ``{}``. Strict: a name missing or unexpected is refused."""
+        assert self.mesh is not None, "one process loads with checkpoint_io.load_weights"
+        if state:
+            state = {**{n: state[o] for n, o in self.tied.items() if o in state}, **state}
+        set_model_state_dict(self.model, state, options=_FROM_FIRST_RANK)
+
     def state_dict(self) -> dict[str, object]:
+        """Optimizer (by parameter name, whole tensors: the same in one process and sharded),
+        scheduler and loss-scaler state. Sharded: a collective; the optimizer state is rank 0's
+        only."""
+        options = _GATHERED if self.mesh is not None else None
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
             "scheduler": self.scheduler.state_dict(),
             "grad_scaler": self.scaler.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        """What :meth:`state_dict` returned; sharded, the other ranks pass an empty
+        ``optimizer`` (rank 0's is broadcast) with the same scheduler and scaler state."""
+        optimizer = state["optimizer"]
+        assert isinstance(optimizer, dict)
+        if by_index(optimizer):  # checkpoints written before optimizer state was keyed by name
+            if self.mesh is not None:
+                raise ValueError(
+                    "this checkpoint's optimizer state is keyed by parameter index: resume it in "
+                    "one process once (its next checkpoint keys it by name), then sharded"
+                )
+            self.optimizer.load_state_dict(optimizer)
+        else:
+            options = _FROM_FIRST_RANK if self.mesh is not None else None
+            set_optimizer_state_dict(self.model, self.optimizer, optimizer, options=options)
         self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
         if "grad_scaler" in state:  # checkpoints from before float16 loss scaling have none
             self.scaler.load_state_dict(state["grad_scaler"])  # type: ignore[arg-type]
+
+
+def _larger_than_one(mesh: DeviceMesh) -> DeviceMesh | None:
+    return mesh if mesh.size() > 1 else None
+
+
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """``{name: first name}`` for every parameter reached under a second name."""
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        owner = first.setdefault(id(parameter), name)
+        if owner != name:
+            tied[name] = owner
+    return tied
+
+
+def by_index(optimizer_state: dict[str, object]) -> bool:
+    """``torch.optim.Optimizer.state_dict()``'s layout (integer keys), not the by-name one."""
+    groups = optimizer_state.get("param_groups") or [{}]
+    params = groups[0].get("params", []) if isinstance(groups, list) else []  # type: ignore[union-attr]
+    return any(isinstance(p, int) for p in params)

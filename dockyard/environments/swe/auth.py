@@ -22,8 +22,14 @@ class TokenError(ValueError):
     """The token cannot be used; the message says why (never the token itself)."""
 
 
-def read_token(path: str | Path | None, environ: Mapping[str, str] = os.environ) -> bytes | None:
-    """The token from ``path``, else from ``$DOCKYARD_SANDBOX_TOKEN``, else None."""
+def read_token(
+    path: str | Path | None,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    variable: str = TOKEN_ENV,
+) -> bytes | None:
+    """The token from ``path``, else from ``$variable`` (``$DOCKYARD_SANDBOX_TOKEN``), else
+    None. (The gdpval judge's API key is read the same way, from its own variable.)"""
     if path is not None:
         path = Path(path)
         try:
@@ -34,8 +40,8 @@ def read_token(path: str | Path | None, environ: Mapping[str, str] = os.environ)
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise TokenError(f"token file {path} is readable by others: chmod 600 it")
         source = f"token file {path}"
-    elif TOKEN_ENV in environ:
-        text, source = environ[TOKEN_ENV], f"${TOKEN_ENV}"
+    elif variable in environ:
+        text, source = environ[variable], f"${variable}"
     else:
         return None
     token = text.strip().encode()

@@ -22,6 +22,7 @@ from nats.aio.client import Client as NatsClient
 
 from dockyard.broker import exhausted
 from dockyard.broker.connection import PermissionWatch
+from dockyard.broker.heartbeats import Heartbeat, HeartbeatPublisher, read_heartbeats
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.security import ROLE_API_PREFIX
@@ -29,6 +30,7 @@ from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights import create_weight_store
 from dockyard.models import build_arithmetic_policy
 from dockyard.schemas import Rollout, ScoredRollout, decode
+from dockyard.utils.status import StatusFile
 from tests.integration.roles.factories import prompt_group, rollout
 from tests.integration.roles.test_rollout_worker import (
     engine_over,
@@ -171,14 +173,26 @@ def forbidden(names: PlaneNames, role: str) -> dict[str, list[str]]:
         "trainer": names.scored_consumer,
     }[role]
     others_write = {
-        "rollout": [names.weight_events, names.scored, names.prompts, names.blob_data_subject("a")],
+        "rollout": [
+            names.weight_events,
+            names.scored,
+            names.prompts,
+            names.blob_data_subject("a"),
+            names.heartbeat_subject("trainer", "0"),
+        ],
         "scorer": [
             names.rollouts,
             names.weight_events,
             names.prompts,
             names.lease_subject("a", "b"),
+            names.heartbeat_subject("rollout", "w"),
         ],
-        "trainer": [names.rollouts, names.scored, names.lease_subject("a", "b")],
+        "trainer": [
+            names.rollouts,
+            names.scored,
+            names.lease_subject("a", "b"),
+            names.heartbeat_subject("scorer", "s"),
+        ],
     }[role]
     unread = {
         "rollout": [
@@ -351,8 +365,17 @@ async def test_each_role_does_its_own_work_with_its_credential(
         await store.delete(blob)
         assert await store.refs() == []
         await trainer.purge(names.leases_of(blob.hex))
+        # Each role beats under its own role's name (dockyard status reads them as admin).
+        for role, plane in (("trainer", trainer), ("rollout", rollout), ("scorer", scorer)):
+            await HeartbeatPublisher(plane, StatusFile(None, role, "host.lan-1")).beat()
 
     async with JetStreamPlane(config("admin")) as admin:
+        beats = await read_heartbeats(admin)
+        assert sorted((b.role, b.instance) for b in beats if isinstance(b, Heartbeat)) == [
+            ("rollout", "host.lan-1"),
+            ("scorer", "host.lan-1"),
+            ("trainer", "host.lan-1"),
+        ]
 
         async def queue_is_empty() -> bool:
             info = await admin.js.stream_info(names.prompts_stream.name)

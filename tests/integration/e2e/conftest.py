@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +39,30 @@ def run_dockyard(*args: str, timeout: float = 600) -> subprocess.CompletedProces
         timeout=timeout,
         cwd=ROOT,
     )
+
+
+def start_dockyard(*args: str) -> subprocess.Popen[str]:
+    """A ``dockyard`` command in the background (stdout and stderr piped): end it with
+    :func:`stop`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dockyard", "--log-format", "json", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop(process: subprocess.Popen[str], timeout_s: float = 120) -> tuple[str, str]:
+    """SIGTERM (a graceful stop), then SIGKILL if it is not gone within ``timeout_s``; what it
+    printed."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate()
 
 
 def trainer_step(status_dir: Path) -> int:

@@ -18,6 +18,29 @@ def metric_steps(run_dir: Path) -> list[int]:
     return steps
 
 
+def assert_staleness_histograms_count_each_trained_sample(
+    run_dir: Path, generations_per_group: int
+) -> None:
+    """Each step's ``staleness/samples_at_age_K`` metrics (the dashboard's histogram) add up to
+    the samples of the groups the ledger says that step trained, and no age is negative."""
+    events = read_trail(run_dir / "ledger.jsonl")
+    trained_at = Counter(e["step"] for e in events if e["event"] == "trained")
+    histograms = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        ages = {
+            int(key.rsplit("_", 1)[1]): value
+            for key, value in record["metrics"].items()
+            if key.startswith("staleness/samples_at_age_")
+        }
+        if ages:
+            histograms[record["step"]] = ages
+    assert set(histograms) == set(trained_at)
+    for step, ages in histograms.items():
+        assert sum(ages.values()) == trained_at[step] * generations_per_group, (step, ages)
+        assert min(ages) >= 0, (step, ages)
+
+
 def assert_exactly_once(run_dir: Path) -> Counter[str]:
     """Every dispatched group is trained exactly once or explicitly dropped; nothing else."""
     events = read_trail(run_dir / "ledger.jsonl")

@@ -18,6 +18,7 @@ from tests.integration.e2e.conftest import QUICKSTART, ROOT, run_dockyard, train
 from tests.integration.e2e.ledger_checks import (
     assert_every_group_accounted,
     assert_exactly_once,
+    assert_staleness_histograms_count_each_trained_sample,
     metric_steps,
 )
 
@@ -53,6 +54,8 @@ def test_a_few_steps_in_one_process_produce_a_complete_run_directory(tmp_path, s
     trained = assert_exactly_once(run_dir)
     assert len(trained) == STEPS * 4  # grpo.num_prompts_per_step=4 groups a step
     assert_every_group_accounted(run_dir)
+    # SMALL_RUN has grpo.num_generations_per_prompt=4 samples a group.
+    assert_staleness_histograms_count_each_trained_sample(run_dir, generations_per_group=4)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2", "step_4"]
     assert (run_dir / "progress.png").stat().st_size > 1000
 

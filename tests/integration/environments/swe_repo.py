@@ -5,26 +5,13 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-BUGGY = "def add(a, b):\n    return a - b\n"
+# The repository the CPU presets ship (configs/cpu/data/swe_repos/calc) is the one built here.
+SHIPPED = Path(__file__).resolve().parents[3] / "configs" / "cpu" / "data" / "swe_repos" / "calc"
+BUGGY = (SHIPPED / "calc" / "__init__.py").read_text()
 FIXED = "def add(a, b):\n    return a + b\n"
 WRONG = "def add(a, b):\n    return a * b\n"
-TESTS = """import unittest
-
-from calc import add
-
-
-class AddTest(unittest.TestCase):
-    def test_add(self):
-        self.assertEqual(add(2, 3), 5)
-
-    def test_add_zero(self):
-        self.assertEqual(add(0, 0), 0)
-
-
-if __name__ == "__main__":
-    unittest.main()
-"""
-POLICY = "repos:\n  calc: {framework: unittest, test_paths: [tests]}\n"
+TESTS = (SHIPPED / "tests" / "test_calc.py").read_text()
+POLICY = (SHIPPED.parents[1] / "swe_policy.yaml").read_text()
 
 
 def diff(path: str, before: str, after: str) -> str:

@@ -4,10 +4,8 @@ real (tiny) repository with a bug and a unittest suite, and a dead URL in front 
 from __future__ import annotations
 
 import os
-import selectors
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ from dockyard.environments import (
     build_environment,
 )
 from dockyard.environments.swe.environment import SandboxServiceUnavailableError, url_order
+from tests.sandbox_service import sandbox_service, serve_command
 
 TOKEN = "s3cr3t-token-for-the-sandbox-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -54,53 +53,24 @@ def _free_port() -> int:
 
 
 def _serve(repos: Path, secrets_dir: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "dockyard",
-        "--log-format",
-        "json",
-        "sandbox",
-        "serve",
-        "--port",
-        "0",
-        "--repos",
-        str(repos),
-        "--policy",
-        str(secrets_dir / "policy.yaml"),
-        *extra,
-    ]
+    return serve_command(repos, secrets_dir / "policy.yaml", *extra)
 
 
 @pytest.fixture(scope="module")
 def service_url(repos: Path, secrets_dir: Path) -> Iterator[str]:
-    process = subprocess.Popen(
-        [
-            *_serve(repos, secrets_dir, "--token-file", str(secrets_dir / "token")),
-            "--wall-time-s",
-            "30",
-            "--cpu-time-s",
-            "10",
-            "--memory-mb",
-            "512",
-            "--max-jobs",
-            "2",
-        ],
-        env={**os.environ, "DOCKYARD_SANDBOX_TOKEN": ""},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        with selectors.DefaultSelector() as selector:
-            selector.register(process.stdout, selectors.EVENT_READ)
-            assert selector.select(timeout=30), "sandbox service did not start"
-        line = process.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield line.split()[-1]
-    finally:
-        process.kill()
-        process.wait(timeout=10)
+    command = [
+        *_serve(repos, secrets_dir, "--token-file", str(secrets_dir / "token")),
+        "--wall-time-s",
+        "30",
+        "--cpu-time-s",
+        "10",
+        "--memory-mb",
+        "512",
+        "--max-jobs",
+        "2",
+    ]
+    with sandbox_service(command, env={"DOCKYARD_SANDBOX_TOKEN": ""}, start_timeout_s=30) as url:
+        yield url
 
 
 def _environment(urls: list[str], secrets_dir: Path, **settings: object):

@@ -12,6 +12,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from dockyard.broker.jetstream import JetStreamPlane
@@ -56,8 +57,9 @@ def _store_rollouts(config, groups: dict[str, list[str]]) -> None:  # type: igno
         async with JetStreamPlane(config) as plane:
             messages = MessagePlane(plane, stage="test")
             for group_id, answers in groups.items():
-                group = prompt_group(group_id, generations=len(answers)).model_copy(
-                    update={"environment": "math", "ground_truth": "2"}
+                group = msgspec.structs.replace(
+                    prompt_group(group_id, generations=len(answers)),
+                    **{"environment": "math", "ground_truth": "2"},
                 )
                 await messages.publish(rollout(group, answers, tokenizer=tokenizer))
 

@@ -8,6 +8,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from dockyard.broker.jetstream import JetStreamPlane
@@ -42,7 +43,9 @@ def test_a_rollout_nakked_once_then_scored_shows_the_answered_delivery(
         return await build_environment("arithmetic").score(group)
 
     registered_environment("flaky-for-trace", fail_first)
-    group = prompt_group("g-trace", 12, 34).model_copy(update={"environment": "flaky-for-trace"})
+    group = msgspec.structs.replace(
+        prompt_group("g-trace", 12, 34), **{"environment": "flaky-for-trace"}
+    )
 
     async def scenario() -> int:
         async with JetStreamPlane(data_plane_config) as plane:

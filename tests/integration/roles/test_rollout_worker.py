@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -233,7 +234,7 @@ async def test_a_failed_batch_naks_only_what_is_not_settled_yet(data_plane_confi
     async with with_weights(data_plane_config, model.state_dict()) as (plane, messages, store):
         # One batch: a group refused at the boundary (dead-lettered, settled) and one the
         # engine fails on. Only the second may be nak'ed: JetStream refuses a second settle.
-        with_image = prompt_group("g-image").model_copy(update={"images": [png_bytes()]})
+        with_image = msgspec.structs.replace(prompt_group("g-image"), **{"images": [png_bytes()]})
         await messages.publish_many([with_image, prompt_group("g-text")])
         worker = make_worker(
             plane,
@@ -323,7 +324,7 @@ async def test_images_are_gated_at_the_worker_boundary(data_plane_config):
     model, tokenizer = build_arithmetic_policy(seed=0)
     engine = engine_over(model, tokenizer)
     async with with_weights(data_plane_config, model.state_dict()) as (plane, messages, store):
-        with_image = prompt_group("g-image").model_copy(update={"images": [png_bytes()]})
+        with_image = msgspec.structs.replace(prompt_group("g-image"), **{"images": [png_bytes()]})
         await messages.publish(with_image)
         await messages.publish(prompt_group("g-text"))
         for allow, reason in (
@@ -337,7 +338,7 @@ async def test_images_are_gated_at_the_worker_boundary(data_plane_config):
             letter = decode(dead[-1].headers, dead[-1].data, expected=DeadLetter)
             assert letter.reason == reason and letter.stage == "rollout"
             # Re-queue the refused group for the second configuration.
-            await messages.publish(with_image.model_copy(update={"attempt": 1}))
+            await messages.publish(msgspec.structs.replace(with_image, **{"attempt": 1}))
         # The text group went through untouched.
         assert [r.group_id for r in await rollouts(plane)] == ["g-text"]
 

@@ -9,6 +9,7 @@ import contextlib
 import gc
 import time
 
+import msgspec
 import pytest
 from structlog.testing import capture_logs
 
@@ -148,7 +149,7 @@ async def test_a_poison_header_is_dead_lettered_and_the_scorer_continues(data_pl
 async def test_an_unknown_environment_is_a_dead_letter_not_a_retry(data_plane_config):
     async with JetStreamPlane(data_plane_config) as plane:
         messages = MessagePlane(plane, stage="test")
-        group = prompt_group("g-unknown").model_copy(update={"environment": "nonexistent"})
+        group = msgspec.structs.replace(prompt_group("g-unknown"), **{"environment": "nonexistent"})
         await messages.publish(rollout(group, ["46", "46"]))
         async with running_scorer(messages) as scorer:
             await wait_for(lambda: _count(plane, plane.names.dead_letters, 1))
@@ -172,7 +173,9 @@ async def test_an_environment_failure_is_retried_then_dead_lettered(data_plane_c
 
     async with JetStreamPlane(data_plane_config) as plane:
         messages = MessagePlane(plane, stage="scorer")
-        group = prompt_group("g-explodes").model_copy(update={"environment": "exploding-for-test"})
+        group = msgspec.structs.replace(
+            prompt_group("g-explodes"), **{"environment": "exploding-for-test"}
+        )
         await messages.publish(rollout(group, ["46", "46"]))
         async with running_scorer(messages) as scorer:  # max_deliver=3, backoff from 0.1 s
             await wait_for(lambda: _count(plane, plane.names.dead_letters, 1))
@@ -196,7 +199,7 @@ async def test_scoring_longer_than_the_ack_wait_is_not_given_to_another_scorer(
 
     async with JetStreamPlane(data_plane_config) as plane:
         messages = MessagePlane(plane, stage="scorer")
-        group = prompt_group("g-slow").model_copy(update={"environment": "slow-for-test"})
+        group = msgspec.structs.replace(prompt_group("g-slow"), **{"environment": "slow-for-test"})
         await messages.publish(rollout(group, ["46", "46"]))
         async with running_scorer(messages), running_scorer(MessagePlane(plane, stage="scorer")):
             await wait_for(lambda: _count(plane, plane.names.scored, 1))
@@ -264,7 +267,9 @@ async def test_a_scorer_that_loses_its_connection_mid_task_runs_on(
 
             environment = f"closing-for-test-{then.__name__}"
             registered_environment(environment, lose_the_connection)
-            group = prompt_group("g-closing").model_copy(update={"environment": environment})
+            group = msgspec.structs.replace(
+                prompt_group("g-closing"), **{"environment": environment}
+            )
             await MessagePlane(plane, stage="test").publish(rollout(group, ["46", "46"]))
             with capture_logs() as events:
                 async with running_scorer(MessagePlane(scorer_plane, stage="scorer")) as scorer:

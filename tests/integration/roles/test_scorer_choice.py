@@ -9,6 +9,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from dockyard.broker.jetstream import JetStreamPlane
@@ -26,19 +27,20 @@ TOKENIZER = train_bpe_tokenizer()
 
 
 def _record(file: str, record_id: str) -> dict:
-    lines = (ROOT / "tests/data" / file).read_text().splitlines()
+    lines = (ROOT / "configs/cpu/data" / file).read_text().splitlines()
     return next(row for row in map(json.loads, lines) if row["id"] == record_id)
 
 
 def _group(group_id: str, env: str, row: dict, extra: dict) -> PromptGroup:
-    return prompt_group(group_id, generations=3).model_copy(
-        update={
+    return msgspec.structs.replace(
+        prompt_group(group_id, generations=3),
+        **{
             "environment": env,
             "prompt_text": row["question"],
             "prompt_token_ids": np.array(TOKENIZER(row["question"])["input_ids"], np.int32),
             "ground_truth": row["answer"],
             "extra": extra,
-        }
+        },
     )
 
 
@@ -51,13 +53,14 @@ def _rollout(group: PromptGroup, responses: list[str]) -> Rollout:
         ids = TOKENIZER(text, add_special_tokens=False)["input_ids"] + [TOKENIZER.eos_token_id]
         tokens = np.array(ids, dtype=np.int32)
         samples.append(
-            sample.model_copy(
-                update={
+            msgspec.structs.replace(
+                sample,
+                **{
                     "response_token_ids": tokens,
                     "behaviour_logprobs": np.full(len(tokens), -0.1, dtype=np.float32),
                     "token_weight_versions": np.zeros(len(tokens), dtype=np.int64),
                     "loss_mask": np.ones(len(tokens), dtype=np.uint8),
-                }
+                },
             )
         )
     return Rollout(group=group, samples=samples)
@@ -66,8 +69,8 @@ def _rollout(group: PromptGroup, responses: list[str]) -> Rollout:
 async def test_gpqa_and_hle_rollouts_are_scored_and_a_bad_reference_dead_lettered(
     data_plane_config,
 ):
-    gpqa_row = _record("gpqa_sample.jsonl", "mc-2")  # options (A)-(E), answer "(B)"
-    hle_row = _record("hle_sample.jsonl", "ex-2")  # exact answer 11.5
+    gpqa_row = _record("gpqa.jsonl", "mc-2")  # options (A)-(E), answer "(B)"
+    hle_row = _record("hle.jsonl", "ex-2")  # exact answer 11.5
     bad_row = {**gpqa_row, "answer": "F"}  # not one of the prompt's A-E
     rollouts = [
         _rollout(

@@ -26,6 +26,7 @@ FAMILY = [
     "sft.yaml",
     "v4_consolidation.yaml",
     "quickstart.yaml",
+    "multiturn_tools.yaml",
 ]
 
 

@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from dockyard.algorithms.grpo import MasterConfig
-from dockyard.config.capabilities import UNSUPPORTED, key_table, not_implemented, rules_for
+from dockyard.config.capabilities import (
+    UNSUPPORTED,
+    ignored,
+    key_table,
+    not_implemented,
+    rules_for,
+)
 from dockyard.config.loader import load_config
 from dockyard.config.schema import leaf_paths, matches
 
@@ -27,10 +33,20 @@ DOCS = PACKAGE.parent / "docs" / "configuration.md"
 
 # Keys whose name the schema shares with other keys, and the modules that read them.
 READ_BY: dict[str, tuple[str, ...]] = {
-    "data.*.*": ("data/base.py", "data/arithmetic.py", "consumers/trainer/loop.py"),
+    "data.*.*": (
+        "data/base.py",
+        "data/arithmetic.py",
+        "data/catalog.py",
+        "consumers/trainer/loop.py",
+    ),
     "data.train.*": ("data/base.py", "data/arithmetic.py", "commands/trainer.py"),
     "sft.*": ("consumers/trainer/sft.py", "consumers/trainer/loop.py"),
-    "sft.dev_dataset.*": ("data/base.py", "data/arithmetic.py", "consumers/trainer/loop.py"),
+    "sft.dev_dataset.*": (
+        "data/base.py",
+        "data/arithmetic.py",
+        "data/catalog.py",
+        "consumers/trainer/loop.py",
+    ),
     "env.*.*": (
         "environments/timeouts.py",
         "environments/teacher_env.py",
@@ -42,11 +58,17 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "environments/math_env.py",
         "environments/choice_env.py",
         "environments/hle_env.py",
+        "environments/program_bench_env.py",
+        "environments/terminal_bench_env.py",
+        "environments/gdpval_env.py",
+        "environments/judge.py",
         "consumers/scorer.py",
         "commands/score.py",
     ),
     "logger.*.*": ("utils/metrics/",),
+    "run.tracing.*": ("utils/tracing.py",),
     "policy.optimizer.*": ("consumers/trainer/optim.py",),
+    "grpo.worker_trust.enabled": ("consumers/trainer/loop.py",),
     "policy.scheduler.*": ("consumers/trainer/optim.py",),
     "policy.dtensor_cfg.enabled": ("config/capabilities.py",),
     "policy.jax_cfg.*": ("consumers/trainer/backend.py", "consumers/trainer/jax_backend/mesh.py"),
@@ -71,6 +93,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "grpo.reward_shaping.enabled": ("config/master.py",),
     "on_policy_distillation.enabled": ("config/master.py",),
     "logger.log_dir": ("config/sections/logger.py",),
+    "data_plane.weight_transport.base_url": ("broker/weights/factory.py",),
 }
 
 
@@ -130,16 +153,15 @@ def test_every_unsupported_entry_names_keys_of_the_schema(rule):
 @pytest.mark.parametrize(
     ("override", "path"),
     [
-        ("grpo.structured_tool_use.enabled=true", "grpo.structured_tool_use.enabled"),
+        # Without grpo.structured_tool_use.enabled (the quickstart): nothing they could act on.
+        ("grpo.max_rollout_turns=3", "grpo.max_rollout_turns"),
         ("grpo.invalid_tool_call_advantage=-1.0", "grpo.invalid_tool_call_advantage"),
-        ("grpo.malformed_thinking_advantage=-1.0", "grpo.malformed_thinking_advantage"),
         (
             "grpo.async_grpo.in_flight_weight_updates=true",
             "grpo.async_grpo.in_flight_weight_updates",
         ),
         ("grpo.async_grpo.max_generation_failures=3", "grpo.async_grpo.max_generation_failures"),
-        ("cluster.gpus_per_node=8", "cluster.gpus_per_node"),
-        ("cluster.num_nodes=2", "cluster.num_nodes"),
+        # cluster.* takes effect now: tests/unit/fleet/test_launch_ranks.py.
         # data.*.path, data.system_prompt and policy.tokenizer.chat_template take effect now:
         # tests/unit/data/test_file_datasets.py and test_chat_prompts.py show it.
         ("policy.generation.colocated.enabled=true", "policy.generation.colocated.enabled"),
@@ -150,17 +172,31 @@ def test_keys_the_audit_found_ignored_are_refused_with_their_path(override, path
     assert [issue.path for issue in not_implemented(config)] == [path]
 
 
-def test_in_flight_weight_update_settings_are_refused_together():
+def test_multi_turn_settings_take_effect_with_structured_tool_use():
     config = load_config(
         "configs/quickstart.yaml",
         [
+            "grpo.structured_tool_use.enabled=true",
+            "grpo.max_rollout_turns=4",
+            "grpo.invalid_tool_call_advantage=-1.0",
+            "grpo.malformed_thinking_advantage=-1.0",
             "grpo.async_grpo.in_flight_weight_updates=true",
             "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true",
+            "grpo.async_grpo.max_generation_failures=2",
         ],
     )
-    assert [issue.path for issue in not_implemented(config)] == [
-        "grpo.async_grpo.in_flight_weight_updates",
-        "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
+    assert not_implemented(config) == []
+    assert ignored(config) == []
+
+
+def test_keeping_the_kv_cache_after_a_weight_update_is_warned_about():
+    # Every turn is prefilled with the weights current then: the cache is always recomputed.
+    config = load_config(
+        "configs/quickstart.yaml",
+        ["grpo.structured_tool_use.enabled=true", "grpo.async_grpo.in_flight_weight_updates=true"],
+    )
+    assert [issue.path for issue in ignored(config)] == [
+        "grpo.async_grpo.recompute_kv_cache_after_weight_updates"
     ]
 
 

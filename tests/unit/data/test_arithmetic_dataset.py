@@ -41,3 +41,20 @@ def test_unknown_dataset_names_the_registered_ones():
     assert "arithmetic" in dataset_names()
     with pytest.raises(KeyError, match="arithmetic"):
         build_dataset(DatasetConfig(name="nope"), "math")
+
+
+def test_the_multiplication_variant_asks_for_the_product():
+    config = DatasetConfig(
+        name="arithmetic", split="train", params={"op": "*", "num_samples": 5, "seed": 3}
+    )
+    record = build_dataset(config, "arithmetic")[2]
+    a, b = (int(x) for x in record.prompt.rstrip("=").split("*"))
+    assert record.prompt == f"{a}*{b}=" and record.ground_truth == str(a * b)
+
+
+def test_an_unknown_operator_is_refused():
+    from dockyard.data.base import DatasetError
+
+    config = DatasetConfig(name="arithmetic", split="train", params={"op": "-"})
+    with pytest.raises(DatasetError, match="op must be one of"):
+        build_dataset(config, "arithmetic")

@@ -169,7 +169,7 @@ async def test_an_unusable_record_is_refused_for_dead_lettering(truth, extra, re
 async def test_the_sample_file_loads_and_scores_through_the_file_dataset() -> None:
     config = DatasetConfig(
         name="gpqa",
-        path=str(ROOT / "tests/data/gpqa_sample.jsonl"),
+        path=str(ROOT / "configs/cpu/data/gpqa.jsonl"),
         fields=FieldMapping(prompt="question", answer="answer", metadata=["id", "choices"]),
     )
     dataset = load_file_dataset(config, env="gpqa")

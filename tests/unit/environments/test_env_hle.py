@@ -152,7 +152,7 @@ async def test_an_unusable_record_is_refused_for_dead_lettering(truth, extra, re
 async def test_the_sample_file_loads_and_scores_through_the_file_dataset() -> None:
     config = DatasetConfig(
         name="hle",
-        path=str(ROOT / "tests/data/hle_sample.jsonl"),
+        path=str(ROOT / "configs/cpu/data/hle.jsonl"),
         fields=FieldMapping(prompt="question", metadata=["id", "answer_type"]),
     )
     dataset = load_file_dataset(config, env="hle")

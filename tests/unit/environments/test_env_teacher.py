@@ -130,3 +130,20 @@ async def test_missing_token_ids_are_invalid_input(teachers: dict[str, Path]) ->
     )
     with pytest.raises(InvalidScoringInput, match="missing_tokens"):
         await environment.score(group)
+
+
+def test_a_tiny_recipe_teacher_loads_as_the_policy_does():
+    # The CPU preset of v4_consolidation.yaml names tiny:// teachers: built in code, the same
+    # weights as `tiny://qwen2-bpe` loaded as a policy, in the precision asked for.
+    from dockyard.environments.teacher_env import load_teacher
+    from dockyard.models import load_policy
+
+    teacher = load_teacher("tiny://qwen2-bpe", "bf16", "cpu")
+    policy, _ = load_policy("tiny://qwen2-bpe", "bfloat16")
+    assert next(teacher.parameters()).dtype == torch.bfloat16
+    for (name, got), (_, expected) in zip(
+        teacher.state_dict().items(), policy.state_dict().items(), strict=True
+    ):
+        assert torch.equal(got, expected), name
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        load_teacher("tiny://qwen2-bpe", "fp8", "cpu")

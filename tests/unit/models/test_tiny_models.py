@@ -139,3 +139,15 @@ def test_init_tiny_recipe_and_materialized_directories_load_identically(tmp_path
     with pytest.raises(FileNotFoundError):
         materialize_model_dir(str(tmp_path / "missing"), tmp_path / "cache")
     assert set(TINY_RECIPES) >= {"qwen2-arithmetic", "qwen2-bpe", "llama-bpe"}
+
+
+def test_the_calculator_policy_spells_a_call_and_its_observation_in_few_tokens():
+    from dockyard.models.tiny import build_tiny_recipe
+
+    _, tok = build_tiny_recipe("qwen2-calculator")
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "37*48"}}</tool_call>'
+    ids = tok.encode(call, add_special_tokens=False)
+    assert len(ids) == 4 + len("37*48")  # four fixed pieces around the expression
+    assert tok.decode(ids) == call
+    observation = "<tool_response>\n1776\n</tool_response>\n"
+    assert len(tok.encode(observation, add_special_tokens=False, split_special_tokens=True)) == 6

@@ -108,7 +108,7 @@ def test_corrupting_a_stored_byte_fails_the_checksum() -> None:
 
 def test_log_probs_travel_stored_and_the_rest_compressed() -> None:
     message = make_scored(num_samples=4, length=4096)
-    laid_out = lay_out(message)
+    _, laid_out = lay_out(message)
     stored = b"".join(memoryview(part).cast("B") for part in laid_out.stored)
     # Every log-prob array (the samples' column and the teachers'), nothing else.
     logprobs = [s.behaviour_logprobs for s in message.rollout.samples] + [

@@ -21,6 +21,15 @@ from dockyard.consumers.trainer.data_parallel import shard_by_groups
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from tests.unit.trainer.test_packing import BASE, LAYOUTS, on_policy, tiny_model, varied_batch
 
+#: Settings that change how the sharded step runs, not what it computes: compared with the
+#: single-process padded layout.
+SHARDED_ONLY = {
+    "offload_checkpointed": [
+        "policy.dtensor_cfg.cpu_offload=true",
+        "policy.dtensor_cfg.activation_checkpointing=true",
+    ]
+}
+
 
 def whole(tensors) -> dict[str, torch.Tensor]:
     return {name: t.full_tensor().detach().clone() for name, t in tensors}
@@ -33,7 +42,7 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (world,))
     batch = on_policy(varied_batch(), "qwen2")
     shard = shard_by_groups(batch, rank, world)
-    for name, layout in LAYOUTS.items():
+    for name, layout in {**LAYOUTS, **SHARDED_ONLY}.items():
         config = load_config("configs/quickstart.yaml", BASE + layout)
         model = tiny_model("qwen2")
         trainer = PolicyTrainer(model, config, torch.device("cpu"), mesh=mesh)
@@ -49,6 +58,9 @@ def main() -> None:
                 "grads": grads,
                 "grad_norm": outcome.grad_norm,
                 "params": params,
+                "offload": type(
+                    model.model.layers[0]._get_fsdp_state()._fsdp_param_group.offload_policy
+                ).__name__,
             },
             out / f"{name}-rank{rank}.pt",
         )

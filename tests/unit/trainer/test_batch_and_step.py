@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -169,14 +170,15 @@ def test_batches_from_columns_match_the_samples_they_hold():
     base = scored_group("g", [1, 5], [[7, 2], [], [9, 9, 2]], [1.0, 0.0, 0.5])
     prompts = [[1, 5], [1, 4, 4, 6], [2]]
     samples = [
-        sample.model_copy(update={"prompt_token_ids": np.array(prompt, dtype=np.int64)})
+        msgspec.structs.replace(sample, **{"prompt_token_ids": np.array(prompt, dtype=np.int64)})
         for sample, prompt in zip(base.rollout.samples, prompts, strict=True)
     ]
     scores = [
-        score.model_copy(
-            update={"teacher_logprobs": np.array([-1.0, -2.0], dtype=np.float32)}
+        msgspec.structs.replace(
+            score,
+            **{"teacher_logprobs": np.array([-1.0, -2.0], dtype=np.float32)}
             if score.sample_index == 0
-            else {}
+            else {},
         )
         for score in base.scores
     ]

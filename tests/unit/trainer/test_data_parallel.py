@@ -4,58 +4,44 @@ the parameters after one step equal the single-process trainer's on the whole ba
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.data_parallel import shard_by_groups
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
+from tests.unit.trainer.dp_worker import SHARDED_ONLY
+from tests.unit.trainer.ranks_check import run_two_ranks
 from tests.unit.trainer.test_packing import BASE, LAYOUTS, on_policy, tiny_model, varied_batch
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(ROOT / "tests/unit/trainer/dp_worker.py"),
-        str(out),
-    ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_two_ranks("dp_worker.py", out)
     return {
         name: [torch.load(out / f"{name}-rank{r}.pt", weights_only=False) for r in range(2)]
-        for name in LAYOUTS
+        for name in [*LAYOUTS, *SHARDED_ONLY]
     }
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", [*LAYOUTS, *SHARDED_ONLY])
 def test_two_ranks_equal_one_process(ranks, layout):
+    """CPU offload and activation checkpointing change where shards live and what is kept for
+    backward, not the step: compared with one process's padded layout."""
     batch = on_policy(varied_batch(), "qwen2")
     model = tiny_model("qwen2")
+    overrides = BASE + LAYOUTS.get(layout, [])
     trainer = PolicyTrainer(
-        model, load_config("configs/quickstart.yaml", BASE + LAYOUTS[layout]), torch.device("cpu")
+        model, load_config("configs/quickstart.yaml", overrides), torch.device("cpu")
     )
     single = trainer.gradients(batch)
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     outcome = trainer.step(batch)
 
     rank0, rank1 = ranks[layout]
+    offloaded = layout in SHARDED_ONLY
+    assert rank0["offload"] == ("CPUOffloadPolicy" if offloaded else "OffloadPolicy")
     assert rank0["samples"] + rank1["samples"] == batch.size
     assert rank0["samples"] != rank1["samples"]  # uneven shares: zero-weight passes are used
     assert rank0["loss"] + rank1["loss"] == pytest.approx(single.loss.loss, rel=1e-5, abs=1e-7)

@@ -50,9 +50,15 @@ Stamps = Callable[[PromptGroup], list[tuple[str, float, float]]]
 """A group's samples' (worker id, generation started, finished), as a worker reports them."""
 
 
-def answer(group: PromptGroup, version: int, stamps: Stamps | None = None) -> ScoredRollout:
-    """The right answer for every sample, every token stamped with ``version``."""
-    answers = [group.ground_truth] * group.num_generations
+def answer(
+    group: PromptGroup, version: int, stamps: Stamps | None = None, *, varied: bool = False
+) -> ScoredRollout:
+    """The right answer for every sample, every token stamped with ``version``; ``varied``:
+    sample ``i`` answers the right sum plus ``i`` (identical samples with opposite advantages
+    have gradients that cancel exactly, and a model trained on them never moves)."""
+    answers = [
+        str(int(group.ground_truth) + (i if varied else 0)) for i in range(group.num_generations)
+    ]
     return ScoredRollout(
         rollout=rollout(group, answers, version=version, stamps=stamps(group) if stamps else None),
         scores=[SampleScore(sample_index=i, reward=float(i % 2)) for i in range(len(answers))],
@@ -61,7 +67,11 @@ def answer(group: PromptGroup, version: int, stamps: Stamps | None = None) -> Sc
 
 
 async def answer_prompts(
-    messages: MessagePlane, versions_behind: int, stamps: Stamps | None = None
+    messages: MessagePlane,
+    versions_behind: int,
+    stamps: Stamps | None = None,
+    *,
+    varied: bool = False,
 ) -> None:
     """Stands in for a rollout worker (and scorer) that is ``versions_behind`` refits late."""
     while True:
@@ -70,7 +80,7 @@ async def answer_prompts(
         ):
             group = item.message
             version = max(0, group.dispatch_weight_version - versions_behind)
-            await messages.publish(answer(group, version, stamps))
+            await messages.publish(answer(group, version, stamps, varied=varied))
             await item.ack()
 
 
@@ -81,15 +91,19 @@ async def trainer(
     versions_behind: int = 0,
     data_plane: DataPlaneConfig | None = None,
     stamps: Stamps | None = None,
+    varied: bool = False,
 ) -> AsyncIterator:
-    """The first incarnation of a trainer, on the in-memory plane unless ``data_plane``."""
+    """The first incarnation of a trainer, on the in-memory plane unless ``data_plane``
+    (``varied``: see :func:`answer`)."""
     config = small_config(*overrides)
     async with create_data_plane(data_plane, client_name="trainer") as plane:
         messages = MessagePlane(plane, stage="trainer")
         dataset = build_dataset(config.data.train, config.data.default_env)
         dispatcher = Dispatcher(config, messages, dataset, TOKENIZER, run_id="acct")
         loop = TrainerLoop(config, messages, create_weight_store(plane), run_dir, dispatcher)
-        stand_in = asyncio.create_task(answer_prompts(messages, versions_behind, stamps))
+        stand_in = asyncio.create_task(
+            answer_prompts(messages, versions_behind, stamps, varied=varied)
+        )
         try:
             yield loop
         finally:

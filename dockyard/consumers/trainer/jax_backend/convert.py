@@ -4,8 +4,8 @@ Weights convert by name (:mod:`.weights`); this module converts what the torch t
 beside them, so a run started with the torch backend continues under JAX with its AdamW / Adam
 moments and its place in the schedule:
 
-- ``torch.optim.Adam(W)`` keeps, per parameter index (the order of ``model.parameters()``, tied
-  parameters once — the order ``named_parameters()`` lists them in), ``step``, ``exp_avg`` and
+- ``torch.optim.Adam(W)`` keeps, per parameter (by name as the trainer saves it, or by index in
+  ``named_parameters()`` order, tied parameters once), ``step``, ``exp_avg`` and
   ``exp_avg_sq``: they become optax's ``ScaleByAdamState`` ``count``, ``mu`` and ``nu``;
 - ``SGD`` without momentum keeps nothing per parameter;
 - the ``LambdaLR`` schedule's ``last_epoch`` is the number of steps taken.
@@ -38,17 +38,23 @@ def optax_state_from_torch(
     if not per_param:
         return opt_state
     names = [name for name, p in model.named_parameters() if p.requires_grad]
-    if set(per_param) != set(range(len(names))):
+    # Keyed by parameter name (torch.distributed.checkpoint's get_optimizer_state_dict, what the
+    # trainer saves) or by index in parameter order (a plain optimizer.state_dict()).
+    by_name = {
+        (names[key] if isinstance(key, int) and 0 <= key < len(names) else key): value
+        for key, value in per_param.items()
+    }
+    if set(by_name) != set(names):
         raise ValueError(
-            f"the torch optimizer state covers parameters {sorted(per_param)} but the model "
-            f"has {len(names)}: it was saved for another model"
+            f"the torch optimizer state covers parameters {sorted(map(str, per_param))} but the "
+            f"model has {names}: it was saved for another model"
         )
-    first = per_param[0]
+    first = by_name[names[0]]
     if "exp_avg" not in first:
         return opt_state  # SGD without momentum: no per-parameter state to carry
 
     def moments(key: str) -> nnx.State:
-        arrays = {names[i]: state[key].detach().float().numpy() for i, state in per_param.items()}
+        arrays = {name: state[key].detach().float().numpy() for name, state in by_name.items()}
         return place(load_named(template, arrays, tied=False, where=f"optimizer.pt ({key})"))
 
     count = jnp.asarray(int(first["step"]), jnp.int32)

@@ -125,8 +125,13 @@ class JaxPolicyTrainer:
         self.temperature = policy.generation.temperature
         self.compute_dtype = _COMPUTE_DTYPES[policy.precision]
         self.shape = DecoderShape.from_hf_config(model.config)
-        self.mesh: Mesh | None = build_mesh(policy.jax_cfg, devices)
-        self.data_parallel = policy.jax_cfg.data_parallel_size if self.mesh is not None else 1
+        self.jax_mesh: Mesh | None = build_mesh(policy.jax_cfg, devices)
+        # What TrainerRanks reads of a torch trainer: one process, no torchrun ranks, no LoRA
+        # (the JAX mesh spans this process's devices; lora_cfg is dtensor_cfg's).
+        self.mesh = None
+        self.tensor_mesh = None
+        self.peft = None
+        self.data_parallel = policy.jax_cfg.data_parallel_size if self.jax_mesh is not None else 1
         self.graph, self._template = nnx.split(CausalLM(self.shape, rngs=nnx.Rngs(0)))
         self.params = self._pull()
         needs_reference = config.loss_fn.reference_policy_kl_penalty > 0
@@ -142,9 +147,11 @@ class JaxPolicyTrainer:
         log.info(
             "trainer.placement",
             backend="jax",
-            devices=[str(d) for d in (self.mesh.devices.flat if self.mesh else jax.devices()[:1])],
+            devices=[
+                str(d) for d in (self.jax_mesh.devices.flat if self.jax_mesh else jax.devices()[:1])
+            ],
             data_parallel=self.data_parallel,
-            tensor_parallel=policy.jax_cfg.tensor_parallel_size if self.mesh else 1,
+            tensor_parallel=policy.jax_cfg.tensor_parallel_size if self.jax_mesh else 1,
             precision=policy.precision,
             master_weights="float32",
         )
@@ -163,9 +170,9 @@ class JaxPolicyTrainer:
         return self._place(state)
 
     def _place(self, state: nnx.State) -> nnx.State:
-        if self.mesh is None:
+        if self.jax_mesh is None:
             return jax.device_put(state)
-        mesh = self.mesh
+        mesh = self.jax_mesh
         flat = [
             (
                 path,
@@ -264,13 +271,29 @@ class JaxPolicyTrainer:
                 pad.append((0, columns - array.shape[1]))
             array = np.pad(array, pad)
             array = array.reshape(padded_rows // rows_per_chunk, rows_per_chunk, *array.shape[1:])
-            if self.mesh is not None:
-                out[name] = jax.device_put(array, batch_sharding(self.mesh, array.ndim))
+            if self.jax_mesh is not None:
+                out[name] = jax.device_put(array, batch_sharding(self.jax_mesh, array.ndim))
             else:
                 out[name] = jax.device_put(array)
         return out
 
-    def batch_logprobs(self, params: nnx.State, batch: TrainingBatch) -> torch.Tensor:
+    def batch_logprobs(self, model: torch.nn.Module, batch: TrainingBatch) -> torch.Tensor:
+        """:meth:`PolicyTrainer.batch_logprobs` of the trained policy (``model`` must be this
+        trainer's mirror: the JAX parameters are what is scored)."""
+        if model is not self.model:
+            raise ValueError("the JAX trainer scores its own policy only (trainer.model)")
+        self._sync_from_mirror()
+        return self._batch_logprobs(self.params, batch.to(self.device))
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The weights by name: the torch mirror's (tied names share one tensor)."""
+        return self.model.state_dict()
+
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """What a weight event carries: the whole weights (no LoRA under JAX)."""
+        return self.model_state()
+
+    def _batch_logprobs(self, params: nnx.State, batch: TrainingBatch) -> torch.Tensor:
         """``[B, L-1]`` next-token log-probs of every sample under ``params`` (host float32)."""
         rows = self.config.policy.logprob_batch_size * self.data_parallel
         chunks = self._chunks(
@@ -296,10 +319,10 @@ class JaxPolicyTrainer:
         prev = (
             torch.zeros_like(batch.generation_logprobs)
             if self.config.policy.skip_prev_logprobs
-            else self.batch_logprobs(self.params, batch)
+            else self._batch_logprobs(self.params, batch)
         )
         reference = (
-            self.batch_logprobs(self.reference, batch) if self.reference is not None else None
+            self._batch_logprobs(self.reference, batch) if self.reference is not None else None
         )
         batch, filtered = self.filter_samples(batch, prev)
         advantages = self.advantages(batch, prev, reference)

@@ -42,7 +42,7 @@ def main() -> None:
         report[name] = {
             "grad_gap": relative_gap(grads, base_grads),
             "weight_gap": max(float(np.abs(weights[k] - base_weights[k]).max()) for k in weights),
-            "mesh": dict(trainer.mesh.shape) if trainer.mesh is not None else None,
+            "mesh": dict(trainer.jax_mesh.shape) if trainer.jax_mesh is not None else None,
             "q_proj_shard_rows": [s.data.shape[0] for s in q.addressable_shards],
         }
     sys.stdout.write(json.dumps(report) + "\n")

@@ -1,0 +1,169 @@
+"""Toolboxes, the per-episode tool sessions they open, and running one call safely.
+
+A :class:`Toolbox` is named like the environment whose prompts use it (``PromptGroup.environment``)
+and opens one :class:`ToolSession` per episode: the episode's sandbox, where its tool side effects
+live, so a redelivered prompt group replays its episodes from scratch against fresh sessions.
+
+:func:`run_tool_call` is the boundary between the episode and a tool: whatever the tool does, the
+episode gets back an observation in bounded time — the tool's output, or an error text with a
+typed :class:`ToolFailure` — except when the tool service itself is gone
+(:class:`ToolServiceUnavailable`), which fails the episode
+(``grpo.async_grpo.max_generation_failures`` decides what that does to its group).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import enum
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from dockyard.environments.tools.calls import ParsedCall
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+
+class ToolFailure(enum.StrEnum):
+    """Why a call's observation is an error, not the tool's answer."""
+
+    MALFORMED_CALL = "malformed_call"  # the call could not be read (see calls.py)
+    TOO_MANY_CALLS = "too_many_calls"  # past grpo.structured_tool_use.max_tool_calls_per_turn
+    UNKNOWN_TOOL = "unknown_tool"
+    BAD_ARGUMENTS = "bad_arguments"  # the tool refused its arguments (ToolArgumentError)
+    TIMEOUT = "timeout"
+    RAISED = "raised"  # the tool failed with any other exception
+    OUTPUT_TOO_LARGE = "output_too_large"  # kept up to ToolLimits.max_output_bytes, marked cut
+    INVALID_UTF8 = "invalid_utf8"
+
+
+class ToolArgumentError(ValueError):
+    """Raised by a tool for arguments it cannot use; the message is shown to the model."""
+
+
+class ToolServiceUnavailable(RuntimeError):
+    """The tool service cannot be reached: the episode cannot go on (not the model's fault)."""
+
+
+@dataclass(frozen=True)
+class ToolLimits:
+    #: A call that takes longer is abandoned; the model reads that it timed out.
+    timeout_s: float = 30.0
+    #: Output beyond this is cut (at a character boundary) and marked: a context is not a log.
+    max_output_bytes: int = 16 * 1024
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What the model reads back for one call, and the failure it stands for (None: answered)."""
+
+    text: str
+    failure: ToolFailure | None = None
+
+
+class ToolSession(abc.ABC):
+    """One episode's tools. Outputs are text or bytes (checked as UTF-8 by run_tool_call)."""
+
+    @property
+    @abc.abstractmethod
+    def tool_names(self) -> frozenset[str]: ...
+
+    @abc.abstractmethod
+    async def call(self, name: str, arguments: Mapping[str, Any]) -> str | bytes: ...
+
+    async def aclose(self) -> None:  # noqa: B027 - optional: most sessions hold nothing
+        """Discard the episode's sandbox."""
+
+
+class Toolbox(abc.ABC):
+    """Opens sessions; subclasses set ``name`` and register with ``@register_toolbox``."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    async def open_session(self, episode_id: str) -> ToolSession: ...
+
+    async def aclose(self) -> None:  # noqa: B027 - optional: most toolboxes hold nothing
+        """Release held resources (connections)."""
+
+
+_REGISTRY: dict[str, type[Toolbox]] = {}
+_BUILTIN_MODULES = {"calculator": "dockyard.environments.tools.calculator"}
+_ToolboxClass = TypeVar("_ToolboxClass", bound=type[Toolbox])
+
+
+class UnknownToolboxError(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def register_toolbox(cls: _ToolboxClass) -> _ToolboxClass:
+    existing = _REGISTRY.get(cls.name)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"toolbox {cls.name!r} is already registered by {existing.__qualname__}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def toolbox_class(name: str) -> type[Toolbox]:
+    if name not in _REGISTRY and name in _BUILTIN_MODULES:
+        importlib.import_module(_BUILTIN_MODULES[name])
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(set(_REGISTRY) | set(_BUILTIN_MODULES)))
+        raise UnknownToolboxError(f"no toolbox for environment {name!r} (known: {known})") from None
+
+
+def _cut_utf8(data: bytes, limit: int) -> bytes:
+    """At most ``limit`` bytes, not ending inside a UTF-8 sequence (a cut is not an error)."""
+    cut = data[:limit]
+    # Continuation bytes are 10xxxxxx: step back to the start of the last sequence if it is cut.
+    for back in range(1, min(4, len(cut)) + 1):
+        byte = cut[-back]
+        if byte & 0xC0 != 0x80:
+            width = 1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return cut if width <= back else cut[:-back]
+    return cut
+
+
+async def run_tool_call(session: ToolSession, call: ParsedCall, limits: ToolLimits) -> ToolOutcome:
+    """The observation for ``call``; raises only :class:`ToolServiceUnavailable`."""
+    if call.name not in session.tool_names:
+        known = ", ".join(sorted(session.tool_names)) or "none"
+        return ToolOutcome(
+            f"error: unknown tool {call.name!r} (tools: {known})", ToolFailure.UNKNOWN_TOOL
+        )
+    try:
+        async with asyncio.timeout(limits.timeout_s):
+            output = await session.call(call.name, call.arguments)
+    except TimeoutError:
+        return ToolOutcome(
+            f"error: {call.name} timed out after {limits.timeout_s:g}s", ToolFailure.TIMEOUT
+        )
+    except ToolServiceUnavailable:
+        raise
+    except ToolArgumentError as error:
+        return ToolOutcome(f"error: {call.name}: {error}", ToolFailure.BAD_ARGUMENTS)
+    except Exception as error:  # a tool's bug is the episode's observation, not a crash
+        log.warning("tool.raised", tool=call.name, error=repr(error))
+        return ToolOutcome(
+            f"error: {call.name} failed: {type(error).__name__}: {error}", ToolFailure.RAISED
+        )
+    data = output.encode("utf-8", errors="surrogatepass") if isinstance(output, str) else output
+    failure = None
+    if len(data) > limits.max_output_bytes:
+        data, failure = _cut_utf8(data, limits.max_output_bytes), ToolFailure.OUTPUT_TOO_LARGE
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return ToolOutcome(
+            f"error: {call.name} returned bytes that are not UTF-8 (at byte {error.start})",
+            ToolFailure.INVALID_UTF8,
+        )
+    if failure is ToolFailure.OUTPUT_TOO_LARGE:
+        text += f"\n[output cut at {limits.max_output_bytes} bytes]"
+    return ToolOutcome(text, failure)

@@ -1,0 +1,344 @@
+"""Multi-turn episodes: generate → parse tool calls → run them → append the observation → again.
+
+Every sample of a prompt group is one episode. Episodes advance in lock-step: each turn is one
+``engine.generate`` call holding every episode still running (one request each, so the batch
+spans groups), then each episode's tool calls run against its own :class:`ToolSession`.
+
+An episode ends when
+
+- the model's turn asks for no tool (``stop``),
+- the turn limit ``grpo.max_rollout_turns`` is reached while it still asks for tools
+  (``tool_call``: the wire's "stopped to run a tool"; those calls are recorded, not run),
+- the sequence budget ``policy.max_total_sequence_length`` is reached, in a turn or in the middle
+  of an observation (``length``; the observation is cut to fit), or a turn hits
+  ``policy.generation.max_new_tokens`` (``length``),
+- the engine aborted the turn (``abort``), or the tool service is gone (``error``: a *failed*
+  episode, see ``grpo.async_grpo.max_generation_failures``).
+
+What goes on the wire: the response is every token after the prompt — model turns and
+observations — with a segment per turn (``assistant``) and per observation (``tool``). Only
+model tokens are trained on (``loss_mask`` 1) and carry behaviour log-probs; observation tokens
+are masked, with log-prob 0 and the weight version of the model token before them, so the
+oldest token's version (staleness) is always a model token's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from dockyard.engines.base import GenerationEngine, GenerationRequest, GenerationResult
+from dockyard.engines.base import SamplingParams as EngineSamplingParams
+from dockyard.environments.tools.calls import (
+    ParsedCall,
+    ParsedTurn,
+    ToolCallFormat,
+    parse_tool_calls,
+)
+from dockyard.environments.tools.toolbox import (
+    Toolbox,
+    ToolFailure,
+    ToolLimits,
+    ToolOutcome,
+    ToolServiceUnavailable,
+    ToolSession,
+    run_tool_call,
+    toolbox_class,
+)
+from dockyard.schemas import FinishReason, PromptGroup, Segment, ToolCall
+from dockyard.utils.logging import get_logger
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from dockyard.config.sections.grpo import GRPOConfig
+
+log = get_logger(__name__)
+
+
+class TextCodec(Protocol):
+    """What an episode needs of a tokenizer (a ``transformers`` tokenizer is one)."""
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+    def encode(
+        self, text: str, add_special_tokens: bool = ..., split_special_tokens: bool = ...
+    ) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    max_turns: int
+    tool_call_format: ToolCallFormat
+    max_tool_calls_per_turn: int
+    #: Prompt + response tokens of one episode (``policy.max_total_sequence_length``).
+    max_total_sequence_length: int
+    tool_limits: ToolLimits = field(default_factory=ToolLimits)
+
+    @classmethod
+    def from_config(cls, grpo: GRPOConfig, max_total_sequence_length: int) -> EpisodeSettings:
+        tools = grpo.structured_tool_use
+        if tools.tool_call_format not in ("hermes", "openai"):  # the launch check refuses it
+            raise ValueError(f"unknown tool_call_format {tools.tool_call_format!r}")
+        return cls(
+            max_turns=grpo.max_rollout_turns,
+            tool_call_format=tools.tool_call_format,  # type: ignore[arg-type]
+            max_tool_calls_per_turn=tools.max_tool_calls_per_turn,
+            max_total_sequence_length=max_total_sequence_length,
+        )
+
+
+@dataclass(frozen=True)
+class EpisodeStart:
+    #: Unique per delivery of a sample (group, attempt, delivery, sample): names its sandbox.
+    episode_id: str
+    prompt_token_ids: Sequence[int]
+    session: ToolSession
+    images: Sequence[Image.Image] = ()
+
+
+@dataclass
+class Episode:
+    """One sample's episode as it grows; ``finish_reason`` is None while it runs."""
+
+    start: EpisodeStart
+    max_total_sequence_length: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_failures: list[ToolFailure] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    #: Why a failed episode failed (finish reason ``error``).
+    failure: str | None = None
+    first_token_s: float | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.finish_reason is None
+
+    @property
+    def remaining(self) -> int:
+        """Tokens the sequence budget still allows."""
+        used = len(self.start.prompt_token_ids) + len(self.token_ids)
+        return max(0, self.max_total_sequence_length - used)
+
+    def context(self) -> list[int]:
+        return [*self.start.prompt_token_ids, *self.token_ids]
+
+    def last_turn_ids(self) -> list[int]:
+        last = self.segments[-1]
+        return self.token_ids[last.start : last.end]
+
+    def finish(self, reason: FinishReason, failure: str | None = None) -> None:
+        self.finish_reason = reason
+        self.failure = failure
+
+    def add_model_turn(self, result: GenerationResult) -> None:
+        kept = min(result.num_tokens, self.remaining)
+        start = len(self.token_ids)
+        self.token_ids.extend(int(t) for t in result.token_ids[:kept])
+        self.logprobs.extend(float(p) for p in result.logprobs[:kept])
+        self.versions.extend(int(v) for v in result.weight_versions[:kept])
+        self.loss_mask.extend([1] * kept)
+        self.segments.append(Segment(role="assistant", start=start, end=len(self.token_ids)))
+        if self.first_token_s is None:
+            self.first_token_s = result.timings.first_token_s
+        if result.finish_reason == "abort":
+            self.finish(FinishReason.ABORT)
+        elif kept < result.num_tokens or result.finish_reason == "length":
+            self.finish(FinishReason.LENGTH)
+
+    def add_observation(self, token_ids: Sequence[int], current_version: int) -> None:
+        """Masked tokens; cut to the budget (and the episode ends) when they do not fit."""
+        kept = list(token_ids[: self.remaining])
+        start = len(self.token_ids)
+        version = self.versions[-1] if self.versions else current_version
+        self.token_ids.extend(kept)
+        self.logprobs.extend([0.0] * len(kept))
+        self.versions.extend([version] * len(kept))
+        self.loss_mask.extend([0] * len(kept))
+        self.segments.append(Segment(role="tool", start=start, end=len(self.token_ids)))
+        if len(kept) < len(token_ids) or self.remaining == 0:
+            self.finish(FinishReason.LENGTH)
+
+
+def render_observation(fmt: ToolCallFormat, results: Sequence[tuple[str, str]]) -> str:
+    """The text appended after a turn for its ``(call_id, observation)`` pairs, in the format's
+    own convention: Hermes ``<tool_response>`` blocks, or OpenAI ``tool`` messages as JSON."""
+    if fmt == "hermes":
+        return "".join(f"<tool_response>\n{text}\n</tool_response>\n" for _, text in results)
+    return "".join(
+        json.dumps({"role": "tool", "tool_call_id": call_id, "content": text}) + "\n"
+        for call_id, text in results
+    )
+
+
+class EpisodeRunner:
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        params: EngineSamplingParams,
+        settings: EpisodeSettings,
+        codec: TextCodec,
+    ) -> None:
+        self.engine = engine
+        self.params = params
+        self.settings = settings
+        self.codec = codec
+        self.toolboxes: dict[str, Toolbox] = {}
+
+    def toolbox(self, environment: str) -> Toolbox:
+        """The toolbox of an environment, built once (UnknownToolboxError: it has none)."""
+        if environment not in self.toolboxes:
+            self.toolboxes[environment] = toolbox_class(environment)()
+        return self.toolboxes[environment]
+
+    async def open_group(
+        self, group: PromptGroup, images: Sequence[Image.Image], delivery: int
+    ) -> list[EpisodeStart]:
+        """A fresh session per sample: a redelivered group replays from scratch, never inside
+        the sandbox an earlier delivery left behind (the delivery count is in the id)."""
+        toolbox = self.toolbox(group.environment)
+        prompt = group.prompt_token_ids.tolist()
+        starts: list[EpisodeStart] = []
+        try:
+            for index in range(group.num_generations):
+                episode_id = f"{group.group_id}:{group.attempt}:d{delivery}:s{index}"
+                session = await toolbox.open_session(episode_id)
+                starts.append(EpisodeStart(episode_id, prompt, session, images))
+        except BaseException:
+            await self.close(starts)
+            raise
+        return starts
+
+    async def close(self, starts: Sequence[EpisodeStart]) -> None:
+        for start in starts:
+            try:
+                await start.session.aclose()
+            except Exception as error:  # a sandbox that will not close must not lose the work
+                log.warning(
+                    "episode.session_close_failed", episode=start.episode_id, error=repr(error)
+                )
+
+    async def aclose(self) -> None:
+        for toolbox in self.toolboxes.values():
+            await toolbox.aclose()
+
+    async def run(self, starts: Sequence[EpisodeStart]) -> list[Episode]:
+        """Every episode to its end (none is left running)."""
+        limit = self.settings.max_total_sequence_length
+        episodes = [Episode(start, limit) for start in starts]
+        for turn in range(self.settings.max_turns):
+            for episode in episodes:
+                if episode.running and episode.remaining == 0:
+                    episode.finish(FinishReason.LENGTH)
+            active = [episode for episode in episodes if episode.running]
+            if not active:
+                break
+            await self.generate_turn(active)
+            last_turn = turn + 1 == self.settings.max_turns
+            calling = []
+            for episode in active:
+                if not episode.running:
+                    continue
+                parsed = parse_tool_calls(
+                    self.codec.decode(episode.last_turn_ids(), skip_special_tokens=True),
+                    self.settings.tool_call_format,
+                )
+                if not parsed.wants_tools:
+                    episode.finish(FinishReason.STOP)
+                elif last_turn:
+                    self.record_unrun(episode, parsed)
+                    episode.finish(FinishReason.TOOL_CALL)
+                else:
+                    calling.append(self.run_tools(episode, parsed))
+            await asyncio.gather(*calling)
+        return episodes
+
+    async def generate_turn(self, active: Sequence[Episode]) -> None:
+        # One call for every running episode; each is cut to its own budget afterwards.
+        longest = max(episode.remaining for episode in active)
+        params = dataclasses.replace(
+            self.params, max_new_tokens=min(self.params.max_new_tokens, longest)
+        )
+        requests = [
+            GenerationRequest(episode.context(), episode.start.episode_id, episode.start.images)
+            for episode in active
+        ]
+        results = await self.engine.generate(requests, params, 1)
+        for episode, result in zip(active, results, strict=True):
+            episode.add_model_turn(result)
+
+    def call_ids(self, episode: Episode, parsed: ParsedTurn) -> list[str]:
+        turn = sum(1 for segment in episode.segments if segment.role == "assistant")
+        return [call.call_id or f"t{turn}c{index}" for index, call in enumerate(parsed.calls)]
+
+    def record_unrun(self, episode: Episode, parsed: ParsedTurn) -> None:
+        segment = len(episode.segments) - 1
+        for call, call_id in zip(parsed.calls, self.call_ids(episode, parsed), strict=True):
+            episode.tool_calls.append(
+                ToolCall(
+                    call_id=call_id,
+                    name=call.name,
+                    arguments_json=call.arguments_json,
+                    segment_index=segment,
+                )
+            )
+
+    async def run_tools(self, episode: Episode, parsed: ParsedTurn) -> None:
+        segment = len(episode.segments) - 1
+        limits = self.settings.tool_limits
+        allowed = self.settings.max_tool_calls_per_turn
+        observed: list[tuple[str, str]] = []
+        for malformed in parsed.malformed:
+            observed.append(("malformed", f"error: malformed tool call: {malformed.reason}"))
+            episode.tool_failures.append(ToolFailure.MALFORMED_CALL)
+        for index, (call, call_id) in enumerate(
+            zip(parsed.calls, self.call_ids(episode, parsed), strict=True)
+        ):
+            outcome = await self.outcome(episode, call, index, allowed, limits)
+            if outcome is None:
+                return  # the tool service is gone: the episode failed
+            if outcome.failure is not None:
+                episode.tool_failures.append(outcome.failure)
+            episode.tool_calls.append(
+                ToolCall(
+                    call_id=call_id,
+                    name=call.name,
+                    arguments_json=call.arguments_json,
+                    result=outcome.text,
+                    segment_index=segment,
+                )
+            )
+            observed.append((call_id, outcome.text))
+        text = render_observation(self.settings.tool_call_format, observed)
+        # Tool output is untrusted: a literal "<|im_end|>" in it must stay text, never become
+        # the special token (a tool could otherwise end the turn or forge one of the model's).
+        ids = self.codec.encode(text, add_special_tokens=False, split_special_tokens=True)
+        episode.add_observation(ids, self.engine.current_version)
+
+    async def outcome(
+        self, episode: Episode, call: ParsedCall, index: int, allowed: int, limits: ToolLimits
+    ) -> ToolOutcome | None:
+        if index >= allowed:
+            return ToolOutcome(
+                f"error: not run: at most {allowed} tool calls per turn",
+                ToolFailure.TOO_MANY_CALLS,
+            )
+        try:
+            return await run_tool_call(episode.start.session, call, limits)
+        except ToolServiceUnavailable as error:
+            log.warning(
+                "episode.tool_service_unavailable",
+                episode=episode.start.episode_id,
+                error=str(error),
+            )
+            episode.finish(FinishReason.ERROR, f"tool service unavailable: {error}")
+            return None

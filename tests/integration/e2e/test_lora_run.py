@@ -1,0 +1,43 @@
+"""A LoRA run over a real nats-server: the trainer publishes adapters, the torch engine of the
+rollout worker refits from them, every group is trained once, and the checkpoint exports to a
+Hugging Face model with the adapter merged."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.e2e.conftest import QUICKSTART, run_dockyard
+from tests.integration.e2e.ledger_checks import assert_exactly_once, metric_steps
+from tests.integration.e2e.test_end_to_end import assert_checkpoint_exports_to_hf, json_events
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_lora_run_refits_the_workers_from_adapters(tmp_path, small_run):
+    run_dir = tmp_path / "run"
+    result = run_dockyard(
+        "run",
+        "--config",
+        str(QUICKSTART),
+        *small_run,
+        "grpo.max_num_steps=2",
+        "policy.dtensor_cfg.lora_cfg.enabled=true",
+        "--run-dir",
+        str(run_dir),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert metric_steps(run_dir) == [1, 2]
+    assert len(assert_exactly_once(run_dir)) == 2 * 4
+    placement = next(
+        e
+        for e in json_events(run_dir / "logs" / "trainer.log")
+        if e["event"] == "trainer.placement"
+    )
+    assert placement["lora_rank"] == 8
+    refits = [
+        e for e in json_events(run_dir / "logs" / "rollout-0.log") if e["event"] == "refit.done"
+    ]
+    assert {e["version"] for e in refits} >= {0, 1}  # the first adapter and a trained one
+    checkpoint = run_dir / "checkpoints" / "step_2"
+    assert (checkpoint / "adapter" / "adapter_model.safetensors").is_file()
+    assert_checkpoint_exports_to_hf(checkpoint, tmp_path / "hf")

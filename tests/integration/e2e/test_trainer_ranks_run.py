@@ -1,0 +1,93 @@
+"""``dockyard run --trainer-ranks 2`` over a real nats-server: two trainer processes under
+torchrun (gloo), rank 0 talking to the data plane, train every group exactly once; the run then
+resumes its sharded checkpoint with one trainer process and goes on exactly-once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.e2e.conftest import QUICKSTART, run_dockyard
+from tests.integration.e2e.ledger_checks import (
+    assert_every_group_accounted,
+    assert_exactly_once,
+    metric_steps,
+)
+from tests.integration.e2e.test_end_to_end import json_events
+
+pytestmark = pytest.mark.slow
+
+
+def trainer_events(run_dir) -> list[dict]:
+    return json_events(run_dir / "logs" / "trainer.log")
+
+
+def test_two_trainer_ranks_train_every_group_once_and_resume_in_one_process(tmp_path, small_run):
+    run_dir = tmp_path / "run"
+    first = run_dockyard(
+        "run",
+        "--config",
+        str(QUICKSTART),
+        *small_run,
+        "grpo.max_num_steps=4",
+        "--trainer-ranks",
+        "2",
+        "--run-dir",
+        str(run_dir),
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    events = trainer_events(run_dir)
+    placements = [e for e in events if e["event"] == "trainer.placement"]
+    assert [e["data_parallel_ranks"] for e in placements] == [2, 2]  # both ranks sharded
+    assert [e["rank"] for e in events if e["event"] == "trainer.following"] == [1]
+    assert metric_steps(run_dir) == [1, 2, 3, 4]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["metrics"] for r in records if "train/reward_mean" in r["metrics"]]
+    assert all(m["timing/scatter_batch_s"] > 0 for m in steps)
+    assert all(m["loss/num_valid_samples"] == 4 * 4 for m in steps)  # both ranks' shares
+    trained_before = set(assert_exactly_once(run_dir))
+    assert len(trained_before) == 4 * 4
+    assert_every_group_accounted(run_dir)
+
+    second = run_dockyard(
+        "run",
+        "--config",
+        str(QUICKSTART),
+        *small_run,
+        "grpo.max_num_steps=6",
+        "--run-dir",
+        str(run_dir),
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert metric_steps(run_dir)[-2:] == [5, 6]
+    resumed = [e for e in trainer_events(run_dir) if e["event"] == "trainer.resumed"]
+    assert [e["step"] for e in resumed] == [4]
+    trained_after = assert_exactly_once(run_dir)
+    assert trained_before < set(trained_after)
+    assert len(trained_after) == 6 * 4
+
+
+def test_two_tensor_parallel_ranks_train_every_group_once(tmp_path, small_run):
+    run_dir = tmp_path / "run"
+    result = run_dockyard(
+        "run",
+        "--config",
+        str(QUICKSTART),
+        *small_run,
+        "grpo.max_num_steps=2",
+        "policy.dtensor_cfg.tensor_parallel_size=2",
+        "--trainer-ranks",
+        "2",
+        "--run-dir",
+        str(run_dir),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    placements = [e for e in trainer_events(run_dir) if e["event"] == "trainer.placement"]
+    assert [(e["tensor_parallel_ranks"], e["data_parallel_ranks"]) for e in placements] == [
+        (2, 1),
+        (2, 1),
+    ]
+    assert metric_steps(run_dir) == [1, 2]
+    assert len(assert_exactly_once(run_dir)) == 2 * 4
+    assert (run_dir / "checkpoints" / "step_2" / "optimizer.pt").is_file()

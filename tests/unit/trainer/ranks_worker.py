@@ -1,0 +1,62 @@
+"""The ranks of the leader/follower check (run by test_trainer_ranks.py under torchrun).
+
+    torchrun --nproc_per_node 2 tests/unit/trainer/ranks_worker.py OUT_DIR
+
+Rank 0 drives :class:`TrainerRanks` as the trainer loop does; rank 1 follows. Rank 0 writes
+``OUT_DIR/sharded.pt`` (the initial weights' blob digest, the merged step outcome, the weights and
+optimizer state after the step, the weights and optimizer state after loading
+``OUT_DIR/single_ckpt``) and the checkpoint ``OUT_DIR/sharded_ckpt``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from dockyard.broker.weights.base import digest_of_bytes, tensors_to_bytes
+from dockyard.config.loader import load_config
+from dockyard.consumers.trainer.checkpoint_io import read_checkpoint
+from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
+from dockyard.consumers.trainer.ranks import TrainerRanks, World, follow, join_ranks, leave_ranks
+from tests.unit.trainer.ranks_check import checkpoint_of, optimizer_moments
+from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    world = World.from_environment()
+    mesh = join_ranks(world)
+    assert mesh is not None and world.size == 2
+    config = load_config("configs/quickstart.yaml", BASE)
+    trainer = PolicyTrainer(tiny_model("qwen2"), config, torch.device("cpu"), mesh=mesh)
+    if world.rank != 0:
+        follow(trainer)
+        leave_ranks()
+        return
+    ranks = TrainerRanks(trainer)
+    initial_digest = digest_of_bytes(tensors_to_bytes(ranks.model_state()))
+    outcome = ranks.step(on_policy(varied_batch(), "qwen2"))
+    stepped = {k: v.clone() for k, v in ranks.model_state().items()}
+    training = ranks.training_state()
+    checkpoint_of(trainer.model, stepped, training, out / "sharded_ckpt")
+    loaded = read_checkpoint(out / "single_ckpt")
+    ranks.load(loaded.weights, loaded.training_state, out / "single_ckpt")
+    torch.save(
+        {
+            "initial_digest": initial_digest,
+            "outcome": outcome,
+            "stepped": stepped,
+            "stepped_moments": optimizer_moments(training),
+            "loaded": ranks.model_state(),
+            "loaded_moments": optimizer_moments(ranks.training_state()),
+        },
+        out / "sharded.pt",
+    )
+    ranks.stop()
+    leave_ranks()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Two trainer ranks (real gloo processes under torchrun) led by rank 0 through TrainerRanks, as
+``dockyard trainer`` runs them: the step on the scattered batch equals one process's step on the
+whole batch; the weights rank 0 gathers for the weight blob are the unsharded model's, byte for
+byte (same digest); a checkpoint written sharded resumes in one process and one written in one
+process resumes sharded, weights and optimizer state alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dockyard.broker.weights.base import digest_of_bytes, tensors_to_bytes
+from dockyard.config.loader import load_config
+from dockyard.consumers.trainer.checkpoint_io import read_checkpoint
+from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
+from dockyard.consumers.trainer.ranks import TrainerRanks
+from tests.unit.trainer.ranks_check import checkpoint_of, optimizer_moments, run_two_ranks
+from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
+
+
+def one_process() -> TrainerRanks:
+    config = load_config("configs/quickstart.yaml", BASE)
+    return TrainerRanks(PolicyTrainer(tiny_model("qwen2"), config, torch.device("cpu")))
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One process: the initial digest, one step, and its checkpoint (for the ranks to load)."""
+    out = tmp_path_factory.mktemp("ranks")
+    ranks = one_process()
+    digest = digest_of_bytes(tensors_to_bytes(ranks.model_state()))
+    outcome = ranks.step(on_policy(varied_batch(), "qwen2"))
+    weights = {k: v.detach().clone() for k, v in ranks.model_state().items()}
+    training = ranks.training_state()
+    checkpoint_of(ranks.trainer.model, weights, training, out / "single_ckpt")
+    return {
+        "out": out,
+        "digest": digest,
+        "outcome": outcome,
+        "weights": weights,
+        "moments": optimizer_moments(training),
+    }
+
+
+@pytest.fixture(scope="module")
+def sharded(single):
+    out = single["out"]
+    run_two_ranks("ranks_worker.py", out)
+    return torch.load(out / "sharded.pt", weights_only=False)
+
+
+def test_the_gathered_weights_are_the_unsharded_blob(single, sharded):
+    assert sharded["initial_digest"] == single["digest"]
+
+
+def test_the_scattered_step_equals_one_process(single, sharded):
+    mine, theirs = sharded["outcome"], single["outcome"]
+    assert mine.loss.loss == pytest.approx(theirs.loss.loss, rel=1e-5, abs=1e-7)
+    assert mine.loss.num_valid_tokens == theirs.loss.num_valid_tokens
+    assert mine.loss.ratio_max == pytest.approx(theirs.loss.ratio_max, rel=1e-5)
+    assert mine.grad_norm == pytest.approx(theirs.grad_norm, rel=1e-5)
+    assert mine.advantage_tokens == theirs.advantage_tokens
+    assert mine.advantage_mean == pytest.approx(theirs.advantage_mean, rel=1e-5, abs=1e-7)
+    assert mine.advantage_abs_mean == pytest.approx(theirs.advantage_abs_mean, rel=1e-5)
+    for name, value in single["weights"].items():
+        torch.testing.assert_close(sharded["stepped"][name], value, rtol=1e-5, atol=1e-6)
+    for name, value in single["moments"].items():
+        torch.testing.assert_close(sharded["stepped_moments"][name], value, rtol=1e-4, atol=1e-9)
+
+
+def test_a_checkpoint_written_in_one_process_resumes_sharded(single, sharded):
+    for name, value in single["weights"].items():
+        assert torch.equal(sharded["loaded"][name], value), name
+    for name, value in single["moments"].items():
+        assert torch.equal(sharded["loaded_moments"][name], value), name
+
+
+def test_a_checkpoint_written_sharded_resumes_in_one_process(single, sharded):
+    ranks = one_process()
+    directory = single["out"] / "sharded_ckpt"
+    checkpoint = read_checkpoint(directory)
+    ranks.load(checkpoint.weights, checkpoint.training_state, directory)
+    for name, value in ranks.model_state().items():
+        assert torch.equal(value, sharded["stepped"][name]), name
+    moments = optimizer_moments(ranks.training_state())
+    for name, value in sharded["stepped_moments"].items():
+        assert torch.equal(moments[name], value), name
