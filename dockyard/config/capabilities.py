@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 # The open work that will implement what is refused, named in every refusal.
 TRAINER_AT_SCALE = "issue #21 (the trainer on GPUs, sharded, LoRA, packing)"
 REAL_DATA = "issue #22 (real data and the config family's environments)"
-JAX_BACKEND = "issue #28 (the JAX trainer backend)"
 
 _TORCH_TRAINER = "the trainer here is torch with FSDP2 data parallelism (policy.dtensor_cfg)"
 
@@ -106,6 +105,10 @@ def _more_than_one(value: object, default: object) -> bool:
     return isinstance(value, int) and value > 1
 
 
+def _is_float16(value: object, default: object) -> bool:
+    return value == "float16"
+
+
 _SERVER_SIDE_VLLM_KEYS = (
     "precision",
     "tensor_parallel_size",
@@ -132,18 +135,37 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "not planned",
         when=_megatron_on,
     ),
+    # The JAX backend (policy.jax_cfg, dockyard/consumers/trainer/jax_backend/) computes in
+    # float32 or bfloat16 and runs fixed-shape micro-batches (each shape is one compilation).
     Unsupported(
-        "policy.jax_cfg.enabled",
+        "policy.precision",
         "refused",
-        f"the JAX trainer backend is not in this build; {_TORCH_TRAINER}",
-        JAX_BACKEND,
+        "float16 with policy.jax_cfg.enabled: the JAX trainer backend computes in float32 or "
+        "bfloat16 (float16 needs loss scaling, which it does not do)",
+        "not planned",
+        when=_jax_on,
+        triggered=_is_float16,
     ),
     Unsupported(
-        "policy.jax_cfg.*",
+        "cluster.num_nodes",
         "refused",
-        "configures the JAX backend, which is not in this build",
-        JAX_BACKEND,
+        "with policy.jax_cfg.enabled: the JAX trainer is one process over its own devices; a "
+        "multi-host mesh (jax.distributed) is not set up (set 1)",
+        "not planned",
         when=_jax_on,
+        triggered=_more_than_one,
+    ),
+    *(
+        Unsupported(
+            f"policy.{name}.enabled",
+            "warned",
+            "with policy.jax_cfg.enabled: the JAX trainer backend runs fixed micro-batches of "
+            "policy.train_micro_batch_size rows padded to a fixed width (one compilation per "
+            "shape)",
+            "not planned",
+            when=_jax_on,
+        )
+        for name in ("sequence_packing", "dynamic_batching")
     ),
     *(
         Unsupported(

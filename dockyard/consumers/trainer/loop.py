@@ -39,6 +39,7 @@ from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weights.base import WeightBlobStore
 from dockyard.broker.weights.chain import ChainPublisher, PublishedBlob
+from dockyard.consumers.trainer.backend import build_policy_trainer
 from dockyard.consumers.trainer.batch import build_batch
 from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoint, write_checkpoint
 from dockyard.consumers.trainer.evaluation import Evaluator, log_val_samples
@@ -46,7 +47,6 @@ from dockyard.consumers.trainer.health import diagnose, fleet_readiness
 from dockyard.consumers.trainer.ledger import Ledger
 from dockyard.consumers.trainer.lineage import VersionLineage
 from dockyard.consumers.trainer.plot import plot_run
-from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.prompt_source import PromptSource
 from dockyard.consumers.trainer.ranks import TrainerRanks, load_trained_policy
 from dockyard.consumers.trainer.sft import run_sft
@@ -164,8 +164,9 @@ class TrainerLoop:
         # Sharded, a forward pass is a collective of every rank: validation generates on rank
         # 0 alone, with a whole copy refreshed from the gathered weights before each run.
         self.evaluation_model = copy.deepcopy(self.model) if self.mesh is not None else None
-        # Moves the model to the training device (and shards it over the mesh).
-        self.trainer = PolicyTrainer(self.model, cfg, mesh=self.mesh)
+        # Moves the model to the training device (and shards it over the mesh); torch, or JAX
+        # with policy.jax_cfg.enabled.
+        self.trainer = build_policy_trainer(self.model, cfg, mesh=self.mesh)
         self.ranks = TrainerRanks(self.trainer)
         if self.evaluation_model is not None:
             self.evaluation_model.to(self.trainer.device)

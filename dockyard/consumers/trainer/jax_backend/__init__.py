@@ -1,0 +1,1 @@
+"""The JAX (Flax NNX) trainer backend, ``policy.jax_cfg``: see docs/trainer.md."""
