@@ -65,6 +65,8 @@ RUNS: dict[str, CpuRun] = {
     "grpo_terminal_bench.yaml": CpuRun(PRESETS / "grpo_terminal_bench.yaml", "terminal_bench"),
     "grpo_swe.yaml": CpuRun(PRESETS / "grpo_swe.yaml", "swe", sandbox_service=True),
     "grpo_swe_pro.yaml": CpuRun(PRESETS / "grpo_swe_pro.yaml", "swe", sandbox_service=True),
+    # The JAX trainer backend (issue #28) on one CPU device.
+    "grpo_swe_jax.yaml": CpuRun(PRESETS / "grpo_swe_jax.yaml", "swe", sandbox_service=True),
     "grpo_gdpval.yaml": CpuRun(PRESETS / "grpo_gdpval.yaml", "gdpval", judge=True),
     # Multi-turn tool use (issue #23): episodes with the calculator toolbox, CPU-sized as is.
     "multiturn_tools.yaml": CpuRun(
@@ -88,10 +90,6 @@ def _refused(name: str, key: str) -> Callable[[], bool]:
 
 
 EXCLUDED: dict[str, Exclusion] = {
-    "grpo_swe_jax.yaml": Exclusion(
-        "the JAX trainer backend is built elsewhere (issue #28)",
-        _refused("grpo_swe_jax.yaml", "policy.jax_cfg.enabled"),
-    ),
     "grpo_swe_sglang.yaml": Exclusion(
         "SGLang servers do not run on this machine (no sglang installed; GPU servers)",
         lambda: importlib.util.find_spec("sglang") is None and shutil.which("sglang") is None,
