@@ -22,7 +22,7 @@ from sandbox_probes import (
 )
 
 from dockyard.config.sections.env import SandboxLimits
-from dockyard.environments.sandbox import Sandbox, SandboxUnavailableError, jail
+from dockyard.environments.sandbox import Sandbox, SandboxUnavailableError, jail, runner
 
 MIB = 1024 * 1024
 
@@ -202,6 +202,22 @@ def test_refuses_untrusted_code_without_kernel_isolation_unless_opted_in(
     result = weak.run_python("print('ran')")
     assert result.stdout == b"ran\n"
     assert not result.isolation.namespaces
+
+
+def test_refuses_to_start_without_the_syscall_filter_unless_opted_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A machine without libseccomp (stood in for by a compiler that cannot load it): the
+    kernel's whole syscall surface would be open, so the sandbox refuses like for bubblewrap."""
+
+    def no_libseccomp() -> bytes:
+        raise SandboxUnavailableError("seccomp: libseccomp is not usable (stand-in)")
+
+    monkeypatch.setattr(runner, "compiled_filter", no_libseccomp)
+    with pytest.raises(SandboxUnavailableError, match=r"seccomp.*allow_weak_isolation"):
+        Sandbox(SandboxLimits())
+    weak = Sandbox(SandboxLimits(allow_weak_isolation=True))
+    assert not weak.strong
 
 
 _CTYPES_CONNECT = """
