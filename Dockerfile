@@ -1,8 +1,9 @@
 # One image for every dockyard role; docker-compose.yml picks the role by command.
 FROM python:3.11-slim
 WORKDIR /app
-# bubblewrap: namespaces of every sandboxed run (docs/operations.md, Isolation of one run)
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap \
+# bubblewrap: namespaces of every sandboxed run; libseccomp2: its syscall filter (pyseccomp loads
+# it); docs/operations.md, Isolation of one run
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2 \
     && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./
 COPY dockyard ./dockyard

@@ -6,8 +6,8 @@ Rows (median and p90 of wall milliseconds per run, and the ratio to the bare bas
 - bare: ``subprocess.run([sandbox_python, "-c", "pass"])`` — the floor for any process-based
   verifier with this interpreter;
 - sandboxed pass: ``Sandbox.run_python("pass")`` — session (fresh tmpfs, uid), bubblewrap
-  (network, PID, mount, IPC namespaces), the run's cgroup, bootstrap (rlimits, setuid), exec,
-  supervision and the kill;
+  (network, PID, mount, IPC namespaces; the seccomp filter), the run's cgroup, rlimits, setpriv,
+  exec, supervision and the kill;
 - weak: the same with ``allow_weak_isolation`` on a machine without bubblewrap (stood in for by
   an empty search path): the mechanism before issue #20 — bootstrap-made network namespace,
   rlimits, the uid sweep — the "before" of the isolation work, measured in the same run;

@@ -2,6 +2,8 @@
 # Debian packages the sandbox and its tests need, installed when missing (a no-op otherwise):
 # - bubblewrap: every sandboxed run's namespaces, private /tmp and /dev/shm and no-new-privileges
 #   (docs/operations.md, "Isolation of one run");
+# - libseccomp2: compiles every sandboxed run's syscall filter (through the pyseccomp package);
+# - openssl: the sandbox service's TLS tests make their certificates with it;
 # - python3-pytest: pytest for the sandbox's interpreter (the system python3, which the sandbox
 #   uid can run), so the SWE service can score pytest repositories;
 # - chromium: the headless browser the dashboard's tests load the page in (charts drawn, content).
@@ -9,9 +11,11 @@
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+/sbin/ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 ' || missing+=(libseccomp2)
 if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c "import pytest" >/dev/null 2>&1; then
     missing+=(python3-pytest)
 fi
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0

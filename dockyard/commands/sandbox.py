@@ -14,6 +14,7 @@ def _serve(args: argparse.Namespace) -> int:
     from dockyard.environments.swe.auth import TokenError, read_token
     from dockyard.environments.swe.policy import PolicyError, load_policy
     from dockyard.environments.swe.service import SandboxHTTPServer, SWEJobRunner
+    from dockyard.environments.swe.tls import TLSSetupError, server_context
     from dockyard.utils.logging import get_logger
 
     repos = Path(args.repos)
@@ -29,10 +30,26 @@ def _serve(args: argparse.Namespace) -> int:
             python_executable=args.python,
         )
         token = read_token(args.token_file)
+        if (args.tls_cert is None) != (args.tls_key is None):
+            raise CliError("--tls-cert and --tls-key go together")
+        if args.tls_client_ca is not None and args.tls_cert is None:
+            raise CliError("--tls-client-ca needs --tls-cert and --tls-key")
+        tls = (
+            server_context(args.tls_cert, args.tls_key, args.tls_client_ca)
+            if args.tls_cert is not None
+            else None
+        )
         policy = load_policy(Path(args.policy) if args.policy else None)
         runner = SWEJobRunner(repos, limits, policy)
-        server = SandboxHTTPServer((args.host, args.port), runner, args.max_jobs, token)
-    except (ValueError, TokenError, PolicyError, SandboxUnavailableError) as error:
+        server = SandboxHTTPServer(
+            (args.host, args.port),
+            runner,
+            args.max_jobs,
+            token,
+            tls=tls,
+            allow_plaintext=args.allow_plaintext,
+        )
+    except (ValueError, TokenError, TLSSetupError, PolicyError, SandboxUnavailableError) as error:
         raise CliError(str(error)) from None
     except OSError as error:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {error}") from None
@@ -44,6 +61,8 @@ def _serve(args: argparse.Namespace) -> int:
         repos=runner.repositories(),
         python=runner.sandbox.python,
         token_required=token is not None,
+        tls=tls is not None,
+        client_certificates_required=args.tls_client_ca is not None,
     )
     try:
         server.serve_forever()
@@ -79,5 +98,19 @@ def register(registrar: CommandRegistrar) -> None:
         default=None,
         help="file (mode 0600) holding the bearer token clients must send; else "
         "$DOCKYARD_SANDBOX_TOKEN; required unless --host is a loopback address",
+    )
+    serve.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve HTTPS")
+    serve.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert (mode 0600)")
+    serve.add_argument(
+        "--tls-client-ca",
+        default=None,
+        help="PEM CA that clients' certificates must chain to (mutual TLS); with it a token is "
+        "optional beyond loopback",
+    )
+    serve.add_argument(
+        "--allow-plaintext",
+        action="store_true",
+        help="listen beyond loopback over plain HTTP (a private network you trust); without it "
+        "a non-loopback --host needs --tls-cert/--tls-key",
     )
     serve.set_defaults(handler=_serve)

@@ -237,6 +237,17 @@ class SWEEnvConfig(EnvSettings):
         description="file (mode 0600) with the sandbox service's bearer token; unset = "
         "$DOCKYARD_SANDBOX_TOKEN if set, else no token",
     )
+    sandbox_ca_file: str | None = Field(
+        None,
+        description="PEM CA that signed the https sandbox services' certificates; unset = the "
+        "system's CAs",
+    )
+    sandbox_client_cert_file: str | None = Field(
+        None, description="PEM client certificate for services that require one (mutual TLS)"
+    )
+    sandbox_client_key_file: str | None = Field(
+        None, description="PEM key (mode 0600) of sandbox_client_cert_file"
+    )
     connect_retries: PositiveInt = Field(
         3, description="rounds over sandbox_urls on connection failure, within task_timeout"
     )
@@ -281,4 +292,20 @@ class EnvConfig(Section):
                 issues.append(
                     ConfigIssue(f"swe.sandbox_urls.{index}", f"{url!r} is not an http(s) URL")
                 )
+        swe = self.swe
+        tls_keys = ("sandbox_ca_file", "sandbox_client_cert_file", "sandbox_client_key_file")
+        if not any(url.startswith("https://") for url in swe.sandbox_urls):
+            # TLS settings without an https URL would be read by nothing.
+            issues.extend(
+                ConfigIssue(f"swe.{key}", "set, but no swe.sandbox_urls entry is https://")
+                for key in tls_keys
+                if getattr(swe, key) is not None
+            )
+        if (swe.sandbox_client_cert_file is None) != (swe.sandbox_client_key_file is None):
+            issues.append(
+                ConfigIssue(
+                    "swe.sandbox_client_key_file",
+                    "sandbox_client_cert_file and sandbox_client_key_file go together",
+                )
+            )
         return issues

@@ -10,14 +10,17 @@ The isolation is the kernel's (docs/operations.md, "Isolation of one run"); as r
 - one tmpfs of ``max_disk_mb`` per session (``jail.Workspace``): the work directory, ``/tmp``
   and ``/dev/shm``, the only writable places, discarded afterwards.
 - its own uid/gid per session (``identity.py``): only world-readable files are readable.
+- a seccomp filter (``seccomp.py``), loaded by bubblewrap before the program: new namespaces,
+  mounts, ptrace, the keyring, eBPF, perf, io_uring, modules and the like are refused.
 - rlimits (CPU, address space, file size, open files, processes), a wall clock, byte-capped
   output (``runner.py``).
 
 Without bubblewrap's namespaces or a usable cgroup a :class:`Sandbox` refuses to start unless
 ``limits.allow_weak_isolation`` is set; then only rlimits, a bootstrap-made network namespace if
 possible, the uid sweep and a Python audit hook (a diagnostic: ``ctypes`` passes it) apply.
-Not given: a syscall filter (no seccomp) or protection against kernel exploits: use a VM or
-gVisor-style container around the scorers for hostile workloads at scale.
+Not given: protection against exploits of the syscalls the filter leaves open (it is a deny list
+of the riskiest interfaces): use a VM or gVisor-style container around the scorers for hostile
+workloads at scale.
 """
 
 from dockyard.environments.sandbox import jail

@@ -9,7 +9,8 @@ under the scratch root (only ``RLIMIT_FSIZE`` per file bounds them).
 
 bubblewrap (Debian's ``bubblewrap``; ``scripts/ensure_system_packages.sh``) gives the run new
 network, PID, IPC and UTS namespaces (a user namespace too when not root), a fresh ``/proc``
-and minimal ``/dev``, sets no-new-privileges (a setuid binary runs with the caller's uid), and with
+and minimal ``/dev``, sets no-new-privileges (a setuid binary runs with the caller's uid), loads the
+run's syscall filter (``--seccomp``, ``seccomp.py``) right before its exec, and with
 ``--die-with-parent`` and the PID namespace, killing bubblewrap kills every process of the run:
 the kernel kills a PID namespace's members when its init dies.
 """

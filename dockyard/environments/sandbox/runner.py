@@ -44,6 +44,7 @@ from dockyard.environments.sandbox.jail import (
     find_bwrap,
     find_setpriv,
 )
+from dockyard.environments.sandbox.seccomp import compiled_filter, filter_fd
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -84,6 +85,7 @@ class Isolation:
     #: bubblewrap: PID/mount/IPC namespaces, private /tmp and /dev/shm, no-new-privileges
     namespaces: bool = False
     cgroup: str = "none"  # "v1", "v2": memory and process count of the whole run; "none"
+    seccomp: bool = False  # the syscall filter of ``seccomp.py`` was loaded before the program
 
 
 @dataclass(frozen=True)
@@ -141,13 +143,20 @@ class Sandbox:
         self.setpriv = find_setpriv() if self.drops_privileges else None
         self.cgroups = detect_layout()
         missing = []
+        self.seccomp: bytes | None = None
+        try:
+            self.seccomp = compiled_filter()
+        except SandboxUnavailableError as error:
+            missing.append(str(error))
         if self.bwrap is None:
             missing.append(
                 "bubblewrap (bwrap) for namespaces; scripts/ensure_system_packages.sh installs it"
             )
         elif self.drops_privileges and self.setpriv is None:
             missing.append("setpriv (util-linux) to drop to the run's uid inside bubblewrap")
-        elif problem := _probe_bwrap(self.bwrap, self.setpriv, limits.sandbox_uid_base):
+        elif self.seccomp is not None and (
+            problem := _probe_bwrap(self.bwrap, self.setpriv, limits.sandbox_uid_base, self.seccomp)
+        ):
             missing.append(f"namespaces: bwrap fails here ({problem})")
         if missing:
             self.bwrap = None
@@ -332,7 +341,8 @@ class SandboxSession:
         (losing every capability) right before the program: no interpreter start in between.
         """
         sandbox, identity = self.sandbox, self.identity
-        assert sandbox.bwrap is not None
+        assert sandbox.bwrap is not None and sandbox.seccomp is not None
+        seccomp_fd = filter_fd(sandbox.seccomp)
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
         jail = bwrap_argv(
@@ -341,6 +351,7 @@ class SandboxSession:
             as_root=sandbox.drops_privileges,
             options=[
                 *("--info-fd", str(info_write), "--block-fd", str(block_read)),
+                *("--seccomp", str(seccomp_fd)),
                 *("--chdir", str(cwd or self.directory)),
             ],
         )
@@ -353,7 +364,7 @@ class SandboxSession:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(info_write, block_read),
+                pass_fds=(info_write, block_read, seccomp_fd),
                 start_new_session=True,  # its own process group, killed as a whole
                 env=env,
                 umask=0o077,
@@ -363,8 +374,8 @@ class SandboxSession:
                 os.close(fd)
             raise
         finally:
-            os.close(info_write)
-            os.close(block_read)
+            for fd in (info_write, block_read, seccomp_fd):
+                os.close(fd)
         try:
             init_pid = _read_child_pid(info_read, process)
             for procs in cgroup.procs_files:
@@ -385,6 +396,7 @@ class SandboxSession:
             privileges_dropped=identity is not None,
             namespaces=True,
             cgroup=cgroup.layout.version,
+            seccomp=True,
         )
         return process, isolation
 
@@ -559,17 +571,29 @@ def _setup_stderr(process: subprocess.Popen[bytes]) -> str:
 
 
 @functools.cache
-def _probe_bwrap(bwrap: str, setpriv: str | None, probe_uid: int) -> str | None:
+def _probe_bwrap(bwrap: str, setpriv: str | None, probe_uid: int, seccomp: bytes) -> str | None:
     """Why bubblewrap (and, as root, ``setpriv`` to a sandbox uid) cannot run a program with
-    the run's namespaces here (``None``: it can)."""
+    the run's namespaces and syscall filter here (``None``: it can)."""
+    seccomp_fd = filter_fd(seccomp)
     with tempfile.TemporaryDirectory(prefix="dockyard-bwrap-probe-") as directory:
         workspace = Workspace(Path(directory), mounted=False)
         for path in (workspace.work, workspace.tmp, workspace.shm):
             path.mkdir()
-        argv = bwrap_argv(bwrap, workspace, as_root=setpriv is not None)
+        argv = bwrap_argv(
+            bwrap, workspace, as_root=setpriv is not None, options=["--seccomp", str(seccomp_fd)]
+        )
         if setpriv is not None:
             argv += drop_privileges_argv(setpriv, RunIdentity(probe_uid, probe_uid))
-        probe = subprocess.run([*argv, "/bin/true"], capture_output=True, env={}, check=False)
+        try:
+            probe = subprocess.run(
+                [*argv, "/bin/true"],
+                capture_output=True,
+                env={},
+                check=False,
+                pass_fds=(seccomp_fd,),
+            )
+        finally:
+            os.close(seccomp_fd)
     if probe.returncode != 0:
         return probe.stderr.decode(errors="replace").strip() or f"exit {probe.returncode}"
     return None

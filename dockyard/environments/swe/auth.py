@@ -32,13 +32,11 @@ def read_token(
     None. (The gdpval judge's API key is read the same way, from its own variable.)"""
     if path is not None:
         path = Path(path)
+        refuse_if_readable_by_others(path, "token file")
         try:
-            mode = path.stat().st_mode
             text = path.read_text()
         except OSError as error:
             raise TokenError(f"token file {path}: {error.strerror}") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise TokenError(f"token file {path} is readable by others: chmod 600 it")
         source = f"token file {path}"
     elif variable in environ:
         text, source = environ[variable], f"${variable}"
@@ -48,6 +46,16 @@ def read_token(
     if len(token) < _MIN_TOKEN_BYTES:
         raise TokenError(f"{source} holds under {_MIN_TOKEN_BYTES} bytes; use a random token")
     return token
+
+
+def refuse_if_readable_by_others(path: Path, what: str) -> None:
+    """A secret's file must be private to its owner (mode 0600 or stricter)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as error:
+        raise TokenError(f"{what} {path}: {error.strerror}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise TokenError(f"{what} {path} is readable by others: chmod 600 it")
 
 
 def is_loopback(host: str) -> bool:

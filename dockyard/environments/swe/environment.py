@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,7 @@ from dockyard.environments.registry import register_environment
 from dockyard.environments.swe.auth import TokenError, read_token
 from dockyard.environments.swe.integrity import DEFAULT_PROTECTED_PATHS, integrity_problems
 from dockyard.environments.swe.protocol import AUTH_HEADER, JOBS_PATH, SWEJobRequest, SWEJobResult
+from dockyard.environments.swe.tls import TLSSetupError, client_context
 from dockyard.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -105,10 +107,20 @@ class SWEEnvironment(Environment):
         self._headers = {"Content-Type": "application/json"}
         if token is not None:
             self._headers[AUTH_HEADER] = f"Bearer {token.decode()}"
+        self._tls: ssl.SSLContext | bool = True  # httpx's default: the system's CAs
+        if any(url.startswith("https://") for url in settings.sandbox_urls):
+            try:
+                self._tls = client_context(
+                    settings.sandbox_ca_file,
+                    settings.sandbox_client_cert_file,
+                    settings.sandbox_client_key_file,
+                )
+            except TLSSetupError as error:
+                raise ValueError(f"env.swe TLS settings: {error}") from None
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient()
+            self._client = httpx.AsyncClient(verify=self._tls)
         return self._client
 
     async def aclose(self) -> None:

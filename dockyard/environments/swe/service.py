@@ -23,6 +23,7 @@ import json
 import random
 import secrets
 import shutil
+import ssl
 import threading
 import time
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -62,6 +64,8 @@ logger = get_logger(__name__)
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 _OUTPUT_TAIL_CHARS = 2000
+# A client must finish the TLS handshake within this; a stalled one costs a thread, not the service.
+_TLS_HANDSHAKE_TIMEOUT_S = 10.0
 _CHECKOUT = "repo"
 _RUNNER = Path(__file__).with_name("_suite_runner.py")
 _REPORT = "outcomes.json"
@@ -366,18 +370,50 @@ class SandboxHTTPServer(ThreadingHTTPServer):
         runner: SWEJobRunner,
         max_jobs: int,
         token: bytes | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+        allow_plaintext: bool = False,
     ) -> None:
-        if token is None and not is_loopback(address[0]):
-            raise TokenError(
-                f"refusing to listen on {address[0]} without a token: beyond loopback anyone "
-                f"who reaches the port could run jobs (give --token-file or ${TOKEN_ENV})"
-            )
+        mutual_tls = tls is not None and tls.verify_mode == ssl.CERT_REQUIRED
+        if not is_loopback(address[0]):
+            if token is None and not mutual_tls:
+                raise TokenError(
+                    f"refusing to listen on {address[0]} without a token: beyond loopback anyone "
+                    f"who reaches the port could run jobs (give --token-file or ${TOKEN_ENV}, or "
+                    "require client certificates with --tls-client-ca)"
+                )
+            if tls is None and not allow_plaintext:
+                raise TokenError(
+                    f"refusing to listen on {address[0]} over plain HTTP: the token and the "
+                    "patches would cross the network in clear (give --tls-cert and --tls-key, "
+                    "or --allow-plaintext on a private network)"
+                )
         super().__init__(address, _Handler)
         self.runner = runner
         self.job_slots = threading.BoundedSemaphore(max_jobs)
         self.token = token
+        self.tls = tls
+        if tls is not None:
+            # The handshake runs in the request's thread (finish_request), not in the accept
+            # loop, so a client that stalls it cannot stop other clients from connecting.
+            self.socket = tls.wrap_socket(
+                self.socket, server_side=True, do_handshake_on_connect=False
+            )
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.tls is not None:
+            request.settimeout(_TLS_HANDSHAKE_TIMEOUT_S)
+            try:
+                request.do_handshake()
+            except (ssl.SSLError, OSError) as error:
+                # e.g. no client certificate under --tls-client-ca, or plain HTTP to a TLS port
+                logger.warning("tls handshake refused", client=client_address[0], error=str(error))
+                return
+            request.settimeout(None)
+        super().finish_request(request, client_address)
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{host}:{port}"

@@ -5,6 +5,7 @@ no-new-privileges, one tmpfs), not by anything inside the sandboxed interpreter.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -21,7 +22,7 @@ from sandbox_probes import (
 )
 
 from dockyard.config.sections.env import SandboxLimits
-from dockyard.environments.sandbox import Sandbox, SandboxUnavailableError, jail
+from dockyard.environments.sandbox import Sandbox, SandboxUnavailableError, jail, runner
 
 MIB = 1024 * 1024
 
@@ -203,6 +204,22 @@ def test_refuses_untrusted_code_without_kernel_isolation_unless_opted_in(
     assert not result.isolation.namespaces
 
 
+def test_refuses_to_start_without_the_syscall_filter_unless_opted_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A machine without libseccomp (stood in for by a compiler that cannot load it): the
+    kernel's whole syscall surface would be open, so the sandbox refuses like for bubblewrap."""
+
+    def no_libseccomp() -> bytes:
+        raise SandboxUnavailableError("seccomp: libseccomp is not usable (stand-in)")
+
+    monkeypatch.setattr(runner, "compiled_filter", no_libseccomp)
+    with pytest.raises(SandboxUnavailableError, match=r"seccomp.*allow_weak_isolation"):
+        Sandbox(SandboxLimits())
+    weak = Sandbox(SandboxLimits(allow_weak_isolation=True))
+    assert not weak.strong
+
+
 _CTYPES_CONNECT = """
 import ctypes, socket, struct
 libc = ctypes.CDLL(None, use_errno=True)
@@ -227,3 +244,123 @@ def test_ctypes_socket_past_the_python_guard_reaches_nothing() -> None:
             server.accept()
     finally:
         server.close()
+
+
+# Syscall numbers from the kernel's tables (arch/x86/entry/syscalls/syscall_64.tbl and
+# include/uapi/asm-generic/unistd.h for arm64): the probe calls them raw, as an exploit would,
+# so no libc wrapper can hide a refusal.
+_SYSCALL_NUMBERS = {
+    "x86_64": {"ptrace": 101, "unshare": 272, "setns": 308, "clone": 56, "clone3": 435,
+               "mount": 165, "keyctl": 250, "bpf": 321, "perf_event_open": 298,
+               "io_uring_setup": 425, "init_module": 175, "userfaultfd": 323},
+    "aarch64": {"ptrace": 117, "unshare": 97, "setns": 268, "clone": 220, "clone3": 435,
+                "mount": 40, "keyctl": 219, "bpf": 280, "perf_event_open": 241,
+                "io_uring_setup": 425, "init_module": 105, "userfaultfd": 282},
+}  # fmt: skip
+
+_SECCOMP_PROBE = """
+import ctypes, os, platform, signal
+numbers = {numbers!r}[platform.machine()]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+buffer = ctypes.create_string_buffer(256)
+CLONE_NEWUSER, SIGCHLD = 0x10000000, 17
+
+def call(name, *args):
+    ctypes.set_errno(0)
+    result = libc.syscall(numbers[name], *args)
+    if result == 0 and name == "clone":
+        os._exit(0)  # the child of a clone that was let through
+    if result > 0 and name == "clone":
+        os.waitpid(result, 0)
+    print(name, ctypes.get_errno() if result == -1 else "allowed", flush=True)
+
+call("ptrace", 0, 0, 0, 0)  # PTRACE_TRACEME: allowed to anyone without a filter
+call("unshare", CLONE_NEWUSER)  # a user namespace: capabilities for an unprivileged process
+call("setns", -1, 0)
+call("clone", CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0)
+call("clone3", buffer, 88)
+call("mount", b"none", b"/tmp", b"tmpfs", 0, 0)
+call("keyctl", 0, -3, 0)  # KEYCTL_GET_KEYRING_ID of the session keyring
+call("bpf", 5, buffer, 128)  # BPF_PROG_LOAD
+call("perf_event_open", buffer, 0, -1, -1, 0)
+call("io_uring_setup", 8, buffer)
+call("init_module", buffer, 16, b"")
+call("userfaultfd", 0)
+"""
+
+
+@requires_root
+@requires_kernel_isolation
+@pytest.mark.skipif(
+    os.uname().machine not in _SYSCALL_NUMBERS, reason="syscall numbers known for x86_64, arm64"
+)
+def test_kernel_attack_surface_syscalls_are_refused_by_the_filter() -> None:
+    """An exploit's first steps — a user namespace, tracing, the keyring, eBPF, perf, io_uring,
+    modules — are refused with EPERM whatever the caller's privileges; ``clone3``, whose flags
+    seccomp cannot read, is ENOSYS so libc falls back to the filtered ``clone``."""
+    result = _run(_sandbox(), _SECCOMP_PROBE.format(numbers=_SYSCALL_NUMBERS))
+    assert result.ok, result.stderr
+    outcomes = dict(line.split() for line in result.stdout.decode().splitlines())
+    eperm, enosys = str(errno.EPERM), str(errno.ENOSYS)
+    expected = {name: eperm for name in _SYSCALL_NUMBERS["x86_64"]} | {"clone3": enosys}
+    assert outcomes == expected
+    assert result.isolation.seccomp
+
+
+@requires_root
+@requires_kernel_isolation
+def test_ordinary_programs_still_run_under_the_filter() -> None:
+    """Threads (clone3 falls back to clone), fork, a subprocess and /proc still work."""
+    result = _run(
+        _sandbox(),
+        """
+        import subprocess, threading
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append("thread"))
+        thread.start()
+        thread.join()
+        seen.append(subprocess.run(["echo", "child"], capture_output=True).stdout.decode().strip())
+        print(*seen)
+        """,
+    )
+    assert result.ok, result.stderr
+    assert result.stdout == b"thread child\n"
+
+
+@requires_root
+@requires_kernel_isolation
+def test_a_daemon_that_double_forks_and_ignores_signals_does_not_outlive_the_run() -> None:
+    """The classic daemon escape: fork, ``setsid`` (new session and process group), fork again
+    (reparented away from the program), ignore every catchable signal, exec something long.
+    It is gone by the time ``run`` returns, while the session (and its uid) still exists, so
+    neither the session's clean-up nor a uid sweep is what ended it."""
+    marker = f"{uuid.uuid4().int % 100000 + 1000}.25"  # a unique argument to find it by
+    sandbox = _sandbox()
+    try:
+        with sandbox.session() as session:
+            session.write_file(
+                "main.py",
+                textwrap.dedent(
+                    f"""
+                    import os, signal
+                    if os.fork() == 0:
+                        os.setsid()
+                        if os.fork() == 0:
+                            for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                                signal.signal(number, signal.SIG_IGN)
+                            os.execv("/bin/sleep", ["sleep", {marker!r}])
+                        os._exit(0)
+                    os.wait()
+                    print("daemon started")
+                    """
+                ).encode(),
+            )
+            result = session.run_python("main.py")
+            assert result.ok, result.stderr
+            assert result.stdout == b"daemon started\n"
+            assert processes_whose_cmdline_contains(marker.encode()) == []
+    finally:
+        for pid in processes_whose_cmdline_contains(marker.encode()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

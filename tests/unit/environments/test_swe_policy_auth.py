@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from dockyard.config.sections.env import SWEEnvConfig
+from dockyard.config.sections.env import EnvConfig, SWEEnvConfig
 from dockyard.environments import InvalidScoringInput, SampleInput, ScoringGroup
 from dockyard.environments.swe.auth import TOKEN_ENV, TokenError, is_loopback, read_token
 from dockyard.environments.swe.environment import SWEEnvironment
@@ -132,3 +134,21 @@ def test_the_early_header_check_reads_quoted_paths_as_git_does() -> None:
     ]
     utf8 = 'diff --git "a/caf\\303\\251.py" "b/caf\\303\\251.py"\n'
     assert touched_paths(utf8) == {"café.py"}
+
+
+@pytest.mark.parametrize(
+    ("settings", "issue"),
+    [
+        # TLS files with only http:// services would be read by nothing: refused, not ignored.
+        ({"sandbox_urls": ["http://10.0.0.5:8085"], "sandbox_ca_file": "ca.pem"},
+         ("swe.sandbox_ca_file", "no swe.sandbox_urls entry is https://")),
+        ({"sandbox_urls": ["https://10.0.0.5:8085"], "sandbox_client_cert_file": "c.pem"},
+         ("swe.sandbox_client_key_file", "go together")),
+    ],
+)  # fmt: skip
+def test_tls_settings_that_would_not_take_effect_are_refused(
+    settings: dict[str, object], issue: tuple[str, str]
+) -> None:
+    path, fragment = issue
+    with pytest.raises(ValidationError, match=re.escape(f"{path}: ") + ".*" + re.escape(fragment)):
+        EnvConfig(swe=SWEEnvConfig(**settings))
