@@ -27,10 +27,25 @@ DOCS = PACKAGE.parent / "docs" / "configuration.md"
 
 # Keys whose name the schema shares with other keys, and the modules that read them.
 READ_BY: dict[str, tuple[str, ...]] = {
-    "data.*.*": ("data/base.py", "data/arithmetic.py", "consumers/trainer/loop.py"),
-    "data.train.*": ("data/base.py", "data/arithmetic.py", "commands/trainer.py"),
+    "data.*.*": (
+        "data/base.py",
+        "data/arithmetic.py",
+        "data/catalog.py",
+        "consumers/trainer/loop.py",
+    ),
+    "data.train.*": (
+        "data/base.py",
+        "data/arithmetic.py",
+        "data/catalog.py",
+        "commands/trainer.py",
+    ),
     "sft.*": ("consumers/trainer/sft.py", "consumers/trainer/loop.py"),
-    "sft.dev_dataset.*": ("data/base.py", "data/arithmetic.py", "consumers/trainer/loop.py"),
+    "sft.dev_dataset.*": (
+        "data/base.py",
+        "data/arithmetic.py",
+        "data/catalog.py",
+        "consumers/trainer/loop.py",
+    ),
     "env.*.*": (
         "environments/timeouts.py",
         "environments/teacher_env.py",
