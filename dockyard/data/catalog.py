@@ -8,14 +8,13 @@ This is the top of the data package: it imports the dataset modules, and they im
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from dockyard.config.sections.data import DatasetConfig
 from dockyard.data import arithmetic, procedural  # noqa: F401 - built-ins register themselves
 from dockyard.data.base import (
     Dataset,
     DatasetError,
-    PromptRecord,
+    MappedDataset,
     UnknownDatasetError,
     builder_for,
     registered_names,
@@ -28,32 +27,15 @@ def dataset_names() -> list[str]:
     return registered_names()
 
 
-@dataclass(frozen=True)
-class AgentNamedDataset:
-    """``inner`` with every record carrying ``agent_name`` (``data.*.agent_name``)."""
-
-    inner: Dataset
-    agent_name: str
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getitem__(self, index: int) -> PromptRecord:
-        return dataclasses.replace(self.inner[index], agent_name=self.agent_name)
-
-
 def build_dataset(config: DatasetConfig, default_env: str) -> Dataset:
     """Build the dataset a ``data.train`` / ``data.validation`` entry names: the local files at
     ``path`` when it is set, else the registered builder of ``name``; with ``agent_name``, its
     records carry that agent name."""
     dataset = _build(config, default_env)
-    if config.agent_name is None:
+    agent = config.agent_name
+    if agent is None:
         return dataset
-    return AgentNamedDataset(dataset, config.agent_name)
+    return MappedDataset(dataset, lambda record: dataclasses.replace(record, agent_name=agent))
 
 
 def _build(config: DatasetConfig, default_env: str) -> Dataset:

@@ -7,8 +7,6 @@ advantage the trainer builds from the scored rollouts on the wire equals
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from pathlib import Path
 
@@ -21,7 +19,6 @@ from dockyard.broker.typed import MessagePlane
 from dockyard.config.loader import load_config
 from dockyard.config.master import MasterConfig
 from dockyard.config.sections.data import DatasetConfig
-from dockyard.consumers.scorer import Scorer
 from dockyard.consumers.trainer.batch import build_batch
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.data.catalog import build_dataset
@@ -30,7 +27,7 @@ from dockyard.models.tiny import build_arithmetic_policy, save_policy
 from dockyard.producers.prompts import make_prompt_group
 from dockyard.schemas import DeadLetter, Rollout, ScoredRollout, decode
 from tests.integration.roles.factories import TOKENIZER, rollout
-from tests.integration.roles.test_scorer import _count, stored, wait_for
+from tests.integration.roles.test_scorer import _count, running_scorer, stored, wait_for
 
 TEACHER_SEEDS = {"adder_expert": 1, "reverser_expert": 2}
 AGENTS = {"adder": "adder_expert", "reverser": "reverser_expert"}
@@ -59,23 +56,6 @@ def opd_config(teacher_dirs: dict[str, Path]) -> MasterConfig:
     ]
     # No default teacher: an agent outside the map has nobody to learn from.
     return load_config("configs/quickstart.yaml", overrides)
-
-
-@contextlib.asynccontextmanager
-async def teacher_scorer(messages: MessagePlane, config: MasterConfig):
-    scorer = Scorer(
-        messages,
-        EnvironmentContext(env=config.env, distillation=config.on_policy_distillation),
-        TOKENIZER,
-        scorer_id="s-teacher",
-        nak_delay_s=0.1,
-    )
-    task = asyncio.create_task(scorer.run())
-    try:
-        yield scorer
-    finally:
-        scorer.stop()
-        await asyncio.wait_for(task, 30)
 
 
 def direct_logprobs(model: torch.nn.Module, prompt: np.ndarray, response: np.ndarray) -> np.ndarray:
@@ -129,7 +109,8 @@ async def test_each_agent_is_scored_by_its_teacher_and_an_unmapped_agent_is_dead
         messages = MessagePlane(plane, stage="scorer")
         for message in sent.values():
             await messages.publish(message)
-        async with teacher_scorer(messages, config):
+        context = EnvironmentContext(env=config.env, distillation=config.on_policy_distillation)
+        async with running_scorer(messages, context):
             await wait_for(lambda: _count(plane, plane.names.scored, 2), timeout_s=120)
             await wait_for(lambda: _count(plane, plane.names.dead_letters, 1), timeout_s=60)
         scored = {
