@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from dockyard.config.sections.data import DatasetConfig
-from dockyard.data import arithmetic, procedural  # noqa: F401 - built-ins register themselves
+from dockyard.data import arithmetic, digit_tasks, procedural  # noqa: F401 - built-ins register themselves
 from dockyard.data.base import (
     Dataset,
     DatasetError,
