@@ -46,6 +46,25 @@ class Dataset(Protocol):
     def __getitem__(self, index: int) -> PromptRecord: ...
 
 
+@dataclass(frozen=True)
+class MappedDataset:
+    """``inner`` with ``transform`` applied to every record as it is read (same name, same
+    length): a rendered prompt, an agent name given by the config."""
+
+    inner: Dataset
+    transform: Callable[[PromptRecord], PromptRecord]
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> PromptRecord:
+        return self.transform(self.inner[index])
+
+
 class UnknownDatasetError(KeyError):
     """A config names a dataset no builder is registered for."""
 

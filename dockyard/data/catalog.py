@@ -7,11 +7,14 @@ This is the top of the data package: it imports the dataset modules, and they im
 
 from __future__ import annotations
 
+import dataclasses
+
 from dockyard.config.sections.data import DatasetConfig
-from dockyard.data import arithmetic, procedural  # noqa: F401 - built-ins register themselves
+from dockyard.data import arithmetic, digit_tasks, procedural  # noqa: F401 - built-ins register themselves
 from dockyard.data.base import (
     Dataset,
     DatasetError,
+    MappedDataset,
     UnknownDatasetError,
     builder_for,
     registered_names,
@@ -29,12 +32,21 @@ def build_dataset(
     config: DatasetConfig, default_env: str, default_processor: str = DEFAULT_PROCESSOR
 ) -> Dataset:
     """Build the dataset a ``data.train`` / ``data.validation`` entry names: the local files at
-    ``path`` when it is set, else the registered builder of ``name``; then its processor
-    (``processor``, else ``default_processor``: ``data.default_processor``)."""
+    ``path`` when it is set, else the registered builder of ``name``; with ``agent_name``, its
+    records carry that agent name; then its processor (``processor``, else
+    ``default_processor``: ``data.default_processor``)."""
     return process_dataset(_records_of(config, default_env), config.processor or default_processor)
 
 
 def _records_of(config: DatasetConfig, default_env: str) -> Dataset:
+    dataset = _build(config, default_env)
+    agent = config.agent_name
+    if agent is None:
+        return dataset
+    return MappedDataset(dataset, lambda record: dataclasses.replace(record, agent_name=agent))
+
+
+def _build(config: DatasetConfig, default_env: str) -> Dataset:
     env = config.env or default_env
     builder = builder_for(config.name)
     if config.path is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from dockyard.config.sections.data import DataConfig, DatasetConfig
 from dockyard.config.sections.policy import TokenizerConfig
-from dockyard.data.base import ChatMessage, Dataset, PromptRecord
+from dockyard.data.base import ChatMessage, Dataset, MappedDataset, PromptRecord
 from dockyard.data.catalog import build_dataset
 
 CHATML = (
@@ -120,30 +120,13 @@ def _without_duplicate_bos(text: str, tokenizer: object) -> str:
     return text[len(bos) :] if adds_bos else text
 
 
-@dataclass(frozen=True)
-class FormattedDataset:
-    """``inner`` with every record's prompt rendered (records are rendered when read)."""
-
-    inner: Dataset
-    fmt: PromptFormat
-    tokenizer: object
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getitem__(self, index: int) -> PromptRecord:
-        record = self.inner[index]
-        return replace(record, prompt=render_prompt(record, self.fmt, self.tokenizer), messages=())
-
-
 def format_dataset(dataset: Dataset, fmt: PromptFormat, tokenizer: object) -> Dataset:
     """The dataset as the model sees it; the first record is rendered now, so a missing or
     broken template is refused at launch rather than at the first dispatch."""
-    formatted = FormattedDataset(dataset, fmt, tokenizer)
+    formatted = MappedDataset(
+        dataset,
+        lambda record: replace(record, prompt=render_prompt(record, fmt, tokenizer), messages=()),
+    )
     if len(formatted):
         formatted[0]
     return formatted

@@ -151,11 +151,23 @@ def _record(row: object, number: int, fields: FieldMapping, env: str, path: Path
                 "a string, number, bool or null",
             )
         extra[name] = value
+    agent = "default"
+    if fields.agent is not None:
+        agent = get("agent", fields.agent)  # type: ignore[assignment]
+        if not isinstance(agent, str) or not agent:
+            # The agent name picks the record's teacher under OPD: a wrong type must not
+            # quietly become some other agent's.
+            raise DatasetError(
+                "fields.agent",
+                f"{where}: field {fields.agent!r} is {agent!r:.60}; an agent name is a "
+                "non-empty string",
+            )
     return PromptRecord(
         index=number,
         prompt=prompt,
         ground_truth=str(answer),
         env=env,
+        agent_name=agent,
         extra=extra,
         messages=messages,
     )

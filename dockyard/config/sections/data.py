@@ -30,6 +30,11 @@ class FieldMapping(Section):
         "(stdin/stdout) or {assert} (Python run after the program) objects; copied to the "
         "scorer as extra 'tests' (program_bench, code)",
     )
+    agent: str | None = Field(
+        None,
+        description="field holding the record's agent name (a non-empty string; routes it to "
+        "its teacher under on-policy distillation); None = the dataset's agent_name",
+    )
 
     def rule_issues(self) -> list[ConfigIssue]:
         if self.prompt is not None and self.messages is not None:
@@ -70,6 +75,13 @@ class DatasetConfig(Section):
         None, description="local .jsonl/.parquet file or save_to_disk directory (no download)"
     )
     fields: FieldMapping = Field(default_factory=FieldMapping)
+    agent_name: str | None = Field(
+        None,
+        min_length=1,
+        description="agent name every record of this dataset carries (a teacher is chosen by "
+        "it under on-policy distillation); None = the dataset's own ('default' for files "
+        "without fields.agent)",
+    )
     env: str | None = Field(None, description="environment scoring this data; None = default_env")
     processor: str | None = Field(
         None,
@@ -83,7 +95,16 @@ class DatasetConfig(Section):
     params: dict[str, int | float | str | bool] = Field(default_factory=dict)
 
     def rule_issues(self) -> list[ConfigIssue]:
-        return processor_issue("processor", self.processor)
+        issues = processor_issue("processor", self.processor)
+        if self.agent_name is not None and self.fields.agent is not None:
+            issues.append(
+                ConfigIssue(
+                    "agent_name",
+                    "set either agent_name (one agent for every record) or fields.agent "
+                    "(each record's own), not both",
+                )
+            )
+        return issues
 
 
 class DataConfig(Section):

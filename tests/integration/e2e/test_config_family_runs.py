@@ -25,6 +25,7 @@ import pytest
 from dockyard.config.capabilities import not_implemented
 from dockyard.config.loader import load_config
 from dockyard.environments.tools.toolbox import available_toolboxes
+from dockyard.fleet.recipe import plan_recipe
 from dockyard.utils.status import read_statuses
 from tests.integration.e2e.conftest import QUICKSTART, ROOT, SMALL_RUN, run_dockyard
 from tests.integration.e2e.ledger_checks import (
@@ -76,6 +77,9 @@ RUNS: dict[str, CpuRun] = {
     "v4_consolidation.yaml": CpuRun(PRESETS / "v4_consolidation.yaml", "teacher", broker=False),
 }
 SFT = {"sft.yaml": PRESETS / "sft.yaml"}  # `dockyard sft`, then a GRPO run from its model
+# Recipe files (`dockyard recipe v4`), not run configs: each of their stages is a run config,
+# validated here; the chain itself runs in test_recipe_chain.py and benchmarks/bench_v4_recipe.py.
+RECIPES = {"v4_recipe.yaml"}
 
 
 @dataclass(frozen=True)
@@ -109,13 +113,15 @@ EXCLUDED: dict[str, Exclusion] = {
 
 def test_every_family_file_runs_here_or_is_excluded_with_a_reason_that_holds():
     family = {path.name for path in CONFIGS.glob("*.yaml")}
-    covered = set(RUNS) | set(SFT)
+    covered = set(RUNS) | set(SFT) | RECIPES
     assert not covered & set(EXCLUDED)
     assert family - covered - set(EXCLUDED) == set(), "a family file with no CPU run"
     assert covered | set(EXCLUDED) == family, "the tables name a file that is not in configs/"
     for name, exclusion in EXCLUDED.items():
         assert exclusion.still_holds(), f"{name}: no longer excluded ({exclusion.reason})"
         assert not (PRESETS / name).exists(), f"{name} has a preset: run it instead"
+    for name in RECIPES:
+        assert plan_recipe(CONFIGS / name), f"{name}: a recipe without stages"
     for name, run in RUNS.items():
         preset_of = run.preset.resolve()
         assert preset_of.is_file()

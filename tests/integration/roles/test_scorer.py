@@ -39,10 +39,10 @@ async def stored(plane: JetStreamPlane, subject: str) -> list:
 
 
 @contextlib.asynccontextmanager
-async def running_scorer(messages: MessagePlane):
+async def running_scorer(messages: MessagePlane, context: EnvironmentContext | None = None):
     scorer = Scorer(
         messages,
-        EnvironmentContext(env=EnvConfig()),
+        context or EnvironmentContext(env=EnvConfig()),
         TOKENIZER,
         scorer_id="s-test",
         max_deliver=3,

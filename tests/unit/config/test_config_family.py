@@ -30,8 +30,13 @@ FAMILY = [
 ]
 
 
+# Recipe files (`dockyard recipe v4`): their stages are family configs with overrides, each
+# validated by plan_recipe (tests/integration/e2e/test_config_family_runs.py).
+RECIPES = ["v4_recipe.yaml"]
+
+
 def test_the_family_is_complete():
-    assert sorted(p.name for p in CONFIG_DIR.glob("*.yaml")) == sorted(FAMILY)
+    assert sorted(p.name for p in CONFIG_DIR.glob("*.yaml")) == sorted(FAMILY + RECIPES)
 
 
 @pytest.mark.parametrize("name", FAMILY)

@@ -39,7 +39,12 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "data/catalog.py",
         "consumers/trainer/loop.py",
     ),
-    "data.train.*": ("data/base.py", "data/arithmetic.py", "commands/trainer.py"),
+    "data.train.*": (
+        "data/base.py",
+        "data/arithmetic.py",
+        "data/catalog.py",
+        "commands/trainer.py",
+    ),
     "sft.*": ("consumers/trainer/sft.py", "consumers/trainer/loop.py"),
     "sft.dev_dataset.*": (
         "data/base.py",
