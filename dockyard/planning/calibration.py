@@ -151,6 +151,8 @@ def calibrate(
         weight_bytes=int(max(m.get("weights/blob_bytes", 0) for m in metrics)),
         rollout_bytes=rollout_bytes,
     )
+    # Simulated for as many steps as the run made (it may have stopped before its limit).
+    rules = replace(rules, steps=len(all_steps))
     spec = FleetSpec(rules, measured, workers=workers, scorers_per_site=scorers)
     target = measured_run(run_dir).steps_per_s
     return replace(measured, hop_s=fit_hop_s(spec, target))
