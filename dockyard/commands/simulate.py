@@ -29,7 +29,7 @@ _COST_HELP = {
 
 def _costs(args: argparse.Namespace, config) -> object:  # -> StageCosts (lazy import)
     from dockyard.planning.calibration import CalibrationError, calibrate
-    from dockyard.planning.fleet import StageCosts, rollout_bytes_bound
+    from dockyard.planning.fleet import ImpossibleFleet, StageCosts, rollout_bytes_bound
 
     given = {name: getattr(args, name) for name in _COST_HELP if getattr(args, name) is not None}
     given.setdefault("rollout_bytes", rollout_bytes_bound(config))
@@ -53,8 +53,9 @@ def _costs(args: argparse.Namespace, config) -> object:  # -> StageCosts (lazy i
             workers=measured_config.run.num_rollout_workers,
             scorers=measured_config.run.num_scorers,
             rollout_bytes=given["rollout_bytes"],
+            shared_cores=args.calibration_cores,
         )
-    except CalibrationError as error:
+    except (CalibrationError, ImpossibleFleet) as error:
         raise CliError(f"--calibration: {error}", exit_code=EXIT_INVALID_CONFIG) from None
     return dataclasses.replace(measured, **given)
 
@@ -92,6 +93,7 @@ def _simulate(args: argparse.Namespace) -> int:
         wan_mbit=args.wan_mbit,
         latency_ms=args.latency_ms,
         patch_ratio=args.patch_ratio,
+        shared_cores=args.shared_cores,
     )
     try:
         prediction = simulate(spec.validated())
@@ -105,6 +107,7 @@ def _simulate(args: argparse.Namespace) -> int:
             "wan_mbit": spec.wan_mbit,
             "latency_ms": spec.latency_ms,
             "patch_ratio": spec.patch_ratio,
+            "shared_cores": spec.shared_cores,
         },
         "rules": {
             **dataclasses.asdict(spec.rules),
@@ -177,6 +180,16 @@ def register(registrar: CommandRegistrar) -> None:
         "--patch-ratio",
         type=float,
         help="full bytes ÷ patch bytes when weight patches are enabled (docs/benchmarks.md)",
+    )
+    parser.add_argument(
+        "--shared-cores",
+        type=int,
+        help="every role on one machine of this many cores (default: each role on its own)",
+    )
+    parser.add_argument(
+        "--calibration-cores",
+        type=int,
+        help="the calibration run's roles shared this many cores (default: not simulated)",
     )
     parser.add_argument("--steps", type=int, help="steps to simulate (default: grpo.max_num_steps)")
     for name, text in _COST_HELP.items():

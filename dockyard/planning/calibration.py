@@ -121,10 +121,17 @@ def _step_overheads(steps: list[dict]) -> list[float]:
 
 
 def calibrate(
-    run_dir: Path, *, rules: PipelineRules, workers: int, scorers: int, rollout_bytes: int
+    run_dir: Path,
+    *,
+    rules: PipelineRules,
+    workers: int,
+    scorers: int,
+    rollout_bytes: int,
+    shared_cores: int | None = None,
 ) -> StageCosts:
     """The stage costs of the run in ``run_dir`` (made with ``rules``, ``workers`` rollout
-    workers and ``scorers`` scorers on one machine)."""
+    workers and ``scorers`` scorers; ``shared_cores``: its roles shared that many cores, which
+    the fit of ``hop_s`` simulates)."""
     group_size = _group_size(run_dir)
     all_steps = _steps(run_dir)
     metrics = [s["metrics"] for s in all_steps[1:]]
@@ -153,7 +160,9 @@ def calibrate(
     )
     # Simulated for as many steps as the run made (it may have stopped before its limit).
     rules = replace(rules, steps=len(all_steps))
-    spec = FleetSpec(rules, measured, workers=workers, scorers_per_site=scorers)
+    spec = FleetSpec(
+        rules, measured, workers=workers, scorers_per_site=scorers, shared_cores=shared_cores
+    )
     target = measured_run(run_dir).steps_per_s
     return replace(measured, hop_s=fit_hop_s(spec, target))
 

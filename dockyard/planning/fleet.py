@@ -60,6 +60,9 @@ class PipelineRules:
     steps: int  # how many trainer steps to simulate
     patches: bool  # data_plane.weight_transport.patches.enabled
     snapshot_every: int  # data_plane.weight_transport.patches.snapshot_every
+    #: Groups one scorer scores at once (a scorer serving every environment keeps 8 in flight,
+    #: consumers/scorer.py; ``env.<name>.max_concurrency`` for one pinned to an environment).
+    scorer_concurrency: int = 8
 
     @property
     def in_flight_capacity(self) -> int:
@@ -81,6 +84,9 @@ class FleetSpec:
     latency_ms: float = 0.0
     #: Full snapshot bytes ÷ patch bytes (docs/benchmarks.md, "Sparse weight patches").
     patch_ratio: float | None = None
+    #: Every role on one machine of this many cores (each stage queues for one); ``None`` =
+    #: each role on its own hardware.
+    shared_cores: int | None = None
 
     def problems(self) -> list[str]:
         found = [f"costs: {p}" for p in self.costs.problems()]
@@ -96,6 +102,8 @@ class FleetSpec:
             found.append(f"wan_mbit must be > 0, not {self.wan_mbit}")
         if not self.latency_ms >= 0:
             found.append(f"latency_ms must be ≥ 0, not {self.latency_ms}")
+        if self.shared_cores is not None and self.shared_cores < 1:
+            found.append(f"shared_cores must be ≥ 1, not {self.shared_cores}")
         if self.rules.steps < 1:
             found.append(f"steps must be ≥ 1, not {self.rules.steps}")
         if self.rules.patches and self.patch_ratio is None:

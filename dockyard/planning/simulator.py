@@ -5,11 +5,13 @@ What it models, each with the rule of the code it stands for:
 - the dispatcher tops the pipeline up to its in-flight budget, ``(max_age + 1) × groups per
   step`` async or one step's groups sync, each group stamped with the trainer's version
   (``producers/dispatcher.py``); groups leave the budget when trained or dropped;
-- a rollout worker takes the first group waiting plus up to ``fetch_batch − 1`` more, loads the
-  newest version its site holds, waits for the version its groups were dispatched at
-  (``RolloutWorker.process``), and generates the batch in ``gen_batch_s + n × gen_group_s``,
-  every token stamped with the version it loaded; refits land between batches;
-- a group is scored at its worker's site (a pool of scorers), then crosses the WAN to the
+- a rollout worker takes the first group waiting plus up to ``fetch_batch − 1`` more, waits
+  until it has loaded the version its groups were dispatched at (``RolloutWorker.process``),
+  and generates the batch in ``gen_batch_s + n × gen_group_s``, every token stamped with the
+  version it holds; a refit task follows the site's versions and loads the newest in
+  ``refit_s`` as soon as the engine is free (refits land between batches);
+- a group is scored at its worker's site (a pool of scorers, each scoring
+  ``scorer_concurrency`` groups at once), then crosses the WAN to the
   trainer (one link per site, one direction each way, transfers in series at the link's rate
   plus its latency);
 - the trainer drops a group whose age (its version to the trainer's) exceeds ``max_age`` when it
@@ -19,6 +21,9 @@ What it models, each with the rule of the code it stands for:
 - each version crosses each site's link once (a full snapshot, or with patches a patch of
   ``1 / patch_ratio`` of the bytes between snapshots every ``snapshot_every`` versions), and every
   worker at the site then loads it from the site's copy in ``refit_s``.
+
+With ``shared_cores`` every stage's work also queues for one of that many cores (all roles on
+one machine, as in the calibration runs on this machine); without it each role has its own.
 
 Not modelled: failures and redeliveries, the broker's own per-message time on one machine
 (calibrated into the stage costs), patch encode/apply CPU time, dynamic sampling.
@@ -51,6 +56,8 @@ class _Site:
 @dataclass
 class _Worker:
     site: _Site
+    engine: simpy.Resource  # held by a generation batch or a refit: one at a time
+    loaded: simpy.Event  # fires when the worker loads a newer version
     version: int = 0
     loaded_at: dict[int, float] = field(default_factory=dict)
 
@@ -60,9 +67,13 @@ class FleetSimulation:
         self.spec = spec.validated()
         self.env = simpy.Environment()
         self.queue: simpy.Store = simpy.Store(self.env)  # the prompt work queue
+        self.cores = simpy.Resource(self.env, spec.shared_cores) if spec.shared_cores else None
         self.sites = [self._site() for _ in range(spec.sites)]
         # Workers spread round-robin: site i holds workers i, i + M, i + 2M...
-        self.workers = [_Worker(self.sites[i % spec.sites]) for i in range(spec.workers)]
+        self.workers = [
+            _Worker(self.sites[i % spec.sites], simpy.Resource(self.env, 1), self.env.event())
+            for i in range(spec.workers)
+        ]
         self.inbox: list[_Group] = []  # scored groups arrived at the trainer, not taken yet
         self.wake = self.env.event()
         self.version = 0
@@ -77,10 +88,22 @@ class FleetSimulation:
         site = _Site(
             simpy.Resource(self.env, 1),
             simpy.Resource(self.env, 1),
-            simpy.Resource(self.env, self.spec.scorers_per_site),
+            simpy.Resource(
+                self.env, self.spec.scorers_per_site * self.spec.rules.scorer_concurrency
+            ),
         )
         site.arrived = self.env.event()
         return site
+
+    def _compute(self, seconds: float):
+        """A stage's work: on a fleet every role has its own hardware; with ``shared_cores``
+        (every role on one machine, as the calibration runs here) it queues for a core."""
+        if self.cores is None:
+            yield self.env.timeout(seconds)
+            return
+        with self.cores.request() as turn:
+            yield turn
+            yield self.env.timeout(seconds)
 
     # --- the WAN -------------------------------------------------------------------------
 
@@ -114,15 +137,21 @@ class FleetSimulation:
             arrived, site.arrived = site.arrived, self.env.event()
             arrived.succeed()
 
-    def _refit(self, worker: _Worker, needed: int):
-        """Load the newest version at the site, waiting for ``needed`` if it is not there."""
-        while worker.site.version < needed:
-            yield worker.site.arrived
-        if worker.site.version > worker.version:
-            target = worker.site.version
-            yield self.env.timeout(self.spec.costs.refit_s)
+    def _follow_weights(self, worker: _Worker):
+        """The worker's refit task: each time a newer version reaches its site, load it as
+        soon as the engine is free (between batches), the newest there when the load starts."""
+        while True:
+            if worker.site.version <= worker.version:
+                yield worker.site.arrived
+                continue
+            with worker.engine.request() as turn:
+                yield turn
+                target = worker.site.version
+                yield from self._compute(self.spec.costs.refit_s)
             worker.version = target
             worker.loaded_at.setdefault(target, self.env.now)
+            loaded, worker.loaded = worker.loaded, self.env.event()
+            loaded.succeed()
 
     # --- the roles -----------------------------------------------------------------------
 
@@ -132,22 +161,26 @@ class FleetSimulation:
             batch = [(yield self.queue.get())]
             while self.queue.items and len(batch) < self.spec.rules.fetch_batch:
                 batch.append((yield self.queue.get()))
-            yield self.env.timeout(costs.hop_s)
+            yield from self._compute(costs.hop_s)
             yield from self._cross(worker.site.link_out, 0)  # the prompts reach the site
-            yield from self._refit(worker, max(g.dispatch_version for g in batch))
-            version = worker.version
-            yield self.env.timeout(costs.gen_batch_s + len(batch) * costs.gen_group_s)
+            # Weights at least as new as those current when the groups were dispatched.
+            while worker.version < max(g.dispatch_version for g in batch):
+                yield worker.loaded
+            with worker.engine.request() as turn:
+                yield turn
+                version = worker.version
+                yield from self._compute(costs.gen_batch_s + len(batch) * costs.gen_group_s)
             for group in batch:
                 group.version = version
                 self.env.process(self._score_and_deliver(worker.site, group))
 
     def _score_and_deliver(self, site: _Site, group: _Group):
-        yield self.env.timeout(self.spec.costs.hop_s)
+        yield from self._compute(self.spec.costs.hop_s)
         with site.scorers.request() as turn:
             yield turn
-            yield self.env.timeout(self.spec.costs.score_s)
+            yield from self._compute(self.spec.costs.score_s)
         yield from self._cross(site.link_in, self.spec.costs.rollout_bytes)
-        yield self.env.timeout(self.spec.costs.hop_s)
+        yield from self._compute(self.spec.costs.hop_s)
         self.inbox.append(group)
         if not self.wake.triggered:
             self.wake.succeed()
@@ -182,14 +215,14 @@ class FleetSimulation:
             for group in step:
                 age = self.version - group.version
                 self.ages[age] = self.ages.get(age, 0) + 1
-            yield self.env.timeout(costs.train_step_s)
+            yield from self._compute(costs.train_step_s)
             self.in_flight -= len(step)
             self.version += 1
-            yield self.env.timeout(costs.publish_s)
+            yield from self._compute(costs.publish_s)
             self.published_at[self.version] = self.env.now
             for site in self.sites:
                 self.env.process(self._ship(site, self.version))
-            yield self.env.timeout(costs.step_overhead_s)
+            yield from self._compute(costs.step_overhead_s)
             self.step_ends.append(self.env.now)
             pending = [g for g in pending if not self._too_old(g)]
 
@@ -198,6 +231,7 @@ class FleetSimulation:
     def run(self) -> Prediction:
         for worker in self.workers:
             self.env.process(self._rollout_worker(worker))
+            self.env.process(self._follow_weights(worker))
         self.env.run(until=self.env.process(self._trainer()))
         return self._prediction()
 

@@ -79,6 +79,7 @@ def test_without_a_calibration_every_stage_cost_is_needed(capsys):
         (["--workers", "1", "--sites", "2"], "2 sites need at least one worker each"),
         (["--wan-mbit", "-5"], "wan_mbit must be > 0"),
         (["--steps", "0"], "steps must be ≥ 1"),
+        (["--shared-cores", "0"], "shared_cores must be ≥ 1"),
         (["data_plane.weight_transport.patches.enabled=true"], "give the patch ratio"),
     ],
 )

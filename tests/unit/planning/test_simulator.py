@@ -162,9 +162,33 @@ def test_patches_shorten_the_trainer_idle_time_on_a_slow_link_in_sync_grpo():
         ({"rules": rules(patches=True)}, "give the patch ratio"),
         ({"patch_ratio": 0.5}, "patch_ratio must be ≥ 1"),
         ({"rules": rules(steps=0)}, "steps must be ≥ 1"),
+        ({"shared_cores": 0}, "shared_cores must be ≥ 1"),
     ],
 )
 def test_impossible_fleets_are_refused_with_the_reason(changes, says):
     spec = dataclasses.replace(FleetSpec(rules(), costs(gen_group_s=1.0), workers=1), **changes)
     with pytest.raises(ImpossibleFleet, match=says):
         simulate(spec)
+
+
+def test_on_one_shared_core_a_step_costs_the_sum_of_its_work():
+    # Every stage queues for the one core: per step it generates 4 groups (4 × 0.5 s), scores
+    # them (4 × 0.1 s) and trains (1 s), one after another: 3.4 s a step.
+    # Over many steps (the window's edges cut through pipelined work).
+    spec = FleetSpec(
+        rules(steps=400),
+        costs(gen_group_s=0.5, score_s=0.1, train_step_s=1.0),
+        workers=2,
+        shared_cores=1,
+    )
+    assert simulate(spec).steps_per_s == pytest.approx(1 / (4 * 0.5 + 4 * 0.1 + 1.0), rel=1e-2)
+
+
+def test_a_scorer_scores_as_many_groups_at_once_as_its_concurrency():
+    # Scoring dominates (1 s a group); 16 groups in flight, one scorer keeping 8 at once.
+    spec = FleetSpec(
+        rules(steps=400, max_age=3, scorer_concurrency=8),
+        costs(gen_group_s=0.001, score_s=1.0),
+        workers=4,
+    )
+    assert simulate(spec).groups_per_s == pytest.approx(8.0, rel=1e-2)
