@@ -138,15 +138,15 @@ def main() -> int:
             "",
             f"`python benchmarks/bench_simulator.py --steps {args.steps} --write-docs` — "
             f"{date.today().isoformat()}, this machine (2 CPU cores shared with other jobs, "
-            f"load average {os.getloadavg()[0]:.1f} when this was written). Three quickstart runs of {args.steps} "
-            "steps (4 groups × 4 samples per step, no SFT, no validation, embedded "
-            "nats-server, one scorer). Stage costs are measured from one run (medians of steps "
-            "2..N; `hop_s`, the one cost no log records, fitted so the simulated calibration "
-            "run makes its measured steps/s, or 0 when the run was faster than the simulation "
-            "without it), then each run is simulated with its own rules and fleet and "
-            "compared with what it measured. Rates over the steady state (end of step 1 to "
-            "the end); idle = the trainer's `timing/wait_for_data_s` over that time; error = "
-            "predicted ÷ measured − 1.",
+            f"load average {os.getloadavg()[0]:.1f} when this was written). Three quickstart "
+            f"runs of {args.steps} steps (4 groups × 4 samples per step, no SFT, no "
+            "validation, embedded nats-server, one scorer). Stage costs are measured from "
+            "one run (medians of steps 2..N; `hop_s`, the one cost no log records, fitted so "
+            "the simulated calibration run makes its measured steps/s, or 0 when the run was "
+            "faster than the simulation without it), then each run is simulated with its own "
+            "rules and fleet and compared with what it measured. Rates over the steady state "
+            "(end of step 1 to the end); idle = the trainer's `timing/wait_for_data_s` over "
+            "that time; error = predicted ÷ measured − 1.",
             "",
         ]
         for title, fitted, rows in tables:
