@@ -115,22 +115,19 @@ def test_each_version_crosses_each_sites_link_once_as_a_snapshot_or_a_patch():
     assert simulate(spec).weight_bytes_on_wan == expected
 
 
-def test_a_version_reaches_a_remote_worker_after_its_bytes_its_latency_and_its_refit():
+def test_a_version_reaches_an_idle_remote_worker_after_its_bytes_its_latency_and_its_refit():
     full, mbit, latency_ms, refit_s = 12_500_000, 100.0, 40.0, 0.3  # 1 s on the link
+    # Sync: when a version is published every group has been trained, so the worker is idle
+    # and the link carries nothing else; the worker loads the version as soon as it lands.
     spec = FleetSpec(
-        rules(steps=5),
-        # Generation slow enough that the link is idle when each version is published.
-        costs(gen_group_s=10.0, refit_s=refit_s, weight_bytes=full),
+        rules(steps=5, async_enabled=False, max_age=0),
+        costs(gen_group_s=1.0, refit_s=refit_s, weight_bytes=full),
         workers=1,
         wan_mbit=mbit,
         latency_ms=latency_ms,
     )
-    # The worker refits between batches: right after the version lands if it is waiting for
-    # it, else at the end of its batch. With max_age 1 and 8 groups in flight it always has
-    # work, so read the pure transfer: the version is on the site after bytes + latency.
-    prediction = simulate(spec)
-    transfer = full * 8 / (mbit * 1e6) + latency_ms / 1000
-    assert prediction.weight_propagation_s >= transfer + refit_s
+    transfer_s = full * 8 / (mbit * 1e6) + latency_ms / 1000
+    assert simulate(spec).weight_propagation_s == pytest.approx(transfer_s + refit_s, rel=1e-9)
 
 
 def test_patches_shorten_the_trainer_idle_time_on_a_slow_link_in_sync_grpo():
