@@ -63,6 +63,9 @@ class PipelineRules:
     #: Groups one scorer scores at once (a scorer serving every environment keeps 8 in flight,
     #: consumers/scorer.py; ``env.<name>.max_concurrency`` for one pinned to an environment).
     scorer_concurrency: int = 8
+    #: How long a worker waits for the version its groups were dispatched at before it
+    #: generates with the weights it has (``RolloutWorker``'s ``max_refit_wait_s``).
+    max_refit_wait_s: float = 10.0
 
     @property
     def in_flight_capacity(self) -> int:

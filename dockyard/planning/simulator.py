@@ -6,7 +6,8 @@ What it models, each with the rule of the code it stands for:
   step`` async or one step's groups sync, each group stamped with the trainer's version
   (``producers/dispatcher.py``); groups leave the budget when trained or dropped;
 - a rollout worker takes the first group waiting plus up to ``fetch_batch − 1`` more, waits
-  until it has loaded the version its groups were dispatched at (``RolloutWorker.process``),
+  until it has loaded the version its groups were dispatched at, at most ``max_refit_wait_s``
+  (``RolloutWorker.process``),
   and generates the batch in ``gen_batch_s + n × gen_group_s``, every token stamped with the
   version it holds; a refit task follows the site's versions and loads the newest in
   ``refit_s`` as soon as the engine is free (refits land between batches);
@@ -46,7 +47,7 @@ class _Group:
 
 @dataclass
 class _Site:
-    link_out: simpy.Resource  # trainer → site (weights, prompts)
+    link_out: simpy.Resource  # trainer → site (weights)
     link_in: simpy.Resource  # site → trainer (experience)
     scorers: simpy.Resource
     version: int = 0  # newest weight version held at the site
@@ -162,10 +163,17 @@ class FleetSimulation:
             while self.queue.items and len(batch) < self.spec.rules.fetch_batch:
                 batch.append((yield self.queue.get()))
             yield from self._compute(costs.hop_s)
-            yield from self._cross(worker.site.link_out, 0)  # the prompts reach the site
-            # Weights at least as new as those current when the groups were dispatched.
+            # The prompts reach the site: a few hundred bytes that interleave with a weight
+            # transfer's chunks on the link, so only the latency counts.
+            yield self.env.timeout(self.spec.latency_ms / 1000)
+            # Weights at least as new as those current when the groups were dispatched, waited
+            # for up to max_refit_wait_s; then the worker generates with what it has (and the
+            # trainer may drop the groups as too old).
+            deadline = self.env.timeout(self.spec.rules.max_refit_wait_s)
             while worker.version < max(g.dispatch_version for g in batch):
-                yield worker.loaded
+                yield worker.loaded | deadline
+                if deadline.processed:
+                    break
             with worker.engine.request() as turn:
                 yield turn
                 version = worker.version

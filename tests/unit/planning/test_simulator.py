@@ -90,6 +90,20 @@ def test_no_trained_group_is_older_than_the_bound(max_age, workers):
     assert sum(p.staleness.values()) == p.groups_trained == 20 * 4
 
 
+def test_weights_slower_than_the_refit_wait_make_stale_groups_that_are_dropped_not_trained():
+    # A version takes 100 MB × 8 / 8 Mbit/s = 100 s to cross, far past the worker's 10 s wait:
+    # workers generate with old weights, and the trainer drops what the bound forbids.
+    spec = FleetSpec(
+        rules(max_age=1, steps=6),
+        costs(gen_group_s=0.5, train_step_s=0.2, weight_bytes=100_000_000),
+        workers=4,
+        wan_mbit=8.0,
+    )
+    p = simulate(spec)
+    assert p.groups_dropped_stale > 0
+    assert p.staleness_max <= 1
+
+
 def test_sync_grpo_trains_only_on_the_current_weights():
     spec = FleetSpec(
         rules(async_enabled=False, max_age=0), costs(gen_group_s=1.0, refit_s=0.5), workers=3
