@@ -148,11 +148,12 @@ def main() -> int:
             "(end of step 1 to the end); idle = the trainer's `timing/wait_for_data_s` over "
             "that time; error = predicted ÷ measured − 1.",
             "",
+            READING,
         ]
-        for title, fitted, rows in tables:
-            lines += [f"### {title}", "", fitted, "", *rows, ""]
-        lines.append(READING)
         replace_section("fleet-simulator", lines)
+        for title, fitted, rows in tables:
+            heading = f"### {title}"
+            replace_section("fleet-simulator", [heading, "", fitted, "", *rows], subsection=heading)
     return 0
 
 
