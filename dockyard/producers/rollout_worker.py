@@ -242,6 +242,7 @@ class RolloutWorker:
             await self.run_episodes(self.episodes, accepted, started)
         self.status.update(
             groups=self.groups_done,
+            failed_episodes=self.failed_episodes,
             weight_version=self.engine.current_version,
             seconds_per_batch=time.time() - started,
         )
@@ -302,6 +303,14 @@ class RolloutWorker:
                     self.refused_groups += 1
                     continue
                 except ToolServiceUnavailable as error:  # no sandbox: try again later
+                    # None of the group's episodes could start: each counts as failed.
+                    self.failed_episodes += item.message.num_generations
+                    log.warning(
+                        "episodes.tool_service_unavailable",
+                        group_id=item.message.group_id,
+                        delivery=item.delivery.num_delivered,
+                        error=str(error),
+                    )
                     await self.retry_group(item, REASON_EPISODES_FAILED, error)
                     continue
                 opened.append((item, starts))
@@ -316,6 +325,13 @@ class RolloutWorker:
             failed = [episode for episode in group_episodes if episode.failure is not None]
             self.failed_episodes += len(failed)
             if len(failed) > self.max_generation_failures:
+                log.warning(
+                    "episodes.failed",
+                    group_id=item.message.group_id,
+                    delivery=item.delivery.num_delivered,
+                    failed=len(failed),
+                    first=str(failed[0].failure),
+                )
                 error = EpisodesFailed(
                     f"{len(failed)} of {len(starts)} episodes failed (at most "
                     f"{self.max_generation_failures} allowed); first: {failed[0].failure}"
