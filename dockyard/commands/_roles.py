@@ -157,16 +157,47 @@ def _refuse_environments_without_tools(config: MasterConfig) -> None:
 
     # A served toolbox may live in another build (its own process, image): it counts as one.
     toolboxes = sorted(set(available_toolboxes()) | set(served))
-    sections = {"data.train": config.data.train, "data.validation": config.data.validation}
-    for key, section in sections.items():
-        env = None if section is None else (section.env or config.data.default_env)
-        if env is not None and env not in toolboxes:
+    for key, env in _data_environments(config).items():
+        if env not in toolboxes:
             raise CliError(
                 f"grpo.structured_tool_use.enabled: the environment {env!r} of {key} has no "
                 f"toolbox, so its episodes could call no tool (toolboxes: "
                 f"{', '.join(toolboxes)})",
                 exit_code=EXIT_INVALID_CONFIG,
             )
+
+
+def _data_environments(config: MasterConfig) -> dict[str, str]:
+    """The environment of each dataset the run reads, by its key."""
+    sections = {"data.train": config.data.train, "data.validation": config.data.validation}
+    return {
+        key: section.env or config.data.default_env
+        for key, section in sections.items()
+        if section is not None
+    }
+
+
+def _refuse_toolboxes_that_cannot_start(config: MasterConfig) -> None:
+    """A worker's own toolboxes are built once at launch: one it cannot have (none for the
+    environment) or run (a sandbox that cannot start, a wall clock over the tool timeout) is
+    refused before the engine loads, not when the first group arrives."""
+    served = tool_services(config)
+    if not config.grpo.structured_tool_use.enabled:
+        return
+    from dockyard.environments.sandbox import SandboxUnavailableError
+    from dockyard.environments.tools.toolbox import UnknownToolboxError, toolbox_class
+
+    for key, environment in _data_environments(config).items():
+        if environment in served:
+            continue
+        try:
+            toolbox_class(environment).from_env_config(config.env)
+        except (UnknownToolboxError, ValueError, SandboxUnavailableError) as error:
+            raise CliError(
+                f"grpo.structured_tool_use.enabled: the toolbox of {key}'s environment "
+                f"{environment!r}: {error}",
+                exit_code=EXIT_INVALID_CONFIG,
+            ) from None
 
 
 def tool_services(config: MasterConfig) -> list[str]:
@@ -231,7 +262,7 @@ def prepare_rollout(config: MasterConfig) -> SamplingParams:
     from dockyard.engines.base import InvalidSamplingParams
     from dockyard.engines.sampling import sampling_params_from_config
 
-    tool_services(config)
+    _refuse_toolboxes_that_cannot_start(config)
     try:
         return sampling_params_from_config(config.policy.generation)
     except InvalidSamplingParams as error:
@@ -297,7 +328,7 @@ def build_episode_runner(
 
     settings = EpisodeSettings.from_config(config.grpo, config.policy.max_total_sequence_length)
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
-    runner = EpisodeRunner(engine, params, settings, tokenizer)
+    runner = EpisodeRunner(engine, params, settings, tokenizer, config.env)
     served = tool_services(config)
     if served:
         from dockyard.broker.jetstream import JetStreamPlane

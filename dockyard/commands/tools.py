@@ -31,7 +31,7 @@ async def _serve(args: argparse.Namespace) -> int:
             exit_code=EXIT_INVALID_CONFIG,
         )
     try:
-        toolbox = toolbox_class(args.toolbox)()
+        toolbox = toolbox_class(args.toolbox).from_env_config(config.env)
     except UnknownToolboxError as error:
         raise CliError(f"--toolbox: {error}", exit_code=EXIT_INVALID_CONFIG) from None
     plane = JetStreamPlane(config.data_plane, provision=False, client_name=f"tools-{args.toolbox}")

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from dockyard.config.sections.env import EnvConfig
 from dockyard.engines.base import GenerationEngine, GenerationRequest, GenerationResult
 from dockyard.engines.base import SamplingParams as EngineSamplingParams
 from dockyard.environments.tools.calls import (
@@ -40,6 +41,7 @@ from dockyard.environments.tools.calls import (
     parse_tool_calls,
 )
 from dockyard.environments.tools.toolbox import (
+    NOT_RUN_PREFIX,
     Toolbox,
     ToolFailure,
     ToolLimits,
@@ -187,17 +189,20 @@ class EpisodeRunner:
         params: EngineSamplingParams,
         settings: EpisodeSettings,
         codec: TextCodec,
+        env: EnvConfig | None = None,
     ) -> None:
         self.engine = engine
         self.params = params
         self.settings = settings
         self.codec = codec
+        #: The run's ``env`` section: the toolboxes' settings (the terminal's sandbox limits).
+        self.env = env or EnvConfig()
         self.toolboxes: dict[str, Toolbox] = {}
 
     def toolbox(self, environment: str) -> Toolbox:
         """The toolbox of an environment, built once (UnknownToolboxError: it has none)."""
         if environment not in self.toolboxes:
-            self.toolboxes[environment] = toolbox_class(environment)()
+            self.toolboxes[environment] = toolbox_class(environment).from_env_config(self.env)
         return self.toolboxes[environment]
 
     async def open_group(
@@ -211,7 +216,7 @@ class EpisodeRunner:
         try:
             for index in range(group.num_generations):
                 episode_id = f"{group.group_id}:{group.attempt}:d{delivery}:s{index}"
-                session = await toolbox.open_session(episode_id)
+                session = await toolbox.open_session(episode_id, group.extra)
                 starts.append(EpisodeStart(episode_id, prompt, session, images))
         except BaseException:
             await self.close(starts)
@@ -329,7 +334,7 @@ class EpisodeRunner:
     ) -> ToolOutcome | None:
         if index >= allowed:
             return ToolOutcome(
-                f"error: not run: at most {allowed} tool calls per turn",
+                f"{NOT_RUN_PREFIX}at most {allowed} tool calls per turn",
                 ToolFailure.TOO_MANY_CALLS,
             )
         try:

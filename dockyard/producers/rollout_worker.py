@@ -34,7 +34,11 @@ from dockyard.engines.base import (
     GenerationRequest,
     SamplingParams,
 )
-from dockyard.environments.tools.toolbox import ToolServiceUnavailable, UnknownToolboxError
+from dockyard.environments.tools.toolbox import (
+    TaskRefused,
+    ToolServiceUnavailable,
+    UnknownToolboxError,
+)
 from dockyard.producers.episodes import EpisodeRunner
 from dockyard.producers.multimodal import ImageInputError, MultimodalLimits, gate_sample_images
 from dockyard.producers.refit_gate import RefitGate
@@ -299,6 +303,12 @@ class RolloutWorker:
                 except UnknownToolboxError as error:
                     await self.messages.plane.dead_letter(
                         item.delivery, REASON_NO_TOOLBOX, str(error), stage="rollout"
+                    )
+                    self.refused_groups += 1
+                    continue
+                except TaskRefused as error:  # the task's fault: replaying cannot help
+                    await self.messages.plane.dead_letter(
+                        item.delivery, error.reason, str(error), stage="rollout"
                     )
                     self.refused_groups += 1
                     continue

@@ -93,7 +93,7 @@ class DyingToolbox(Toolbox):
     def __init__(self, connection) -> None:
         self.connection = connection
 
-    async def open_session(self, episode_id: str) -> ToolSession:
+    async def open_session(self, episode_id: str, task: Mapping[str, Any]) -> ToolSession:
         return DyingSession(self.connection)
 
 

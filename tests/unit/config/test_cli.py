@@ -265,3 +265,20 @@ def test_tool_service_names_and_prefix_must_be_subject_tokens():
     for override, reason in bad.items():
         with pytest.raises(ConfigError, match=re.escape(reason)):
             load_config("configs/multiturn_tools.yaml", [served, override])
+
+
+def test_terminal_bench_with_tool_use_is_accepted_and_a_sandbox_slower_than_a_tool_refused(
+    capsys,
+):
+    # The terminal_bench environment has a toolbox now: a config with tool use passes the
+    # toolbox checks; a sandbox wall clock at the tool timeout (30 s) would let the episode's
+    # timeout strike first, so it is refused before the engine loads.
+    from dockyard.commands._roles import prepare_rollout
+
+    tools = ["grpo.structured_tool_use.enabled=true", "grpo.max_rollout_turns=4"]
+    prepare_rollout(load_config("configs/cpu/grpo_terminal_bench.yaml", tools))
+    argv = ["rollout", "--config", "configs/cpu/grpo_terminal_bench.yaml", *tools]
+    assert main([*argv, "env.terminal_bench.limits.wall_time_s=30"]) == 2
+    err = capsys.readouterr().err
+    assert "the toolbox of data.train's environment 'terminal_bench'" in err
+    assert "env.terminal_bench.limits.wall_time_s=30 must be under the tool call timeout" in err
