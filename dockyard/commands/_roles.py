@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from dockyard.broker.plane import DataPlane
     from dockyard.consumers.scorer import Scorer
     from dockyard.consumers.scoring import OutputChecks
+    from dockyard.consumers.trainer.evaluation import EpisodesFactory
     from dockyard.consumers.trainer.loop import TrainerLoop, TrainerSummary
     from dockyard.data.base import Dataset
     from dockyard.engines.base import GenerationEngine, SamplingParams
@@ -244,7 +245,22 @@ def build_trainer(
         dispatcher,
         status=StatusFile(status_dir, "trainer", "0"),
         mesh=mesh,
+        episodes=validation_episodes(config, plane),
     )
+
+
+def validation_episodes(config: MasterConfig, plane: DataPlane) -> EpisodesFactory | None:
+    """With structured tool use, the trainer validates with episodes: the rollout workers'
+    loop (toolboxes, tool services, limits) over the evaluator's engine, greedy."""
+    if not config.grpo.structured_tool_use.enabled:
+        return None
+
+    def factory(engine: GenerationEngine, params: SamplingParams) -> EpisodeRunner:
+        runner = build_episode_runner(config, engine, params, plane)
+        assert runner is not None  # structured tool use is on
+        return runner
+
+    return factory
 
 
 def describe_trainer_summary(summary: TrainerSummary) -> str:

@@ -27,9 +27,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dockyard.config.sections.env import EnvConfig
 from dockyard.engines.base import GenerationEngine, GenerationRequest, GenerationResult
@@ -222,6 +222,21 @@ class EpisodeRunner:
             await self.close(starts)
             raise
         return starts
+
+    async def run_prompts(
+        self, environment: str, prompts: Sequence[tuple[str, Sequence[int], Mapping[str, Any]]]
+    ) -> list[Episode]:
+        """One episode per ``(episode_id, prompt token ids, task)``, each in a fresh session of
+        ``environment``'s toolbox, closed when they end (the trainer's validation)."""
+        toolbox = self.toolbox(environment)
+        starts: list[EpisodeStart] = []
+        try:
+            for episode_id, prompt, task in prompts:
+                session = await toolbox.open_session(episode_id, task)
+                starts.append(EpisodeStart(episode_id, list(prompt), session))
+            return await self.run(starts)
+        finally:
+            await self.close(starts)
 
     async def close(self, starts: Sequence[EpisodeStart]) -> None:
         for start in starts:
