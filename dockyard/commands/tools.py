@@ -18,6 +18,7 @@ from dockyard.commands._common import EXIT_INVALID_CONFIG, load_role_config, on_
 async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.jetstream import JetStreamPlane
     from dockyard.broker.plane import DataPlaneError
+    from dockyard.environments.sandbox import SandboxUnavailableError
     from dockyard.environments.tools.service import ToolService
     from dockyard.environments.tools.toolbox import UnknownToolboxError, toolbox_class
     from dockyard.utils.logging import get_logger
@@ -34,6 +35,10 @@ async def _serve(args: argparse.Namespace) -> int:
         toolbox = toolbox_class(args.toolbox).from_env_config(config.env)
     except UnknownToolboxError as error:
         raise CliError(f"--toolbox: {error}", exit_code=EXIT_INVALID_CONFIG) from None
+    except (ValueError, SandboxUnavailableError) as error:  # settings it cannot run with
+        raise CliError(
+            f"--toolbox {args.toolbox}: {error}", exit_code=EXIT_INVALID_CONFIG
+        ) from None
     plane = JetStreamPlane(config.data_plane, provision=False, client_name=f"tools-{args.toolbox}")
     try:
         await plane.start()

@@ -249,6 +249,11 @@ def test_tools_serve_refuses_an_unknown_toolbox_and_a_plane_no_worker_reaches(ca
     )
     assert main([*argv, "--toolbox", "nope", "data_plane.url=nats://127.0.0.1:1"]) == 2
     assert "--toolbox: no toolbox for environment 'nope'" in capsys.readouterr().err
+    slow = ["env.terminal_bench.limits.wall_time_s=30", "data_plane.url=nats://127.0.0.1:1"]
+    assert main([*argv, "--toolbox", "terminal_bench", *slow]) == 2
+    assert "--toolbox terminal_bench: env.terminal_bench.limits.wall_time_s=30 must be under" in (
+        capsys.readouterr().err
+    )
 
 
 def test_tool_service_names_and_prefix_must_be_subject_tokens():
