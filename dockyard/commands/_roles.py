@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from dockyard.broker.plane import DataPlane
     from dockyard.consumers.scorer import Scorer
     from dockyard.consumers.scoring import OutputChecks
+    from dockyard.consumers.trainer.evaluation import EpisodesFactory
     from dockyard.consumers.trainer.loop import TrainerLoop, TrainerSummary
     from dockyard.data.base import Dataset
     from dockyard.engines.base import GenerationEngine, SamplingParams
@@ -150,20 +151,70 @@ def prepare_trainer(config: MasterConfig) -> TrainerInputs:
 def _refuse_environments_without_tools(config: MasterConfig) -> None:
     """With structured tool use, every environment the run's data names must have a toolbox;
     otherwise each of its groups would be dead-lettered (`no_toolbox`) after the launch."""
+    served = tool_services(config)
     if not config.grpo.structured_tool_use.enabled:
         return
     from dockyard.environments.tools.toolbox import available_toolboxes
 
-    sections = {"data.train": config.data.train, "data.validation": config.data.validation}
-    for key, section in sections.items():
-        env = None if section is None else (section.env or config.data.default_env)
-        if env is not None and env not in available_toolboxes():
+    # A served toolbox may live in another build (its own process, image): it counts as one.
+    toolboxes = sorted(set(available_toolboxes()) | set(served))
+    for key, env in _data_environments(config).items():
+        if env not in toolboxes:
             raise CliError(
                 f"grpo.structured_tool_use.enabled: the environment {env!r} of {key} has no "
                 f"toolbox, so its episodes could call no tool (toolboxes: "
-                f"{', '.join(available_toolboxes())})",
+                f"{', '.join(toolboxes)})",
                 exit_code=EXIT_INVALID_CONFIG,
             )
+
+
+def _data_environments(config: MasterConfig) -> dict[str, str]:
+    """The environment of each dataset the run reads, by its key."""
+    sections = {"data.train": config.data.train, "data.validation": config.data.validation}
+    return {
+        key: section.env or config.data.default_env
+        for key, section in sections.items()
+        if section is not None
+    }
+
+
+def _refuse_toolboxes_that_cannot_start(config: MasterConfig) -> None:
+    """A worker's own toolboxes are built once at launch: one it cannot have (none for the
+    environment) or run (a sandbox that cannot start, a wall clock over the tool timeout) is
+    refused before the engine loads, not when the first group arrives."""
+    served = tool_services(config)
+    if not config.grpo.structured_tool_use.enabled:
+        return
+    from dockyard.environments.sandbox import SandboxUnavailableError
+    from dockyard.environments.tools.toolbox import UnknownToolboxError, toolbox_class
+
+    for key, environment in _data_environments(config).items():
+        if environment in served:
+            continue
+        try:
+            toolbox_class(environment).from_env_config(config.env)
+        except (UnknownToolboxError, ValueError, SandboxUnavailableError) as error:
+            raise CliError(
+                f"grpo.structured_tool_use.enabled: the toolbox of {key}'s environment "
+                f"{environment!r}: {error}",
+                exit_code=EXIT_INVALID_CONFIG,
+            ) from None
+
+
+def tool_services(config: MasterConfig) -> list[str]:
+    """The environments whose toolbox is a tool service (``grpo.structured_tool_use
+    .tool_services``); refused without a NATS data plane (the config refuses them without
+    ``enabled``)."""
+    tools = config.grpo.structured_tool_use
+    if not tools.tool_services:
+        return []
+    if config.data_plane is None:
+        raise CliError(
+            "grpo.structured_tool_use.tool_services: a tool service is reached over NATS, and "
+            "data_plane: null is the in-memory plane of one process (set data_plane.url)",
+            exit_code=EXIT_INVALID_CONFIG,
+        )
+    return list(tools.tool_services)
 
 
 def build_trainer(
@@ -194,7 +245,22 @@ def build_trainer(
         dispatcher,
         status=StatusFile(status_dir, "trainer", "0"),
         mesh=mesh,
+        episodes=validation_episodes(config, plane),
     )
+
+
+def validation_episodes(config: MasterConfig, plane: DataPlane) -> EpisodesFactory | None:
+    """With structured tool use, the trainer validates with episodes: the rollout workers'
+    loop (toolboxes, tool services, limits) over the evaluator's engine, greedy."""
+    if not config.grpo.structured_tool_use.enabled:
+        return None
+
+    def factory(engine: GenerationEngine, params: SamplingParams) -> EpisodeRunner:
+        runner = build_episode_runner(config, engine, params, plane)
+        assert runner is not None  # structured tool use is on
+        return runner
+
+    return factory
 
 
 def describe_trainer_summary(summary: TrainerSummary) -> str:
@@ -212,6 +278,7 @@ def prepare_rollout(config: MasterConfig) -> SamplingParams:
     from dockyard.engines.base import InvalidSamplingParams
     from dockyard.engines.sampling import sampling_params_from_config
 
+    _refuse_toolboxes_that_cannot_start(config)
     try:
         return sampling_params_from_config(config.policy.generation)
     except InvalidSamplingParams as error:
@@ -254,25 +321,49 @@ def build_rollout_worker(
         simulated_latency_per_token_s=config.run.simulated_latency_per_token_s,
         multimodal=MultimodalLimits.from_config(config.policy.generation),
         status=status,
-        episodes=build_episode_runner(config, engine, params),
+        episodes=build_episode_runner(config, engine, params, plane),
         max_generation_failures=async_grpo.max_generation_failures,
         in_flight_weight_updates=async_grpo.in_flight_weight_updates,
     )
 
 
 def build_episode_runner(
-    config: MasterConfig, engine: GenerationEngine, params: SamplingParams
+    config: MasterConfig,
+    engine: GenerationEngine,
+    params: SamplingParams,
+    plane: DataPlane | None = None,
 ) -> EpisodeRunner | None:
     """Episodes when ``grpo.structured_tool_use.enabled`` (tool calls parsed and run, up to
-    ``grpo.max_rollout_turns`` turns); None: one generation per sample."""
-    if not config.grpo.structured_tool_use.enabled:
+    ``grpo.max_rollout_turns`` turns); None: one generation per sample. The environments of
+    ``tool_services`` reach their toolbox over ``plane``'s NATS connection."""
+    tools = config.grpo.structured_tool_use
+    if not tools.enabled:
         return None
     from dockyard.models import load_tokenizer
     from dockyard.producers.episodes import EpisodeRunner, EpisodeSettings
 
     settings = EpisodeSettings.from_config(config.grpo, config.policy.max_total_sequence_length)
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
-    return EpisodeRunner(engine, params, settings, tokenizer)
+    runner = EpisodeRunner(engine, params, settings, tokenizer, config.env)
+    served = tool_services(config)
+    if served:
+        from dockyard.broker.jetstream import JetStreamPlane
+        from dockyard.environments.tools.service import RemoteToolbox
+
+        if not isinstance(plane, JetStreamPlane):
+            raise CliError(
+                "grpo.structured_tool_use.tool_services: this rollout worker's data plane is "
+                "not NATS, so it cannot reach a tool service",
+                exit_code=EXIT_INVALID_CONFIG,
+            )
+        for environment in served:
+            runner.toolboxes[environment] = RemoteToolbox(
+                plane.nc,
+                environment,
+                prefix=tools.tool_service_prefix,
+                request_timeout_s=tools.tool_service_timeout_s,
+            )
+    return runner
 
 
 def output_checks(config: MasterConfig) -> OutputChecks:

@@ -6,7 +6,13 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from dockyard.environments.base import GroupScore, SampleInput, ScoreFlag, ScoringGroup
+from dockyard.environments.base import (
+    GroupScore,
+    SampleInput,
+    ScoreFlag,
+    ScoringGroup,
+    ToolCallRecord,
+)
 from dockyard.environments.tools.calls import ToolCallFormat, parse_tool_calls, thinking_problem
 from dockyard.schemas import Rollout, RolloutSample, SampleScore, ScoredRollout
 
@@ -77,6 +83,13 @@ def to_scoring_group(rollout: Rollout, tokenizer: object) -> ScoringGroup:
             response_text=tokenizer.decode(sample.response_token_ids, skip_special_tokens=False),  # type: ignore[attr-defined]
             response_token_ids=sample.response_token_ids,
             finish_reason=str(sample.finish_reason),
+            # An episode has segments (one per turn and observation); a single turn has none.
+            tool_calls=[
+                ToolCallRecord(call.name, call.arguments_json, call.result)
+                for call in sample.tool_calls
+            ]
+            if sample.segments
+            else None,
         )
         for sample in rollout.samples
     ]

@@ -66,6 +66,18 @@ class SampleInput:
     finish_reason: str | None = None
     # Overrides the group's agent name for multi-agent rollouts.
     agent_name: str | None = None
+    # The tool calls of a multi-turn episode, in order; None: not an episode (single turn).
+    tool_calls: Sequence[ToolCallRecord] | None = None
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """One tool call of an episode as the rollout recorded it (the wire's ``ToolCall``)."""
+
+    name: str
+    arguments_json: str
+    #: The observation the model read; None for a call recorded but not run (the turn limit).
+    result: str | None
 
 
 @dataclass(frozen=True)

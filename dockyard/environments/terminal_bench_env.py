@@ -11,16 +11,24 @@ end-of-turn marker). Reward 1 when ``check`` exits 0, else 0 with the check's la
 
 The scripts of the task are written only when they run and under names the response cannot
 predict, and each run is killed whole before the next starts (bubblewrap + cgroup), so the
-commands can neither replace the check nor leave a process to interfere with it. The multi-turn
-variant (the agent sees command output between turns) comes with multi-turn rollouts (#23).
+commands can neither replace the check nor leave a process to interfere with it.
+
+Multi-turn (``grpo.structured_tool_use``): the agent runs commands with the ``bash`` tool of
+:mod:`dockyard.environments.tools.terminal` and reads their output between turns. A sample that
+is an episode (its tool calls recorded) is scored by replaying, in a fresh session, setup, the
+commands the tool ran in order (:func:`replayed_commands`), then ``check``: the reward is the
+check's on the final state, never the worker's word.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dockyard.config.sections.env import TerminalBenchEnvConfig
 from dockyard.environments.arithmetic_env import answer_before_eos
@@ -31,10 +39,17 @@ from dockyard.environments.base import (
     SampleScore,
     ScoreFlag,
     ScoringGroup,
+    ToolCallRecord,
 )
 from dockyard.environments.code_env import score_samples_in_thread
 from dockyard.environments.registry import register_environment
 from dockyard.environments.sandbox import Sandbox, SandboxResult, SandboxSession
+from dockyard.environments.tools.toolbox import NOT_RUN_PREFIX, ToolArgumentError
+
+#: The multi-turn tool's name, and what runs ahead of each of its commands: stderr into stdout,
+#: so the model reads them interleaved as on a terminal (the replay runs the same script).
+BASH_TOOL = "bash"
+MERGE_STDERR = "exec 2>&1\n"
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _SHELL_TAGS = {"bash", "sh", "shell", "console", "zsh"}
@@ -105,6 +120,40 @@ def command_script(
     return commands
 
 
+def command_of(arguments: Mapping[str, Any], settings: TerminalBenchEnvConfig) -> str:
+    """A ``bash`` call's command; ToolArgumentError (the model reads why) for anything else.
+    The replay uses this same rule, so it runs exactly the calls the tool ran."""
+    command = arguments.get("command")
+    if set(arguments) != {"command"} or not isinstance(command, str) or not command.strip():
+        raise ToolArgumentError('needs exactly {"command": "<shell command>"}')
+    if len(command) > settings.max_script_chars:
+        raise ToolArgumentError(
+            f"command of {len(command)} characters is over {settings.max_script_chars}"
+        )
+    return command
+
+
+def replayed_commands(
+    calls: Sequence[ToolCallRecord], settings: TerminalBenchEnvConfig
+) -> list[str]:
+    """The scripts the episode's ``bash`` tool ran, in order. Left out as the tool left them:
+    calls of another name, with arguments it refused, and calls not run (the turn limit, past
+    the calls allowed per turn)."""
+    scripts = []
+    for call in calls:
+        if call.name != BASH_TOOL or call.result is None:
+            continue
+        if call.result.startswith(NOT_RUN_PREFIX):
+            continue
+        try:
+            arguments = json.loads(call.arguments_json)
+            if isinstance(arguments, dict):
+                scripts.append(MERGE_STDERR + command_of(arguments, settings))
+        except (ValueError, ToolArgumentError):
+            continue
+    return scripts
+
+
 def run_setup(
     session: SandboxSession,
     shell: str,
@@ -143,11 +192,46 @@ class TerminalBenchEnvironment(Environment):
 
     async def score(self, group: ScoringGroup) -> GroupScore:
         task = parse_task(group)
+        if any(sample.tool_calls is not None for sample in group.samples):
+            # Episodes: the work runs once per sample, in order, in one thread; it takes each
+            # sample's replay from this iterator (it is handed the response text only).
+            replays = iter(
+                replayed_commands(sample.tool_calls or (), self.settings)
+                for sample in group.samples
+            )
+            return await score_samples_in_thread(
+                group,
+                self.settings.task_timeout,
+                lambda _, deadline, cancel: self.score_episode(
+                    next(replays), task, deadline, cancel
+                ),
+            )
         return await score_samples_in_thread(
             group,
             self.settings.task_timeout,
             lambda text, deadline, cancel: self.score_commands(text, task, deadline, cancel),
         )
+
+    def score_episode(
+        self,
+        scripts: Sequence[str],
+        task: TerminalTask,
+        deadline: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> SampleScore:
+        """Setup, the episode's commands as its tool ran them (a command that was killed or
+        failed did so in the episode too: the agent went on), then the check."""
+        commands = {"commands": float(len(scripts))}
+        with self.sandbox.session() as session:
+            run_setup(session, self.settings.shell, task.setup, deadline, cancel)
+            for script in scripts:
+                run_script(session, self.settings.shell, script, deadline, cancel)
+            check = run_script(session, self.settings.shell, task.check, deadline, cancel)
+        if check.timed_out:
+            return _zero("the check script timed out", ScoreFlag.TEST_TIMEOUT, **commands)
+        if check.returncode != 0:
+            return _zero(f"check failed (exit {check.returncode}): {_last_line(check)}", **commands)
+        return SampleScore(1.0, {"solved": 1.0, **commands}, frozenset(), "check passed")
 
     def score_commands(
         self,

@@ -27,10 +27,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from dockyard.config.sections.env import EnvConfig
 from dockyard.engines.base import GenerationEngine, GenerationRequest, GenerationResult
 from dockyard.engines.base import SamplingParams as EngineSamplingParams
 from dockyard.environments.tools.calls import (
@@ -40,6 +41,7 @@ from dockyard.environments.tools.calls import (
     parse_tool_calls,
 )
 from dockyard.environments.tools.toolbox import (
+    NOT_RUN_PREFIX,
     Toolbox,
     ToolFailure,
     ToolLimits,
@@ -187,17 +189,20 @@ class EpisodeRunner:
         params: EngineSamplingParams,
         settings: EpisodeSettings,
         codec: TextCodec,
+        env: EnvConfig | None = None,
     ) -> None:
         self.engine = engine
         self.params = params
         self.settings = settings
         self.codec = codec
+        #: The run's ``env`` section: the toolboxes' settings (the terminal's sandbox limits).
+        self.env = env or EnvConfig()
         self.toolboxes: dict[str, Toolbox] = {}
 
     def toolbox(self, environment: str) -> Toolbox:
         """The toolbox of an environment, built once (UnknownToolboxError: it has none)."""
         if environment not in self.toolboxes:
-            self.toolboxes[environment] = toolbox_class(environment)()
+            self.toolboxes[environment] = toolbox_class(environment).from_env_config(self.env)
         return self.toolboxes[environment]
 
     async def open_group(
@@ -211,12 +216,27 @@ class EpisodeRunner:
         try:
             for index in range(group.num_generations):
                 episode_id = f"{group.group_id}:{group.attempt}:d{delivery}:s{index}"
-                session = await toolbox.open_session(episode_id)
+                session = await toolbox.open_session(episode_id, group.extra)
                 starts.append(EpisodeStart(episode_id, prompt, session, images))
         except BaseException:
             await self.close(starts)
             raise
         return starts
+
+    async def run_prompts(
+        self, environment: str, prompts: Sequence[tuple[str, Sequence[int], Mapping[str, Any]]]
+    ) -> list[Episode]:
+        """One episode per ``(episode_id, prompt token ids, task)``, each in a fresh session of
+        ``environment``'s toolbox, closed when they end (the trainer's validation)."""
+        toolbox = self.toolbox(environment)
+        starts: list[EpisodeStart] = []
+        try:
+            for episode_id, prompt, task in prompts:
+                session = await toolbox.open_session(episode_id, task)
+                starts.append(EpisodeStart(episode_id, list(prompt), session))
+            return await self.run(starts)
+        finally:
+            await self.close(starts)
 
     async def close(self, starts: Sequence[EpisodeStart]) -> None:
         for start in starts:
@@ -329,7 +349,7 @@ class EpisodeRunner:
     ) -> ToolOutcome | None:
         if index >= allowed:
             return ToolOutcome(
-                f"error: not run: at most {allowed} tool calls per turn",
+                f"{NOT_RUN_PREFIX}at most {allowed} tool calls per turn",
                 ToolFailure.TOO_MANY_CALLS,
             )
         try:

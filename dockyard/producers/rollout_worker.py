@@ -34,7 +34,11 @@ from dockyard.engines.base import (
     GenerationRequest,
     SamplingParams,
 )
-from dockyard.environments.tools.toolbox import ToolServiceUnavailable, UnknownToolboxError
+from dockyard.environments.tools.toolbox import (
+    TaskRefused,
+    ToolServiceUnavailable,
+    UnknownToolboxError,
+)
 from dockyard.producers.episodes import EpisodeRunner
 from dockyard.producers.multimodal import ImageInputError, MultimodalLimits, gate_sample_images
 from dockyard.producers.refit_gate import RefitGate
@@ -242,6 +246,7 @@ class RolloutWorker:
             await self.run_episodes(self.episodes, accepted, started)
         self.status.update(
             groups=self.groups_done,
+            failed_episodes=self.failed_episodes,
             weight_version=self.engine.current_version,
             seconds_per_batch=time.time() - started,
         )
@@ -301,7 +306,21 @@ class RolloutWorker:
                     )
                     self.refused_groups += 1
                     continue
+                except TaskRefused as error:  # the task's fault: replaying cannot help
+                    await self.messages.plane.dead_letter(
+                        item.delivery, error.reason, str(error), stage="rollout"
+                    )
+                    self.refused_groups += 1
+                    continue
                 except ToolServiceUnavailable as error:  # no sandbox: try again later
+                    # None of the group's episodes could start: each counts as failed.
+                    self.failed_episodes += item.message.num_generations
+                    log.warning(
+                        "episodes.tool_service_unavailable",
+                        group_id=item.message.group_id,
+                        delivery=item.delivery.num_delivered,
+                        error=str(error),
+                    )
                     await self.retry_group(item, REASON_EPISODES_FAILED, error)
                     continue
                 opened.append((item, starts))
@@ -316,6 +335,13 @@ class RolloutWorker:
             failed = [episode for episode in group_episodes if episode.failure is not None]
             self.failed_episodes += len(failed)
             if len(failed) > self.max_generation_failures:
+                log.warning(
+                    "episodes.failed",
+                    group_id=item.message.group_id,
+                    delivery=item.delivery.num_delivered,
+                    failed=len(failed),
+                    first=str(failed[0].failure),
+                )
                 error = EpisodesFailed(
                     f"{len(failed)} of {len(starts)} episodes failed (at most "
                     f"{self.max_generation_failures} allowed); first: {failed[0].failure}"

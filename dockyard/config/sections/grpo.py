@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, NonNegativeInt, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from dockyard.config.base import Section
 from dockyard.config.errors import ConfigIssue
@@ -129,16 +129,57 @@ class StructuredToolUseConfig(Section):
         "hermes", description="hermes (<tool_call> JSON blocks) | openai (tool_calls message)"
     )
     max_tool_calls_per_turn: PositiveInt = 8
+    tool_services: list[str] = Field(
+        default_factory=list,
+        description="environments whose toolbox is reached as a tool service over the data "
+        "plane (`dockyard tools serve --toolbox NAME`) instead of run in the rollout worker",
+    )
+    tool_service_prefix: str = Field(
+        "dockyard.tools", description="subject prefix the tool services are served under"
+    )
+    tool_service_timeout_s: PositiveFloat = Field(
+        60.0,
+        description="a tool service request unanswered this long fails the episode; above "
+        "the per-call tool timeout (30 s), so a slow tool is the model's timeout observation",
+    )
 
     def rule_issues(self) -> list[ConfigIssue]:
+        issues = []
         if self.tool_call_format not in TOOL_CALL_FORMATS:
-            return [
+            issues.append(
                 ConfigIssue(
                     "tool_call_format",
                     f"must be one of {', '.join(TOOL_CALL_FORMATS)}, got {self.tool_call_format!r}",
                 )
-            ]
-        return []
+            )
+        if self.tool_services and not self.enabled:
+            issues.append(ConfigIssue("tool_services", "tools are called only with enabled=true"))
+        repeated = sorted(
+            {name for name in self.tool_services if self.tool_services.count(name) > 1}
+        )
+        if repeated:
+            issues.append(ConfigIssue("tool_services", f"lists {', '.join(repeated)} twice"))
+        # Both become tokens of the services' NATS subjects ({prefix}.{environment}.open).
+        for name in sorted(set(self.tool_services)):
+            if not _is_subject(name) or "." in name:
+                issues.append(
+                    ConfigIssue("tool_services", f"{name!r} cannot be a NATS subject token")
+                )
+        if not _is_subject(self.tool_service_prefix):
+            issues.append(
+                ConfigIssue(
+                    "tool_service_prefix",
+                    f"must be a NATS subject without wildcards, got {self.tool_service_prefix!r}",
+                )
+            )
+        return issues
+
+
+def _is_subject(text: str) -> bool:
+    """A literal NATS subject: dot-separated non-empty tokens, no wildcard, no whitespace."""
+    return all(
+        token and not any(c in "*>" or c.isspace() for c in token) for token in text.split(".")
+    )
 
 
 class WorkerTrustConfig(Section):

@@ -1,4 +1,6 @@
 """Validation in the trainer: greedy answers on held-out prompts, scored by the environment.
+With structured tool use an answer is a greedy episode (tools called, observations read), scored
+from its tool calls as a rollout's episode is.
 
 Greedy decoding makes the number a property of the weights alone (no sampling noise), so the
 curve of validation accuracy per step is comparable across runs and restarts. The first
@@ -11,16 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
 from dockyard.data.base import Dataset
-from dockyard.engines.base import GenerationRequest
+from dockyard.engines.base import GenerationRequest, SamplingParams
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.torch_engine import TorchEngine
-from dockyard.environments.base import Environment, SampleInput, ScoringGroup
+from dockyard.environments.base import Environment, SampleInput, ScoringGroup, ToolCallRecord
+from dockyard.schemas import ToolCall
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -28,6 +32,28 @@ log = get_logger(__name__)
 #: Longer prompts and answers keep their last this many characters in the log (where the
 #: answer is), after a marker saying how many were cut.
 MAX_PRINTED_CHARS = 2000
+
+
+class EpisodeAnswer(Protocol):
+    """What validation reads of an episode (``producers.episodes.Episode``)."""
+
+    token_ids: list[int]
+    finish_reason: object
+    tool_calls: list[ToolCall]
+    failure: str | None
+
+
+class ValidationEpisodes(Protocol):
+    """The episode loop (``producers.episodes.EpisodeRunner``), handed in by the command that
+    builds the trainer: the trainer's package does not import the rollout side's."""
+
+    async def run_prompts(
+        self, environment: str, prompts: Sequence[tuple[str, Sequence[int], Mapping[str, Any]]]
+    ) -> Sequence[EpisodeAnswer]: ...
+
+
+#: Builds the episode loop over the evaluator's engine and greedy sampling parameters.
+EpisodesFactory = Callable[[TorchEngine, SamplingParams], ValidationEpisodes]
 
 
 @dataclass(frozen=True)
@@ -68,7 +94,10 @@ class Evaluator:
         max_new_tokens: int,
         max_samples: int | None = None,
         batch_size: int | None = None,
+        episodes: EpisodesFactory | None = None,
     ) -> None:
+        """``episodes``: with structured tool use, builds the episode loop over this
+        evaluator's engine; each prompt is then answered by a (greedy) episode."""
         self.model = model
         # grpo.val_batch_size: prompts generated together (bounds the engine's batch memory);
         # None = every validation prompt in one batch.
@@ -86,6 +115,7 @@ class Evaluator:
             GenerationRequest(tokenizer(record.prompt)["input_ids"], request_id=str(index))  # type: ignore[operator]
             for index, record in enumerate(self.records)
         ]
+        self.episodes = None if episodes is None else episodes(self.engine, self.params)
 
     async def evaluate(self) -> EvalResult:
         started = time.perf_counter()
@@ -93,24 +123,21 @@ class Evaluator:
         self.model.eval()
         try:
             size = self.batch_size or max(len(self.requests), 1)
-            results = [
-                result
-                for start in range(0, len(self.requests), size)
-                for result in await self.engine.generate(
-                    self.requests[start : start + size], self.params, 1
-                )
-            ]
+            answers: list[SampleInput] = []
+            for start in range(0, len(self.requests), size):
+                batch = self.requests[start : start + size]
+                answers += await (self._episodes(batch) if self.episodes else self._answers(batch))
         finally:
             self.model.train(was_training)
         rewards: list[float] = []
         samples: list[ValSample] = []
-        for record, result in zip(self.records, results, strict=True):
-            text = self.tokenizer.decode(result.token_ids, skip_special_tokens=False)  # type: ignore[attr-defined]
+        for record, answer in zip(self.records, answers, strict=True):
+            text = answer.response_text
             group = ScoringGroup(
                 group_id=f"val-{record.index}",
                 env_name=self.environment.name,
                 prompt_text=record.prompt,
-                samples=[SampleInput(response_text=text, finish_reason=result.finish_reason)],
+                samples=[answer],
                 ground_truth=record.ground_truth,
                 # What the record carries for its scorer (test cases, answer type, choices).
                 extra=record.extra,
@@ -132,6 +159,39 @@ class Evaluator:
             seconds=time.perf_counter() - started,
             samples=tuple(samples),
         )
+
+    async def _answers(self, batch: Sequence[GenerationRequest]) -> list[SampleInput]:
+        results = await self.engine.generate(list(batch), self.params, 1)
+        return [
+            SampleInput(response_text=self._decode(r.token_ids), finish_reason=r.finish_reason)
+            for r in results
+        ]
+
+    async def _episodes(self, batch: Sequence[GenerationRequest]) -> list[SampleInput]:
+        """Each prompt's episode in a fresh tool session; scored like a rollout's episode."""
+        assert self.episodes is not None
+        records = [self.records[int(request.request_id)] for request in batch]
+        prompts = [
+            (f"val-{record.index}", request.prompt_token_ids, record.extra)
+            for request, record in zip(batch, records, strict=True)
+        ]
+        episodes = await self.episodes.run_prompts(self.environment.name, prompts)
+        failed = [e.failure for e in episodes if e.failure is not None]
+        if failed:  # the tool service was lost: scored 0 (no answer), and said so
+            log.warning("validation.episodes_failed", count=len(failed), first=failed[0])
+        return [
+            SampleInput(
+                response_text=self._decode(episode.token_ids),
+                finish_reason=str(episode.finish_reason),
+                tool_calls=[
+                    ToolCallRecord(c.name, c.arguments_json, c.result) for c in episode.tool_calls
+                ],
+            )
+            for episode in episodes
+        ]
+
+    def _decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)  # type: ignore[attr-defined]
 
     def evaluate_blocking(self) -> EvalResult:
         """For synchronous callers (the SFT stage runs in a worker thread)."""

@@ -42,7 +42,7 @@ from dockyard.broker.weights.chain import ChainPublisher, PublishedBlob
 from dockyard.consumers.trainer.backend import build_policy_trainer
 from dockyard.consumers.trainer.batch import build_batch
 from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoint, write_checkpoint
-from dockyard.consumers.trainer.evaluation import Evaluator, log_val_samples
+from dockyard.consumers.trainer.evaluation import EpisodesFactory, Evaluator, log_val_samples
 from dockyard.consumers.trainer.health import diagnose, fleet_readiness
 from dockyard.consumers.trainer.ledger import Ledger
 from dockyard.consumers.trainer.lineage import VersionLineage
@@ -116,9 +116,12 @@ class TrainerLoop:
         status: StatusFile | None = None,
         producer_id: str | None = None,
         mesh: DeviceMesh | None = None,
+        episodes: EpisodesFactory | None = None,
     ) -> None:
         """``mesh``: this is rank 0 of several data-parallel trainer ranks (``torchrun``); the
-        others run :func:`~dockyard.consumers.trainer.ranks.run_follower`."""
+        others run :func:`~dockyard.consumers.trainer.ranks.run_follower`. ``episodes``: with
+        structured tool use, validation answers with episodes built by it."""
+        self.episodes = episodes
         self.config = config
         self.mesh = mesh
         self.dispatcher = prompt_source
@@ -190,6 +193,7 @@ class TrainerLoop:
                 max_new_tokens=cfg.policy.generation.max_new_tokens,
                 max_samples=cfg.grpo.max_val_samples,
                 batch_size=cfg.grpo.val_batch_size,
+                episodes=self.episodes,
             )
         self.checkpoints = (
             CheckpointManager(cfg.checkpointing, cfg.checkpointing.directory(self.run_dir))
@@ -260,6 +264,7 @@ class TrainerLoop:
                 dev,
                 self.evaluator.environment,
                 max_new_tokens=self.config.policy.generation.max_new_tokens,
+                episodes=self.episodes,
             )
         self.status.update("warm-start", detail="supervised warm start")
         result = await asyncio.to_thread(

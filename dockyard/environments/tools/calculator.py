@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dockyard.environments.tools.toolbox import (
+    NO_TASK,
     ToolArgumentError,
     Toolbox,
     ToolSession,
@@ -71,7 +72,7 @@ class CalculatorSession(ToolSession):
 class CalculatorToolbox(Toolbox):
     name = "calculator"
 
-    async def open_session(self, episode_id: str) -> ToolSession:
+    async def open_session(self, episode_id: str, task: Mapping[str, Any] = NO_TASK) -> ToolSession:
         return CalculatorSession()  # stateless: nothing of one episode can reach another
 
 

@@ -14,6 +14,7 @@ Subjects, for a toolbox ``T`` under ``prefix`` (default ``dockyard.tools``):
 
 Errors travel as micro error replies: ``400`` the tool refused its arguments
 (``ToolArgumentError``), ``404`` no such session (the instance restarted: its sandboxes are gone),
+``422`` the task cannot be set up (:class:`TaskRefused`: reason and detail as a JSON pair),
 ``500`` the tool raised. On the client, no responder, a closed connection, a request past
 ``request_timeout_s`` or a ``404`` are :class:`ToolServiceUnavailable`: the episode fails and
 its group is replayed from scratch (docs/multiturn.md).
@@ -34,6 +35,8 @@ from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER, Request
 from nats.micro.service import Service
 
 from dockyard.environments.tools.toolbox import (
+    NO_TASK,
+    TaskRefused,
     ToolArgumentError,
     Toolbox,
     ToolServiceUnavailable,
@@ -87,8 +90,13 @@ class ToolService:
             await session.aclose()
 
     async def open(self, request: Request) -> None:
-        episode_id = json.loads(request.data)["episode_id"]
-        session = await self.toolbox.open_session(episode_id)
+        body = json.loads(request.data)
+        episode_id = body["episode_id"]
+        try:
+            session = await self.toolbox.open_session(episode_id, body.get("task", {}))
+        except TaskRefused as error:
+            await request.respond_error("422", json.dumps([error.reason, str(error)]))
+            return
         self.sessions[episode_id] = session
         assert self.service is not None
         reply = {"instance": self.service.id, "tools": sorted(session.tool_names)}
@@ -160,8 +168,9 @@ class RemoteToolbox(Toolbox):
         # lost service.
         self.request_timeout_s = request_timeout_s
 
-    async def open_session(self, episode_id: str) -> ToolSession:
-        reply = json.loads(await self.request(f"{self.prefix}.open", {"episode_id": episode_id}))
+    async def open_session(self, episode_id: str, task: Mapping[str, Any] = NO_TASK) -> ToolSession:
+        body = {"episode_id": episode_id, "task": dict(task)}
+        reply = json.loads(await self.request(f"{self.prefix}.open", body))
         return RemoteSession(self, episode_id, reply["instance"], reply["tools"])
 
     async def request(self, subject: str, body: Mapping[str, Any]) -> bytes:
@@ -179,4 +188,7 @@ class RemoteToolbox(Toolbox):
             raise ToolArgumentError(description)
         if code == "404":
             raise ToolServiceUnavailable(description)
+        if code == "422":
+            reason, detail = json.loads(description)
+            raise TaskRefused(reason, detail)
         raise RuntimeError(description)

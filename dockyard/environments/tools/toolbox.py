@@ -19,8 +19,10 @@ import enum
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
+from dockyard.config.sections.env import EnvConfig
 from dockyard.environments.tools.calls import ParsedCall
 from dockyard.utils.logging import get_logger
 
@@ -46,6 +48,20 @@ class ToolArgumentError(ValueError):
 
 class ToolServiceUnavailable(RuntimeError):
     """The tool service cannot be reached: the episode cannot go on (not the model's fault)."""
+
+
+class TaskRefused(ValueError):
+    """The group's task cannot be set up (its setup script fails, a field is missing): the
+    task's fault, so the group is dead-lettered with ``reason``, not replayed."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+#: The start of the observation of a call that was parsed but not run (past
+#: ``max_tool_calls_per_turn``): a scorer that replays an episode's calls skips these.
+NOT_RUN_PREFIX = "error: not run: "
 
 
 @dataclass(frozen=True)
@@ -78,13 +94,23 @@ class ToolSession(abc.ABC):
         """Discard the episode's sandbox."""
 
 
+NO_TASK: Mapping[str, Any] = MappingProxyType({})
+
+
 class Toolbox(abc.ABC):
     """Opens sessions; subclasses set ``name`` and register with ``@register_toolbox``."""
 
     name: ClassVar[str]
 
+    @classmethod
+    def from_env_config(cls, env: EnvConfig) -> Toolbox:
+        """Built from the run's ``env`` section; the default needs none of it."""
+        return cls()
+
     @abc.abstractmethod
-    async def open_session(self, episode_id: str) -> ToolSession: ...
+    async def open_session(self, episode_id: str, task: Mapping[str, Any] = NO_TASK) -> ToolSession:
+        """The episode's session; ``task`` is its group's ``extra`` (a setup script, say).
+        Raises :class:`TaskRefused` for a task that cannot be set up."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional: most toolboxes hold nothing
         """Release held resources (connections)."""
@@ -96,6 +122,7 @@ _REGISTRY: dict[str, type[Toolbox]] = {}
 _BUILTIN_MODULES = {
     "calculator": "dockyard.environments.tools.calculator",
     "arithmetic": "dockyard.environments.tools.calculator",
+    "terminal_bench": "dockyard.environments.tools.terminal",
 }
 _ToolboxClass = TypeVar("_ToolboxClass", bound=type[Toolbox])
 

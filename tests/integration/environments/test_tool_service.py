@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import nats
+import pytest
 
 from dockyard.engines.base import SamplingParams
 from dockyard.environments.tools.calculator import CalculatorSession, CalculatorToolbox
@@ -93,7 +94,7 @@ class DyingToolbox(Toolbox):
     def __init__(self, connection) -> None:
         self.connection = connection
 
-    async def open_session(self, episode_id: str) -> ToolSession:
+    async def open_session(self, episode_id: str, task: Mapping[str, Any]) -> ToolSession:
         return DyingSession(self.connection)
 
 
@@ -120,3 +121,31 @@ async def test_a_service_that_dies_mid_episode_fails_the_episode(nats_server):
         if not server_nc.is_closed:
             await service.stop()
             await server_nc.close()
+
+
+async def test_a_served_terminal_toolbox_gets_its_task_and_refuses_a_broken_one(nats_server):
+    # The task (the group's extra) travels with the open request: the served terminal runs the
+    # setup in its own sandbox, and a setup that fails comes back as TaskRefused (422), not as
+    # a lost service, so the worker dead-letters the group instead of replaying it.
+    from dockyard.config.sections.env import SandboxLimits, TerminalBenchEnvConfig
+    from dockyard.environments.tools.terminal import TerminalToolbox
+    from dockyard.environments.tools.toolbox import TaskRefused
+
+    settings = TerminalBenchEnvConfig(limits=SandboxLimits(wall_time_s=5.0))
+    server_nc, client_nc = await nats.connect(nats_server.url), await nats.connect(nats_server.url)
+    service = await ToolService(server_nc, TerminalToolbox(settings)).start()
+    remote = RemoteToolbox(client_nc, "terminal_bench")
+    try:
+        session = await remote.open_session("g:0:d1:s0", {"setup": "echo ready > state"})
+        call = ParsedCall("bash", '{"command": "cat state"}', {"command": "cat state"})
+        outcome = await run_tool_call(session, call, ToolLimits())
+        assert outcome.text == "ready\n[exit 0]"
+        await session.aclose()
+        assert service.sessions == {}  # closed on the service: its sandbox is gone
+        with pytest.raises(TaskRefused, match="exit 4") as refused:
+            await remote.open_session("g:0:d1:s1", {"setup": "exit 4"})
+        assert refused.value.reason == "setup_failed"
+    finally:
+        await service.stop()
+        await server_nc.close()
+        await client_nc.close()

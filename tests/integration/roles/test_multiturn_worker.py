@@ -11,7 +11,10 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 
+from dockyard.config.sections.env import EnvConfig, SandboxLimits, TerminalBenchEnvConfig
+from dockyard.consumers.scoring import to_scoring_group
 from dockyard.engines.base import SamplingParams
+from dockyard.environments import EnvironmentContext, build_environment
 from dockyard.environments.tools.toolbox import (
     Toolbox,
     ToolServiceUnavailable,
@@ -19,9 +22,10 @@ from dockyard.environments.tools.toolbox import (
     register_toolbox,
 )
 from dockyard.producers.episodes import EpisodeRunner, EpisodeSettings
-from dockyard.schemas import FinishReason
+from dockyard.schemas import DeadLetter, FinishReason, decode
 from tests.integration.roles.factories import prompt_group
 from tests.integration.roles.test_rollout_worker import (
+    _dead_letters,
     _has_rollouts,
     rollouts,
     running_worker,
@@ -60,7 +64,7 @@ class OutageTools(Toolbox):
     opened: ClassVar[list[str]] = []
     closed: ClassVar[list[str]] = []
 
-    async def open_session(self, episode_id: str) -> ToolSession:
+    async def open_session(self, episode_id: str, task: Mapping[str, Any]) -> ToolSession:
         self.opened.append(episode_id)
         return OutageSession(type(self), episode_id)
 
@@ -157,3 +161,53 @@ async def test_failures_within_max_generation_failures_publish_the_group_untrain
     assert failed.finish_reason is FinishReason.ERROR
     assert not np.any(failed.loss_mask)  # cut short by the infrastructure: not trained on
     assert all(s.finish_reason is FinishReason.STOP and s.loss_mask.any() for s in fine)
+
+
+BASH = '<tool_call>{"name": "bash", "arguments": {"command": "echo hello > hello.txt"}}</tool_call>'
+HELLO = {"setup": "", "check": 'test "$(cat hello.txt)" = hello'}  # configs/cpu/data, tb-1
+
+
+def terminal_group(group_id: str, extra: dict[str, str]):
+    group = prompt_group(group_id)
+    return msgspec.structs.replace(group, environment="terminal_bench", extra=extra)
+
+
+async def test_terminal_episodes_run_commands_in_a_sandbox_and_the_scorer_rewards_them(
+    data_plane_config,
+):
+    # The real terminal toolbox (sandboxed shell) under the worker, then the real scorer path.
+    engine, tok = scripted_engine([BASH, "Done."])
+    runner = EpisodeRunner(
+        engine,
+        SamplingParams(max_new_tokens=256),
+        EpisodeSettings(2, "hermes", 1, 1024),
+        tok,
+        EnvConfig(terminal_bench=TerminalBenchEnvConfig(limits=SandboxLimits(wall_time_s=5))),
+    )
+    broken = {"setup": "exit 3", "check": "true"}
+    async with with_weights(data_plane_config, engine.model.state_dict()) as (
+        plane,
+        messages,
+        store,
+    ):
+        await messages.publish_many(
+            [terminal_group("g-tb", HELLO), terminal_group("g-bad", broken)]
+        )
+        async with running_worker(plane, store, engine, episodes=runner, nak_delay_s=0.05):
+            await wait_for(lambda: _has_rollouts(plane, 1))
+            await wait_for(lambda: _dead_letters(plane, 1))
+        [rollout] = await rollouts(plane)
+        [dead] = [m async for m in plane.replay(plane.names.dead_letters)]
+    # A task whose setup fails is the task's fault: dead-lettered at once, not replayed.
+    letter = decode(dead.headers, dead.data, expected=DeadLetter)
+    assert (letter.reason, letter.delivery_count) == ("setup_failed", 1)
+    assert rollout.group_id == "g-tb"
+    for sample in rollout.samples:
+        [call] = sample.tool_calls
+        assert (call.name, call.result) == ("bash", "[exit 0]")
+    # The scorer replays the commands in a fresh sandbox and runs the task's check there.
+    environment = build_environment(
+        "terminal_bench", EnvironmentContext(env=EnvConfig(terminal_bench=TerminalBenchEnvConfig()))
+    )
+    score = await environment.score(to_scoring_group(rollout, tok))
+    assert score.rewards == [1.0, 1.0]

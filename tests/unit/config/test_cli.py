@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -230,3 +231,74 @@ def test_a_nats_password_never_comes_from_the_command_line(capsys, monkeypatch):
     monkeypatch.delenv(PASSWORD_VARIABLE, raising=False)
     assert main(url) != 0
     assert f"--user ops needs its password in ${PASSWORD_VARIABLE}" in capsys.readouterr().err
+
+
+def test_an_environment_served_as_a_tool_service_counts_as_having_a_toolbox():
+    # The served toolbox lives in its own process (and build): the worker needs no local one.
+    from dockyard.commands._cli import CliError
+    from dockyard.commands._roles import _refuse_environments_without_tools
+
+    tools = ["grpo.structured_tool_use.enabled=true", "grpo.max_rollout_turns=2"]
+    math = [*tools, "data.train.env=math", "data_plane.url=nats://127.0.0.1:1"]
+    with pytest.raises(CliError, match=r"the environment 'math' of data\.train has no toolbox"):
+        _refuse_environments_without_tools(load_config("configs/quickstart.yaml", math))
+    served = load_config(
+        "configs/quickstart.yaml", [*math, "grpo.structured_tool_use.tool_services=[math]"]
+    )
+    _refuse_environments_without_tools(served)  # refused no more
+
+
+def test_tool_services_without_nats_are_refused_at_launch(capsys, tmp_path):
+    # `dockyard run` checks as the trainer does (every run has one), before any role starts.
+    argv = ["run", "--config", "configs/multiturn_tools.yaml", "--run-dir", str(tmp_path)]
+    served = "grpo.structured_tool_use.tool_services=[arithmetic]"
+    assert main([*argv, served, "data_plane=null"]) == 2
+    assert "tool_services: a tool service is reached over NATS" in capsys.readouterr().err
+
+
+def test_tools_serve_refuses_an_unknown_toolbox_and_a_plane_no_worker_reaches(capsys):
+    argv = ["tools", "serve", "--config", "configs/multiturn_tools.yaml"]
+    assert main([*argv, "--toolbox", "arithmetic"]) == 2  # the config's url is `embedded`
+    assert "data_plane.url: dockyard tools serve joins a run's NATS server" in (
+        capsys.readouterr().err
+    )
+    assert main([*argv, "--toolbox", "nope", "data_plane.url=nats://127.0.0.1:1"]) == 2
+    assert "--toolbox: no toolbox for environment 'nope'" in capsys.readouterr().err
+    slow = ["env.terminal_bench.limits.wall_time_s=30", "data_plane.url=nats://127.0.0.1:1"]
+    assert main([*argv, "--toolbox", "terminal_bench", *slow]) == 2
+    assert "--toolbox terminal_bench: env.terminal_bench.limits.wall_time_s=30 must be under" in (
+        capsys.readouterr().err
+    )
+
+
+def test_tool_service_names_and_prefix_must_be_subject_tokens():
+    from dockyard.config.errors import ConfigError
+
+    served = "grpo.structured_tool_use.tool_services=[arithmetic]"
+    bad = {
+        "grpo.structured_tool_use.tool_services=[a.b]": "'a.b' cannot be a NATS subject token",
+        "grpo.structured_tool_use.tool_services=[x,x]": "lists x twice",
+        "grpo.structured_tool_use.tool_service_prefix=tools.*": "without wildcards",
+        "grpo.structured_tool_use.tool_service_timeout_s=0": "tool_service_timeout_s",
+        "grpo.structured_tool_use.enabled=false": "tools are called only with enabled=true",
+    }
+    for override, reason in bad.items():
+        with pytest.raises(ConfigError, match=re.escape(reason)):
+            load_config("configs/multiturn_tools.yaml", [served, override])
+
+
+def test_terminal_bench_with_tool_use_is_accepted_and_a_sandbox_slower_than_a_tool_refused(
+    capsys,
+):
+    # The terminal_bench environment has a toolbox now: a config with tool use passes the
+    # toolbox checks; a sandbox wall clock at the tool timeout (30 s) would let the episode's
+    # timeout strike first, so it is refused before the engine loads.
+    from dockyard.commands._roles import prepare_rollout
+
+    tools = ["grpo.structured_tool_use.enabled=true", "grpo.max_rollout_turns=4"]
+    prepare_rollout(load_config("configs/cpu/grpo_terminal_bench.yaml", tools))
+    argv = ["rollout", "--config", "configs/cpu/grpo_terminal_bench.yaml", *tools]
+    assert main([*argv, "env.terminal_bench.limits.wall_time_s=30"]) == 2
+    err = capsys.readouterr().err
+    assert "the toolbox of data.train's environment 'terminal_bench'" in err
+    assert "env.terminal_bench.limits.wall_time_s=30 must be under the tool call timeout" in err
