@@ -19,11 +19,11 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from dockyard.broker import chunking
+from dockyard.broker.admin import AdminPlane
 from dockyard.broker.names import ConsumerSpec, Retention, StreamSpec, subject_matches
 from dockyard.broker.plane import (
     REASON_MAX_DELIVERIES,
     ConsumerLag,
-    DataPlane,
     Delivery,
     PayloadError,
     ProvisionReport,
@@ -110,7 +110,7 @@ class _MemoryDelivery(Delivery):
             flight.deadline = time.monotonic() + self._plane.config.consumer.ack_wait_s
 
 
-class MemoryPlane(DataPlane):
+class MemoryPlane(AdminPlane):
     def __init__(self, config: DataPlaneConfig | None = None) -> None:
         super().__init__(config or DataPlaneConfig())
         self._streams: dict[str, _Stream] = {}

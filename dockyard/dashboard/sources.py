@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from dockyard.broker.plane import DataPlane
+from dockyard.broker.admin import AdminPlane
 from dockyard.fleet.dead_letter_pages import dead_letter_page
 from dockyard.fleet.overview import DeadLetterTally, gather_overview
 from dockyard.utils.status import read_statuses
@@ -25,7 +25,7 @@ class FleetSource(Protocol):
 class PlaneSource:
     """The fleet as the data plane shows it (the plane is opened and closed by the caller)."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: AdminPlane) -> None:
         self.plane = plane
         # Kept across refreshes: each dead letter is decoded once, not on every poll.
         self.tally = DeadLetterTally(DEAD_LETTERS_COUNTED)

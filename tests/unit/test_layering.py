@@ -183,3 +183,29 @@ def test_the_cycles_of_issue_19_stay_gone(first, second):
     there = any(nx.has_path(graph, a, b) for a in within(first) for b in within(second))
     back = any(nx.has_path(graph, b, a) for a in within(first) for b in within(second))
     assert not (there and back), f"{first} and {second} import each other"
+
+
+#: DESIGN.md / issue 19: roles get the narrow ``DataPlane``; provisioning, purges and the stream
+#: survey (``broker.admin``) are the operator's.
+ADMIN_MODULE = "dockyard.broker.admin"
+ROLE_PACKAGES = ("producers", "consumers")
+
+
+def test_the_admin_module_is_named_in_the_graph():
+    # Guards the check below against passing because the module moved or was renamed.
+    assert ADMIN_MODULE in import_graph()
+    assert import_graph().has_edge("dockyard.broker.jetstream", ADMIN_MODULE)
+
+
+@pytest.mark.parametrize("package", ROLE_PACKAGES)
+def test_roles_do_not_import_the_admin_plane(package):
+    """Directly: a role that only reaches ``AdminPlane`` through a broker module it imports
+    (the blob store purging its lease records) cannot call provisioning, purge or the survey
+    itself, so only direct imports are refused."""
+    graph = import_graph()
+    importers = sorted(
+        module
+        for module in graph.predecessors(ADMIN_MODULE)
+        if module.startswith(f"dockyard.{package}.") or module == f"dockyard.{package}"
+    )
+    assert importers == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dockyard.broker.admin import as_admin
 from dockyard.broker.plane import DataPlane
 from dockyard.broker.weights.base import WeightBlobStore
 from dockyard.broker.weights.leases import BlobLeases
@@ -13,7 +14,9 @@ def create_weight_store(plane: DataPlane, *, reader_id: str | None = None) -> We
     """The blob store a plane's config asks for (``jetstream`` on the in-memory plane = memory).
 
     Reads hold leases (over ``plane``) named after ``reader_id`` (default: host and pid), so
-    retention never deletes a version while someone fetches it.
+    retention never deletes a version while someone fetches it. Retention purges the lease
+    records of a deleted version: blob housekeeping is the broker's, so the store gets the
+    plane's admin side here, which the role that holds the store cannot reach.
     """
     from dockyard.broker.jetstream import JetStreamPlane
 
@@ -21,7 +24,9 @@ def create_weight_store(plane: DataPlane, *, reader_id: str | None = None) -> We
     retention = {
         "keep_last": transport.keep_last_versions,
         "grace_s": transport.retention_grace_s,
-        "leases": BlobLeases(plane, ttl_s=transport.reader_lease_ttl_s, reader_id=reader_id),
+        "leases": BlobLeases(
+            as_admin(plane), ttl_s=transport.reader_lease_ttl_s, reader_id=reader_id
+        ),
     }
     if transport.kind == "filesystem":
         from dockyard.broker.weights.files import FilesystemBlobStore

@@ -27,7 +27,8 @@ from collections.abc import AsyncIterator, Iterable
 
 from pydantic import BaseModel, ValidationError
 
-from dockyard.broker.plane import DataPlane, DataPlaneError
+from dockyard.broker.admin import AdminPlane
+from dockyard.broker.plane import DataPlaneError
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -54,7 +55,7 @@ def subject_token(text: str) -> str:
 
 
 class BlobLeases:
-    def __init__(self, plane: DataPlane, *, ttl_s: float, reader_id: str | None = None) -> None:
+    def __init__(self, plane: AdminPlane, *, ttl_s: float, reader_id: str | None = None) -> None:
         if ttl_s <= 0:
             raise ValueError(f"a lease ttl must be positive, got {ttl_s}")
         self.plane = plane
