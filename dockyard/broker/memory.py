@@ -36,7 +36,7 @@ from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
 
 if TYPE_CHECKING:
-    from dockyard.broker.weights.base import BlobRef
+    from dockyard.broker.weight_blobs.base import BlobRef
 
 log = get_logger(__name__)
 
@@ -120,7 +120,7 @@ class MemoryPlane(AdminPlane):
         self._started = False
         # The weight blobs of this plane (digest -> ref, bytes): the bucket every
         # ``create_weight_store(plane)`` of the process shares, as JetStream blobs are the
-        # broker's and not a role's (``broker/weights/memory.py``).
+        # broker's and not a role's (``broker/weight_blobs/memory.py``).
         self.weight_blobs: dict[str, tuple[BlobRef, bytes]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -176,7 +176,7 @@ def build_trainer(
     mesh: DeviceMesh | None = None,
 ) -> TrainerLoop:
     from dockyard.broker.typed import MessagePlane
-    from dockyard.broker.weights.factory import create_weight_store
+    from dockyard.broker.weight_blobs.factory import create_weight_store
     from dockyard.consumers.trainer.loop import TrainerLoop
     from dockyard.producers.dispatcher import Dispatcher
     from dockyard.utils.status import StatusFile
@@ -237,7 +237,7 @@ def build_rollout_worker(
     status: StatusFile,
 ) -> RolloutWorker:
     from dockyard.broker.typed import MessagePlane
-    from dockyard.broker.weights.factory import create_weight_store
+    from dockyard.broker.weight_blobs.factory import create_weight_store
     from dockyard.producers.multimodal import MultimodalLimits
     from dockyard.producers.rollout_worker import RolloutWorker
     from dockyard.schemas import EngineInfo

@@ -27,7 +27,7 @@ import torch
 
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.plane import DataPlane, StreamState
-from dockyard.broker.weights.base import digest_of_bytes, tensors_to_bytes
+from dockyard.broker.weight_blobs.base import digest_of_bytes, tensors_to_bytes
 from dockyard.consumers.retrain_plan import RetrainPlan, RetrainRefused, metrics_equal
 from dockyard.consumers.trainer.batch import TrainingBatch, build_batch
 from dockyard.consumers.trainer.checkpoint_io import read_checkpoint

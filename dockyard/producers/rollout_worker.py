@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from PIL import Image
 
 from dockyard.broker.typed import MessagePlane, Received
-from dockyard.broker.weights.base import BlobDigestMismatch, BlobNotFound, WeightBlobStore
-from dockyard.broker.weights.chain import ChainFollower
-from dockyard.broker.weights.patch import PatchError
+from dockyard.broker.weight_blobs.base import BlobDigestMismatch, BlobNotFound, WeightBlobStore
+from dockyard.broker.weight_blobs.chain import ChainFollower
+from dockyard.broker.weight_blobs.patch import PatchError
 from dockyard.engines.base import (
     GenerationEngine,
     GenerationRequest,

@@ -37,8 +37,8 @@ from dockyard.algorithms.rewards import dynamic_sampling_filter
 from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane
-from dockyard.broker.weights.base import WeightBlobStore
-from dockyard.broker.weights.chain import ChainPublisher, PublishedBlob
+from dockyard.broker.weight_blobs.base import WeightBlobStore
+from dockyard.broker.weight_blobs.chain import ChainPublisher, PublishedBlob
 from dockyard.consumers.trainer.batch import build_batch
 from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoint, write_checkpoint
 from dockyard.consumers.trainer.evaluation import Evaluator, log_val_samples

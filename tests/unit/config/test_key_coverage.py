@@ -92,7 +92,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "grpo.reward_shaping.enabled": ("config/master.py",),
     "on_policy_distillation.enabled": ("config/master.py",),
     "logger.log_dir": ("config/sections/logger.py",),
-    "data_plane.weight_transport.base_url": ("broker/weights/factory.py",),
+    "data_plane.weight_transport.base_url": ("broker/weight_blobs/factory.py",),
 }
 
 

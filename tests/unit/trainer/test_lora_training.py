@@ -9,7 +9,7 @@ import asyncio
 
 import torch
 
-from dockyard.broker.weights.base import tensors_to_bytes
+from dockyard.broker.weight_blobs.base import tensors_to_bytes
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.checkpoint_io import read_checkpoint
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.memory import MemoryPlane
 from dockyard.broker.typed import MessagePlane
-from dockyard.broker.weights.factory import create_weight_store
+from dockyard.broker.weight_blobs.factory import create_weight_store
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.health import PipelineDiagnosis
 from dockyard.consumers.trainer.loop import TrainerLoop, TrainerStarved

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from dockyard.broker.admin import as_admin
 from dockyard.broker.plane import DataPlane
-from dockyard.broker.weights.base import WeightBlobStore
-from dockyard.broker.weights.leases import BlobLeases
+from dockyard.broker.weight_blobs.base import WeightBlobStore
+from dockyard.broker.weight_blobs.leases import BlobLeases
 
 
 def create_weight_store(plane: DataPlane, *, reader_id: str | None = None) -> WeightBlobStore:
@@ -29,12 +29,12 @@ def create_weight_store(plane: DataPlane, *, reader_id: str | None = None) -> We
         ),
     }
     if transport.kind == "filesystem":
-        from dockyard.broker.weights.files import FilesystemBlobStore
+        from dockyard.broker.weight_blobs.files import FilesystemBlobStore
 
         assert transport.path is not None  # enforced by the config rules
         return FilesystemBlobStore(Path(transport.path), **retention)
     if transport.kind == "http":
-        from dockyard.broker.weights.files import HttpBlobStore
+        from dockyard.broker.weight_blobs.files import HttpBlobStore
 
         assert transport.base_url is not None
         return HttpBlobStore(
@@ -44,7 +44,7 @@ def create_weight_store(plane: DataPlane, *, reader_id: str | None = None) -> We
             **retention,
         )
     if isinstance(plane, JetStreamPlane):
-        from dockyard.broker.weights.jetstream_blobs import JetStreamBlobStore
+        from dockyard.broker.weight_blobs.jetstream_blobs import JetStreamBlobStore
 
         return JetStreamBlobStore(
             plane,
@@ -53,7 +53,7 @@ def create_weight_store(plane: DataPlane, *, reader_id: str | None = None) -> We
             **retention,
         )
     from dockyard.broker.memory import MemoryPlane
-    from dockyard.broker.weights.memory import MemoryBlobStore
+    from dockyard.broker.weight_blobs.memory import MemoryBlobStore
 
     shared = plane.weight_blobs if isinstance(plane, MemoryPlane) else None
     return MemoryBlobStore(blobs=shared, **retention)

@@ -18,7 +18,7 @@ import json
 
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.plane import DataPlaneError, OutgoingMessage
-from dockyard.broker.weights.base import (
+from dockyard.broker.weight_blobs.base import (
     DIGEST_PREFIX,
     BlobNotFound,
     BlobRef,
@@ -29,7 +29,7 @@ from dockyard.broker.weights.base import (
     new_ref,
     source_to_bytes,
 )
-from dockyard.broker.weights.leases import BlobLeases
+from dockyard.broker.weight_blobs.leases import BlobLeases
 
 
 class JetStreamBlobStore(WeightBlobStore):

@@ -6,7 +6,7 @@ leases, its own reader id) and they all see the blobs the trainer puts."""
 
 from __future__ import annotations
 
-from dockyard.broker.weights.base import (
+from dockyard.broker.weight_blobs.base import (
     DIGEST_PREFIX,
     BlobNotFound,
     BlobRef,
@@ -17,7 +17,7 @@ from dockyard.broker.weights.base import (
     new_ref,
     source_to_bytes,
 )
-from dockyard.broker.weights.leases import BlobLeases
+from dockyard.broker.weight_blobs.leases import BlobLeases
 
 
 class MemoryBlobStore(WeightBlobStore):

@@ -6,8 +6,13 @@ SHA-256 does not match. Transports: JetStream chunks (default), a shared filesys
 HTTP URL (a directory the trainer writes, served by any web server). See ``create_weight_store``.
 """
 
-from dockyard.broker.weights.base import BlobDigestMismatch, BlobNotFound, BlobRef, WeightBlobStore
-from dockyard.broker.weights.factory import create_weight_store
+from dockyard.broker.weight_blobs.base import (
+    BlobDigestMismatch,
+    BlobNotFound,
+    BlobRef,
+    WeightBlobStore,
+)
+from dockyard.broker.weight_blobs.factory import create_weight_store
 
 __all__ = [
     "BlobDigestMismatch",

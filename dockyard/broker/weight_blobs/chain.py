@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dockyard.broker.weights.base import BlobRef, WeightBlobStore
-from dockyard.broker.weights.patch import (
+from dockyard.broker.weight_blobs.base import BlobRef, WeightBlobStore
+from dockyard.broker.weight_blobs.patch import (
     PATCH_FORMAT,
     SNAPSHOT_FORMAT,
     ChainLink,

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from dockyard.broker.weights.base import (
+from dockyard.broker.weight_blobs.base import (
     DIGEST_PREFIX,
     HASH_BLOCK,
     BlobNotFound,
@@ -27,7 +27,7 @@ from dockyard.broker.weights.base import (
     new_ref,
     source_to_bytes,
 )
-from dockyard.broker.weights.leases import BlobLeases
+from dockyard.broker.weight_blobs.leases import BlobLeases
 
 
 class FilesystemBlobStore(WeightBlobStore):

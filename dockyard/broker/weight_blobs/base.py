@@ -17,7 +17,7 @@ from dockyard.utils.logging import get_logger
 if TYPE_CHECKING:
     import torch
 
-    from dockyard.broker.weights.leases import BlobLeases
+    from dockyard.broker.weight_blobs.leases import BlobLeases
 
 log = get_logger(__name__)
 
