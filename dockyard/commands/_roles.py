@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
     from dockyard.algorithms.grpo import MasterConfig
     from dockyard.broker.plane import DataPlane
+    from dockyard.consumers.score_conversion import OutputChecks
     from dockyard.consumers.scorer import Scorer
-    from dockyard.consumers.scoring import OutputChecks
     from dockyard.consumers.trainer.loop import TrainerLoop, TrainerSummary
     from dockyard.data.base import Dataset
     from dockyard.engines.base import GenerationEngine, SamplingParams
@@ -277,7 +277,7 @@ def build_episode_runner(
 
 def output_checks(config: MasterConfig) -> OutputChecks:
     """The flags a scorer raises from the samples' own turns (see ``OutputChecks``)."""
-    from dockyard.consumers.scoring import OutputChecks
+    from dockyard.consumers.score_conversion import OutputChecks
 
     tools = config.grpo.structured_tool_use
     return OutputChecks(

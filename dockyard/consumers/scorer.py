@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane, Received
-from dockyard.consumers.scoring import (
+from dockyard.consumers.score_conversion import (
     OutputChecks,
     to_scored_rollout,
     to_scoring_group,

@@ -38,7 +38,7 @@ from dockyard.environments.tools.toolbox import ToolServiceUnavailable, UnknownT
 from dockyard.producers.episodes import EpisodeRunner
 from dockyard.producers.multimodal import ImageInputError, MultimodalLimits, gate_sample_images
 from dockyard.producers.refit_gate import RefitGate
-from dockyard.producers.rollouts import build_episode_rollout, build_rollout
+from dockyard.producers.rollout_assembly import build_episode_rollout, build_rollout
 from dockyard.schemas import EngineInfo, PromptGroup, WeightVersion
 from dockyard.utils.logging import get_logger
 from dockyard.utils.prometheus import GENERATED_TOKENS, REFIT_DURATION
