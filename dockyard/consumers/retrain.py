@@ -30,8 +30,8 @@ from dockyard.broker.plane import DataPlane, StreamState
 from dockyard.broker.weight_blobs.base import digest_of_bytes, tensors_to_bytes
 from dockyard.consumers.retrain_plan import RetrainPlan, RetrainRefused, metrics_equal
 from dockyard.consumers.trainer.batch import TrainingBatch, build_batch
-from dockyard.consumers.trainer.checkpoint_io import read_checkpoint
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
+from dockyard.consumers.trainer.trainer_checkpoint import read_checkpoint
 from dockyard.schemas import CodecError, ScoredRollout, WeightVersion, decode
 from dockyard.utils.logging import get_logger
 from dockyard.utils.metrics.jsonl_backend import JsonlBackend

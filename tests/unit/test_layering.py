@@ -53,6 +53,19 @@ FORBIDDEN: dict[str, set[str]] = {
     },
     # DESIGN.md: cli.py discovers commands/; commands never import cli back.
     "commands": {"cli"},
+    # Product features moved out of utils/ (issue 19): files on disk and builds for other
+    # runtimes, below the roles and the commands that use them.
+    "checkpoints": {
+        "broker",
+        "producers",
+        "consumers",
+        "fleet",
+        "commands",
+        "engines",
+        "environments",
+        "export",
+    },
+    "export": {"broker", "producers", "consumers", "fleet", "commands", "environments"},
 }
 
 

@@ -39,8 +39,8 @@ from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weight_blobs.base import WeightBlobStore
 from dockyard.broker.weight_blobs.chain import ChainPublisher, PublishedBlob
+from dockyard.checkpoints.directories import CheckpointManager
 from dockyard.consumers.trainer.batch import build_batch
-from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoint, write_checkpoint
 from dockyard.consumers.trainer.evaluation import Evaluator, log_val_samples
 from dockyard.consumers.trainer.health import diagnose, fleet_readiness
 from dockyard.consumers.trainer.ledger import Ledger
@@ -50,6 +50,11 @@ from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.prompt_source import PromptSource
 from dockyard.consumers.trainer.ranks import TrainerRanks, load_trained_policy
 from dockyard.consumers.trainer.sft import run_sft
+from dockyard.consumers.trainer.trainer_checkpoint import (
+    TrainerState,
+    read_checkpoint,
+    write_checkpoint,
+)
 from dockyard.consumers.trainer.worker_trust import WorkerScreen
 from dockyard.data.chat import build_prompt_dataset
 from dockyard.environments.base import EnvironmentContext
@@ -63,7 +68,6 @@ from dockyard.schemas import (
     decode,
 )
 from dockyard.schemas.prompt import group_id_of
-from dockyard.utils.checkpoint_manager import CheckpointManager
 from dockyard.utils.logging import get_logger
 from dockyard.utils.metrics import MetricsLogger
 from dockyard.utils.metrics.gpu_monitor import start_gpu_monitor

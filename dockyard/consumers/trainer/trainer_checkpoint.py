@@ -1,7 +1,7 @@
 """What a trainer checkpoint holds, and how it is written and read back.
 
 ``step_N/``: the model in ``checkpointing.model_save_format`` (safetensors, or torch DCP) with its
-HF config and tokenizer, written by :mod:`dockyard.utils.native_checkpoint` so that
+HF config and tokenizer, written by :mod:`dockyard.checkpoints.model_files` so that
 ``dockyard export hf`` turns the directory into a Hugging Face build; ``optimizer.pt`` (optimizer
 + scheduler, if ``save_optimizer``); ``rng.pt``; ``trainer_state.json`` (step, weight version,
 dispatcher position, stream position, ledger).
@@ -25,8 +25,8 @@ import torch
 if TYPE_CHECKING:
     from peft import PeftModel
 
+from dockyard.checkpoints.model_files import load_checkpoint_state_dict, save_model_checkpoint
 from dockyard.models.lora import save_peft_adapter
-from dockyard.utils.native_checkpoint import load_checkpoint_state_dict, save_model_checkpoint
 
 OPTIMIZER_FILE = "optimizer.pt"
 #: Under LoRA: the adapter in PEFT's format (the model file holds the merged weights).

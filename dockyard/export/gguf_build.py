@@ -6,7 +6,7 @@ Two routes, chosen per call:
   ``convert_hf_to_gguf.py`` runs under ``sys.executable`` and writes F32/F16/BF16/Q8_0 directly;
   other types are quantized from an F32 intermediate by ``llama-quantize`` (or llama-cpp-python).
 - **native** (no checkout given): Llama / Qwen2 models are written by gguf-py
-  (:mod:`dockyard.utils.gguf.native`), which quantizes F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 in
+  (:mod:`dockyard.export.gguf.native`), which quantizes F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 in
   numpy; K-quants (Q4_K_M, ...) go through llama-cpp-python's ``llama_model_quantize``.
 
 Every output is checked with :func:`validate_gguf` before it is returned.
@@ -18,14 +18,14 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from dockyard.utils.gguf.llama_cpp_tools import (
+from dockyard.export.gguf.llama_cpp_tools import (
     quantize_gguf,
     resolve_llama_cpp_dir,
     run_llama_cpp_converter,
 )
-from dockyard.utils.gguf.native import write_gguf_natively
-from dockyard.utils.gguf.types import GgufExportError, MissingGgufDependencyError, QuantType
-from dockyard.utils.gguf.validate import GgufReport, GgufValidationError, validate_gguf
+from dockyard.export.gguf.native import write_gguf_natively
+from dockyard.export.gguf.types import GgufExportError, MissingGgufDependencyError, QuantType
+from dockyard.export.gguf.validate import GgufReport, GgufValidationError, validate_gguf
 
 __all__ = [
     "GgufExportError",

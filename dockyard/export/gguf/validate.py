@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from dockyard.utils.gguf.native import import_gguf
-from dockyard.utils.gguf.types import GgufExportError
+from dockyard.export.gguf.native import import_gguf
+from dockyard.export.gguf.types import GgufExportError
 
 # Per-block tensors every Llama / Qwen2 GGUF must have (names after gguf-py's tensor map).
 _BLOCK_TENSORS = (

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dockyard.utils.gguf.types import GgufExportError, MissingGgufDependencyError, QuantType
+from dockyard.export.gguf.types import GgufExportError, MissingGgufDependencyError, QuantType
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dockyard.utils.gguf.types import GgufExportError, MissingGgufDependencyError, QuantType
+from dockyard.export.gguf.types import GgufExportError, MissingGgufDependencyError, QuantType
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from dockyard.checkpoints.directories import CheckpointManager
 from dockyard.config.sections.checkpointing import CheckpointingConfig
-from dockyard.utils.checkpoint_manager import CheckpointManager
 
 
 def write_marker(directory: Path) -> None:
