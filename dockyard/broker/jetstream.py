@@ -60,8 +60,8 @@ from dockyard.broker.provisioning import (
     stream_config,
 )
 from dockyard.config.sections.data_plane import DataPlaneConfig
+from dockyard.observability.prometheus import PUBLISH_RETRIES
 from dockyard.utils.logging import get_logger
-from dockyard.utils.prometheus import PUBLISH_RETRIES
 from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)

@@ -40,8 +40,8 @@ from dockyard.broker.messages import (
 )
 from dockyard.broker.names import ConsumerSpec, PlaneNames
 from dockyard.config.sections.data_plane import DataPlaneConfig
+from dockyard.observability.prometheus import DEAD_LETTERS
 from dockyard.utils.logging import get_logger
-from dockyard.utils.prometheus import DEAD_LETTERS
 
 log = get_logger(__name__)
 

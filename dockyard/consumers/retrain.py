@@ -32,9 +32,9 @@ from dockyard.consumers.retrain_plan import RetrainPlan, RetrainRefused, metrics
 from dockyard.consumers.trainer.batch import TrainingBatch, build_batch
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
 from dockyard.consumers.trainer.trainer_checkpoint import read_checkpoint
+from dockyard.observability.metrics.jsonl_backend import JsonlBackend
 from dockyard.schemas import CodecError, ScoredRollout, WeightVersion, decode
 from dockyard.utils.logging import get_logger
-from dockyard.utils.metrics.jsonl_backend import JsonlBackend
 from dockyard.utils.private_files import private_dir
 
 log = get_logger(__name__)

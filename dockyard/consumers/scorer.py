@@ -31,9 +31,9 @@ from dockyard.environments.base import (
 )
 from dockyard.environments.registry import build_environment
 from dockyard.environments.timeouts import score_with_timeout
+from dockyard.observability.status_files import StatusFile
 from dockyard.schemas import Rollout
 from dockyard.utils.logging import get_logger
-from dockyard.utils.status import StatusFile
 from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)

@@ -10,7 +10,7 @@ from typing import Protocol
 from dockyard.broker.admin import AdminPlane
 from dockyard.fleet.dead_letter_pages import dead_letter_page
 from dockyard.fleet.overview import DeadLetterTally, gather_overview
-from dockyard.utils.status import read_statuses
+from dockyard.observability.status_files import read_statuses
 
 #: The fleet view counts at most this many of the newest dead letters on each refresh.
 DEAD_LETTERS_COUNTED = 10_000

@@ -29,6 +29,9 @@ FORBIDDEN: dict[str, set[str]] = {
         "commands",
         "data",
         "utils",
+        "observability",
+        "checkpoints",
+        "export",
     },
     "broker": {"producers", "consumers", "fleet", "commands", "engines", "environments"},
     "producers": {"consumers", "fleet", "commands"},
@@ -48,6 +51,7 @@ FORBIDDEN: dict[str, set[str]] = {
         "environments",
         "fleet",
         "models",
+        "observability",
         "producers",
         "schemas",
     },
@@ -66,6 +70,22 @@ FORBIDDEN: dict[str, set[str]] = {
         "export",
     },
     "export": {"broker", "producers", "consumers", "fleet", "commands", "environments"},
+    # Metrics, traces and status files, used by every layer from broker/ up: below all of them.
+    "observability": {
+        "algorithms",
+        "broker",
+        "checkpoints",
+        "commands",
+        "consumers",
+        "data",
+        "engines",
+        "environments",
+        "export",
+        "fleet",
+        "models",
+        "producers",
+        "schemas",
+    },
 }
 
 
@@ -134,7 +154,7 @@ def import_graph() -> nx.DiGraph:
 def unit_of(module: str) -> str:
     """The unit a module belongs to: its top-level package (``dockyard.broker.plane`` ->
     ``broker``), except in ``utils``, a set of unrelated helpers where each module or
-    subpackage is its own unit (``utils.logging`` is below config, ``utils.metrics`` above)."""
+    subpackage is its own unit (``utils.logging`` is below config, the others need not be)."""
     parts = module.split(".")
     if len(parts) > 2 and parts[1] == "utils":
         return ".".join(parts[1:3])

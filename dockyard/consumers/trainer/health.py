@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard.broker.plane import DataPlane
-from dockyard.utils.status import RUNNING, STARTING, RoleStatus, read_statuses
+from dockyard.observability.status_files import RUNNING, STARTING, RoleStatus, read_statuses
 
 #: The roles whose work reaches the trainer (the dispatcher runs inside the trainer itself).
 AWAITED_ROLES = ("rollout", "scorer")

@@ -59,6 +59,11 @@ from dockyard.consumers.trainer.worker_trust import WorkerScreen
 from dockyard.data.chat import build_prompt_dataset
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
+from dockyard.observability.metrics import MetricsLogger
+from dockyard.observability.metrics.gpu_monitor import start_gpu_monitor
+from dockyard.observability.metrics.jsonl_backend import METRICS_FILE
+from dockyard.observability.prometheus import CONSUMER_BACKLOG, TRAIN_STEP_DURATION
+from dockyard.observability.status_files import StatusFile
 from dockyard.schemas import (
     CodecError,
     PromptGroup,
@@ -69,11 +74,6 @@ from dockyard.schemas import (
 )
 from dockyard.schemas.prompt import group_id_of
 from dockyard.utils.logging import get_logger
-from dockyard.utils.metrics import MetricsLogger
-from dockyard.utils.metrics.gpu_monitor import start_gpu_monitor
-from dockyard.utils.metrics.jsonl_backend import METRICS_FILE
-from dockyard.utils.prometheus import CONSUMER_BACKLOG, TRAIN_STEP_DURATION
-from dockyard.utils.status import StatusFile
 
 log = get_logger(__name__)
 

@@ -29,8 +29,8 @@ from dockyard.broker.security import ROLE_API_PREFIX
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weight_blobs import create_weight_store
 from dockyard.models import build_arithmetic_policy
+from dockyard.observability.status_files import StatusFile
 from dockyard.schemas import Rollout, ScoredRollout, decode
-from dockyard.utils.status import StatusFile
 from tests.integration.roles.factories import prompt_group, rollout
 from tests.integration.roles.test_rollout_worker import (
     engine_over,

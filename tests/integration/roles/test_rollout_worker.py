@@ -19,9 +19,9 @@ from dockyard.engines.base import EngineError
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.torch_engine import TorchEngine
 from dockyard.models import build_arithmetic_policy
+from dockyard.observability.status_files import STARTING, StatusFile, read_statuses
 from dockyard.producers.rollout_worker import RolloutWorker
 from dockyard.schemas import EngineInfo, Rollout, WeightVersion, decode
-from dockyard.utils.status import STARTING, StatusFile, read_statuses
 from tests.integration.roles.factories import prompt_group
 
 

@@ -20,8 +20,8 @@ from dockyard.consumers.trainer.health import PipelineDiagnosis
 from dockyard.consumers.trainer.loop import TrainerLoop, TrainerStarved
 from dockyard.data.catalog import build_dataset
 from dockyard.models import build_character_tokenizer
+from dockyard.observability.status_files import STARTING, StatusFile
 from dockyard.producers.dispatcher import Dispatcher
-from dockyard.utils.status import STARTING, StatusFile
 from tests.integration.roles.test_rollout_worker import wait_for
 from tests.unit.trainer.test_trainer_accounting import answer_prompts, small_config
 

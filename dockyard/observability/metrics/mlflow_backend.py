@@ -11,8 +11,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dockyard.config.sections.logger import MlflowConfig
-from dockyard.utils.metrics.base import MetricsLoggerError, MetricValue, import_backend_package
-from dockyard.utils.metrics.summarize import flatten_config, sanitize_mlflow_name
+from dockyard.observability.metrics.base import (
+    MetricsLoggerError,
+    MetricValue,
+    import_backend_package,
+)
+from dockyard.observability.metrics.summarize import flatten_config, sanitize_mlflow_name
 
 # MLflow's limits: 1000 metrics / 100 params per batch call, 6000 characters per param value.
 _METRICS_PER_BATCH = 1000

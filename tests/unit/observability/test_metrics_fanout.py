@@ -14,7 +14,7 @@ from tracker_file_readers import (
 )
 
 from dockyard.config.sections.logger import LoggerConfig
-from dockyard.utils.metrics import (
+from dockyard.observability.metrics import (
     MetricsLogger,
     MetricsLoggerError,
     MetricValueError,

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from dockyard.utils.metrics.base import MetricValue, MetricValueError, Scalar
+from dockyard.observability.metrics.base import MetricValue, MetricValueError, Scalar
 
 SUMMARY_SUFFIXES = ("mean", "p50", "p90", "max")
 

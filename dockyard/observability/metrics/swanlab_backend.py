@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dockyard.config.sections.logger import SwanlabConfig
-from dockyard.utils.metrics.base import MetricValue, import_backend_package
+from dockyard.observability.metrics.base import MetricValue, import_backend_package
 
 # dockyard's config says "cloud" where SwanLab's API says "online".
 _SWANLAB_MODE = {"cloud": "online", "local": "local", "offline": "offline", "disabled": "disabled"}

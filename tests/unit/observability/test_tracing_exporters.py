@@ -27,7 +27,7 @@ ROLE = textwrap.dedent(
     from dockyard.broker.typed import MessagePlane
     from dockyard.config.sections.run import TracingConfig
     from dockyard.schemas import PromptGroup
-    from dockyard.utils.tracing import tracing
+    from dockyard.observability.tracing import tracing
     from tests.integration.roles.factories import prompt_group
 
     async def main():

@@ -20,7 +20,7 @@ Rules the logger enforces for every backend alike:
   logged at the current step with its origin as a metric of its own (``rollout/weight_version``).
 - Values are checked once, before any backend writes, so a bad value leaves no backend half-written.
 - Series backends (W&B, JSONL) get values as given; scalar backends (TensorBoard, MLflow, SwanLab)
-  get the bounded summary from :func:`dockyard.utils.metrics.summarize.to_scalars`.
+  get the bounded summary from :func:`dockyard.observability.metrics.summarize.to_scalars`.
 - Hyperparameters are logged once; a second call is an error.
 """
 
@@ -34,22 +34,22 @@ from types import TracebackType
 from pydantic import BaseModel
 
 from dockyard.config.sections.logger import LoggerConfig
-from dockyard.utils.logging import get_logger
-from dockyard.utils.metrics.base import (
+from dockyard.observability.metrics.base import (
     MetricsBackend,
     MetricsLoggerError,
     MetricValue,
     StepOrderError,
     import_backend_package,
 )
-from dockyard.utils.metrics.jsonl_backend import JsonlBackend
-from dockyard.utils.metrics.summarize import to_scalars, validate_metric
-from dockyard.utils.metrics.timeline import (
+from dockyard.observability.metrics.jsonl_backend import JsonlBackend
+from dockyard.observability.metrics.summarize import to_scalars, validate_metric
+from dockyard.observability.metrics.timeline import (
     Timeline,
     TimelineFile,
     summarize_timeline,
     validate_timeline,
 )
+from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
 
@@ -63,25 +63,25 @@ class _BackendSpec:
 
 
 def _wandb(config: LoggerConfig, log_dir: Path) -> MetricsBackend:
-    from dockyard.utils.metrics.wandb_backend import WandbBackend
+    from dockyard.observability.metrics.wandb_backend import WandbBackend
 
     return WandbBackend(config.wandb, log_dir)
 
 
 def _tensorboard(config: LoggerConfig, log_dir: Path) -> MetricsBackend:
-    from dockyard.utils.metrics.tensorboard_backend import TensorboardBackend
+    from dockyard.observability.metrics.tensorboard_backend import TensorboardBackend
 
     return TensorboardBackend(config.tensorboard, log_dir)
 
 
 def _mlflow(config: LoggerConfig, log_dir: Path) -> MetricsBackend:
-    from dockyard.utils.metrics.mlflow_backend import MlflowBackend
+    from dockyard.observability.metrics.mlflow_backend import MlflowBackend
 
     return MlflowBackend(config.mlflow, log_dir)
 
 
 def _swanlab(config: LoggerConfig, log_dir: Path) -> MetricsBackend:
-    from dockyard.utils.metrics.swanlab_backend import SwanlabBackend
+    from dockyard.observability.metrics.swanlab_backend import SwanlabBackend
 
     return SwanlabBackend(config.swanlab, log_dir)
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dockyard.config.sections.logger import WandbConfig
-from dockyard.utils.metrics.base import MetricValue, import_backend_package
+from dockyard.observability.metrics.base import MetricValue, import_backend_package
 
 
 class WandbBackend:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dockyard.config.sections.logger import TensorboardConfig
-from dockyard.utils.metrics.base import MetricValue, import_backend_package
+from dockyard.observability.metrics.base import MetricValue, import_backend_package
 
 HYPERPARAMS_TAG = "hyperparams"
 

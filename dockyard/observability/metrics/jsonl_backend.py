@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from dockyard.utils.metrics.base import MetricValue
+from dockyard.observability.metrics.base import MetricValue
 
 METRICS_FILE = "metrics.jsonl"
 HYPERPARAMS_FILE = "hyperparams.json"

@@ -16,7 +16,7 @@ from tracker_file_readers import (
 )
 
 from dockyard.config.sections.logger import LoggerConfig
-from dockyard.utils.metrics import MetricsLogger
+from dockyard.observability.metrics import MetricsLogger
 
 TIMELINE = {"worker-0": [2.0, 10.0], "worker-1": [1.0, 3.0]}
 HYPERPARAMS = {"policy": {"model_name": "tiny", "lr": 1e-5}, "grpo": {"group": 4}}

@@ -15,7 +15,7 @@ from dockyard.commands._common import EXIT_INVALID_CONFIG
 from dockyard.commands._roles import metrics_endpoint
 from dockyard.config.loader import load_config
 from dockyard.fleet.supervisor import Supervisor
-from dockyard.utils.prometheus import GENERATED_TOKENS
+from dockyard.observability.prometheus import GENERATED_TOKENS
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dockyard.config.sections.logger import LoggerConfig
-from dockyard.utils.metrics import MetricsLogger, MetricValueError, StepOrderError
+from dockyard.observability.metrics import MetricsLogger, MetricValueError, StepOrderError
 
 # w0 ran three requests, two of them overlapping: busy [100, 104] and [106, 107] = 5 s.
 # w1 ran one request of 5 s. The step's window is 100 .. 108 = 8 s.

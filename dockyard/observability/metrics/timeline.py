@@ -12,7 +12,8 @@ metric put hundreds of values per step into ``metrics.jsonl`` and W&B, so the tr
 
 - a bounded summary per worker into the step's metrics (every backend alike):
   ``timing/generation_timeline/<worker>/count``, ``/busy_fraction``, ``/mean``, ``/p50``, ``/p90``,
-  ``/max`` (durations in seconds; percentiles as in :mod:`dockyard.utils.metrics.summarize`).
+  ``/max`` (durations in seconds; percentiles as in
+  :mod:`dockyard.observability.metrics.summarize`).
 
 ``busy_fraction`` is the time a worker spent generating this step's samples (the union of its
 intervals, so concurrent requests count once) over the step's generation window (the earliest
@@ -28,8 +29,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dockyard.utils.metrics.base import MetricValueError
-from dockyard.utils.metrics.summarize import summarize_series
+from dockyard.observability.metrics.base import MetricValueError
+from dockyard.observability.metrics.summarize import summarize_series
 
 TIMELINE_FILE = "generation_timeline.jsonl"
 TIMELINE_METRIC = "timing/generation_timeline"

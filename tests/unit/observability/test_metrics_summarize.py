@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dockyard.utils.metrics.base import MetricValueError
-from dockyard.utils.metrics.summarize import (
+from dockyard.observability.metrics.base import MetricValueError
+from dockyard.observability.metrics.summarize import (
     flatten_config,
     merge_per_worker,
     sanitize_mlflow_name,

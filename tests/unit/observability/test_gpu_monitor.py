@@ -14,8 +14,8 @@ from structlog.testing import capture_logs
 from tracker_file_readers import read_tensorboard_scalars
 
 from dockyard.config.sections.logger import LoggerConfig
-from dockyard.utils.metrics import MetricsLogger
-from dockyard.utils.metrics.gpu_monitor import (
+from dockyard.observability.metrics import MetricsLogger
+from dockyard.observability.metrics.gpu_monitor import (
     GpuMonitor,
     GpuMonitorError,
     NvidiaSmi,
