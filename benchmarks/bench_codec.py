@@ -5,11 +5,11 @@
 Payloads are rollout groups (16 × 2,048 and 64 × 8,192 response tokens) whose token ids come
 from a byte-level BPE trained on the Python standard library and applied to its sources (see
 ``corpus.py``), with heavy-tailed behaviour log-probs. Throughput is MB/s of the *logical*
-payload: the arrays as ``dockyard.producers.rollouts`` holds them (int32 token ids, int64 weight
-versions, float32 log-probs, bool mask), the same bytes the raw-zstd baseline compresses. A
-second baseline compresses exactly the array section the codec writes (after dtype narrowing), so
-the codec's own overhead (msgpack, checks, layout) is visible separately from the gain of
-narrowing.
+payload: the arrays as ``dockyard.producers.rollout_assembly`` holds them (int32 token ids,
+int64 weight versions, float32 log-probs, bool mask), the same bytes the raw-zstd baseline
+compresses. A second baseline compresses exactly the array section the codec writes (after
+dtype narrowing), so the codec's own overhead (msgpack, checks, layout) is visible separately
+from the gain of narrowing.
 
 A second table measures cheap array transforms (narrowing, byte-shuffle, delta coding) on the
 arrays alone, to decide which ones the wire format keeps.
@@ -416,9 +416,10 @@ def main() -> int:
             f"{corpus.source_bytes / 1e6:.1f} MB of stdlib sources. "
             "MB/s are of the logical payload "
             "(int32 token ids, int64 weight versions, float32 log-probs, bool mask: what "
-            "`dockyard.producers.rollouts` builds from every engine's output, and the bytes raw "
-            "zstd compresses in the first baseline, already concatenated). The codec's default "
-            f"level is {ZSTD_LEVEL}. Zero-copy decode of arrays: {'yes' if copy_free else 'no'}.",
+            "`dockyard.producers.rollout_assembly` builds from every engine's output, and the "
+            "bytes raw zstd compresses in the first baseline, already concatenated). The codec's "
+            f"default level is {ZSTD_LEVEL}. "
+            f"Zero-copy decode of arrays: {'yes' if copy_free else 'no'}.",
             "",
             *table,
             "",

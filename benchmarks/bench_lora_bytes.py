@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from dockyard.broker.weights.base import tensors_to_bytes
+from dockyard.broker.weight_blobs.base import tensors_to_bytes
 from dockyard.config.loader import load_config
 from dockyard.config.sections.policy import LoRAConfig
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer

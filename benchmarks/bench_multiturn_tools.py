@@ -54,7 +54,7 @@ from dockyard.producers.episodes import (
     EpisodeStart,
     render_observation,
 )
-from dockyard.producers.rollouts import build_episode_rollout
+from dockyard.producers.rollout_assembly import build_episode_rollout
 from dockyard.schemas import (
     DatasetPosition,
     EngineInfo,

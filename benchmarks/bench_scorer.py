@@ -28,6 +28,7 @@ from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.typed import MessagePlane
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.models import load_tokenizer
+from dockyard.observability.status_files import read_statuses
 from dockyard.schemas import (
     DatasetPosition,
     EngineInfo,
@@ -37,7 +38,6 @@ from dockyard.schemas import (
     SampleTimings,
     SamplingParams,
 )
-from dockyard.utils.status import read_statuses
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny://qwen2-bpe"

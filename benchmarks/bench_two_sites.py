@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.sites import hub_leafnodes, leaf_remote
-from dockyard.broker.weights import create_weight_store
-from dockyard.broker.weights.base import tensors_to_bytes
-from dockyard.broker.weights.patch import ChainLink, PatchHeader, encode_patch, state_digest
+from dockyard.broker.weight_blobs import create_weight_store
+from dockyard.broker.weight_blobs.base import tensors_to_bytes
+from dockyard.broker.weight_blobs.patch import ChainLink, PatchHeader, encode_patch, state_digest
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from tests.wan_proxy import WanLink
 

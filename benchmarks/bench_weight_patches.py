@@ -20,8 +20,8 @@ from datetime import date
 import torch
 from report import replace_section
 
-from dockyard.broker.weights.base import tensors_to_bytes
-from dockyard.broker.weights.patch import (
+from dockyard.broker.weight_blobs.base import tensors_to_bytes
+from dockyard.broker.weight_blobs.patch import (
     ChainLink,
     PatchHeader,
     apply_patch,

@@ -22,7 +22,7 @@ from report import replace_section
 
 from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.broker.jetstream import JetStreamPlane
-from dockyard.broker.weights.jetstream_blobs import JetStreamBlobStore
+from dockyard.broker.weight_blobs.jetstream_blobs import JetStreamBlobStore
 from dockyard.config.sections.data_plane import DataPlaneConfig
 
 MiB = 1024 * 1024

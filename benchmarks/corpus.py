@@ -147,7 +147,7 @@ def make_sample(
     corpus: Corpus, rng: np.random.Generator, group: PromptGroup, index: int, length: int
 ) -> RolloutSample:
     response = _slice(corpus, rng, length)
-    # int64, as dockyard.producers.rollouts builds them from every engine's output
+    # int64, as dockyard.producers.rollout_assembly builds them from every engine's output
     versions = np.full(length, 41, dtype=np.int64)
     if rng.random() < 0.25:  # a refit landed mid-generation
         versions[int(rng.integers(length)) :] = 42

@@ -37,7 +37,7 @@ for gpu in range({gpus}) if ids is None else ids:
 
 def install_nvidia_smi(directory: Path, *, gpus: int = 2, fail: bool = False) -> Path:
     """Write the stand-in as ``directory/nvidia-smi`` (put ``directory`` first on PATH)."""
-    from dockyard.utils.metrics.gpu_monitor import QUERY_FIELDS
+    from dockyard.observability.metrics.gpu_monitor import QUERY_FIELDS
 
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "nvidia-smi"

@@ -5,8 +5,8 @@ Every role instance publishes a small JSON record every few seconds to
 ``NS.heartbeats.<role>.<instance>`` on the heartbeats stream, which keeps one record per subject
 and drops it an hour after the last beat: a key-value bucket with a TTL in all but name, kept a
 plain stream so that provisioning, the per-role permissions and the in-memory plane treat it like
-every other. The file heartbeats (``utils/status.py``) stay: the supervisor of ``dockyard run``
-and the trainer's readiness check read them without joining the plane.
+every other. The file heartbeats (``observability/status_files.py``) stay: the supervisor of
+``dockyard run`` and the trainer's readiness check read them without joining the plane.
 
 The record is JSON (not the codec's msgpack) because it is for people and tools (``nats sub``
 shows it as is); it is decoded strictly all the same, and a record that does not decode is shown
@@ -29,8 +29,8 @@ import msgspec
 
 from dockyard.broker.plane import DataPlane, DataPlaneError, StoredMessage
 from dockyard.broker.typed import MessagePlane
+from dockyard.observability.status_files import StatusFile
 from dockyard.utils.logging import get_logger
-from dockyard.utils.status import StatusFile
 
 log = get_logger(__name__)
 

@@ -29,6 +29,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
 from dockyard.broker import chunking, exhausted
+from dockyard.broker.admin import AdminPlane
 from dockyard.broker.connection import (
     ConnectionEvents,
     DockyardClient,
@@ -41,7 +42,6 @@ from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import (
     HEADER_MSG_ID,
     ConsumerLag,
-    DataPlane,
     DataPlaneError,
     Delivery,
     OutgoingMessage,
@@ -67,8 +67,8 @@ from dockyard.broker.sites import (
     prompt_source_consumer_config,
 )
 from dockyard.config.sections.data_plane import DataPlaneConfig
+from dockyard.observability.prometheus import PUBLISH_RETRIES
 from dockyard.utils.logging import get_logger
-from dockyard.utils.prometheus import PUBLISH_RETRIES
 from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)
@@ -116,7 +116,8 @@ class _JetStream(JetStreamContext):
 
     def forget_unsent(self, reply: str) -> None:
         """Cancel the ack future waiting on ``reply`` (a pipelined publish that never went out)."""
-        # nats-py internals (2.x), like ``_handle_async_reply`` below.
+        # nats-py internals (2.x), like ``_handle_async_reply`` below: nats-py has no public
+        # way to reach the future of a pipelined publish before ``publish_async`` returns it.
         prefix = getattr(self, "_async_reply_prefix", None)
         if not prefix or not reply.startswith(prefix.decode()):
             return
@@ -128,7 +129,8 @@ class _JetStream(JetStreamContext):
         try:
             await super()._handle_async_reply(msg)
         except APIError as error:
-            # nats-py internals (2.x): without them the window's timeout still catches it.
+            # nats-py internals (2.x), no public equivalent (the handler is nats-py's own
+            # callback): without them the window's timeout still catches it.
             prefix = getattr(self, "_async_reply_prefix", None)
             futures = getattr(self, "_publish_async_futures", {})
             future = futures.get(msg.subject[len(prefix) :]) if prefix else None
@@ -136,7 +138,7 @@ class _JetStream(JetStreamContext):
                 future.set_exception(error)
 
 
-class JetStreamPlane(DataPlane):
+class JetStreamPlane(AdminPlane):
     def __init__(
         self, config: DataPlaneConfig, *, provision: bool = True, client_name: str = "dockyard"
     ) -> None:
@@ -476,7 +478,8 @@ class JetStreamPlane(DataPlane):
         """``wait_stall`` for the next ``publish_async``: None while a slot is free (the wait
         cannot block then, and on Python 3.11 a timeout makes ``asyncio.wait_for`` start a task
         per publish: about a third of a small message's publish cost), else ``timeout``."""
-        # nats-py internals (2.x); without them every publish pays for the timeout. Not before
+        # nats-py internals (2.x): it exposes no count of free pending slots. Without them
+        # every publish pays for the timeout. Not before
         # the reply subscription exists: setting it up yields before the slot is taken.
         semaphore = getattr(self.js, "_publish_async_pending_semaphore", None)
         ready = bool(getattr(self.js, "_async_reply_prefix", None))
@@ -787,7 +790,9 @@ def _parse_time(value: object) -> datetime | None:
     if isinstance(value, datetime):
         return value
     if isinstance(value, str) and value and not value.startswith("0001"):
-        return api.Base._parse_utc_iso(value)
+        # The server writes RFC 3339 with nanoseconds; Python 3.11 reads it (truncated to µs),
+        # so nats-py's private parser is not needed.
+        return datetime.fromisoformat(value)
     return None
 
 

@@ -131,7 +131,9 @@ class PullChannel:
         )
         # Without a callback nats-py leaves the messages in the subscription's own queue
         # (what ``next_msg`` reads): taking them from there saves a second queue and a task
-        # switch per message. Its internals (2.x); without them, a callback fills our queue.
+        # switch per message. Its internals (2.x): ``next_msg`` is the public reader, but it
+        # starts a timer per message, which is what this avoids; without them, a callback fills
+        # our queue.
         queue = getattr(subscription, "_pending_queue", None)
         if isinstance(queue, asyncio.Queue) and hasattr(subscription, "_pending_size"):
             self._queue = queue
@@ -167,7 +169,9 @@ class PullChannel:
         return self._taken(self._queue.get_nowait())
 
     def _taken(self, msg: Msg) -> Msg:
-        if self._direct is not None:  # what nats-py's ``next_msg`` does with what it hands out
+        # What nats-py's ``next_msg`` does with what it hands out (private: no public API lowers
+        # a subscription's pending bytes, and without it nats-py would think the queue full).
+        if self._direct is not None:
             self._direct._pending_size -= len(msg.data)
             self._queue.task_done()
         return msg

@@ -19,11 +19,11 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from dockyard.broker import chunking
+from dockyard.broker.admin import AdminPlane
 from dockyard.broker.names import ConsumerSpec, Retention, StreamSpec, subject_matches
 from dockyard.broker.plane import (
     REASON_MAX_DELIVERIES,
     ConsumerLag,
-    DataPlane,
     Delivery,
     PayloadError,
     ProvisionReport,
@@ -36,7 +36,7 @@ from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
 
 if TYPE_CHECKING:
-    from dockyard.broker.weights.base import BlobRef
+    from dockyard.broker.weight_blobs.base import BlobRef
 
 log = get_logger(__name__)
 
@@ -110,7 +110,7 @@ class _MemoryDelivery(Delivery):
             flight.deadline = time.monotonic() + self._plane.config.consumer.ack_wait_s
 
 
-class MemoryPlane(DataPlane):
+class MemoryPlane(AdminPlane):
     def __init__(self, config: DataPlaneConfig | None = None) -> None:
         super().__init__(config or DataPlaneConfig())
         self._streams: dict[str, _Stream] = {}
@@ -120,7 +120,7 @@ class MemoryPlane(DataPlane):
         self._started = False
         # The weight blobs of this plane (digest -> ref, bytes): the bucket every
         # ``create_weight_store(plane)`` of the process shares, as JetStream blobs are the
-        # broker's and not a role's (``broker/weights/memory.py``).
+        # broker's and not a role's (``broker/weight_blobs/memory.py``).
         self.weight_blobs: dict[str, tuple[BlobRef, bytes]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------

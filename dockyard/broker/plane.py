@@ -40,8 +40,8 @@ from dockyard.broker.messages import (
 )
 from dockyard.broker.names import ConsumerSpec, PlaneNames, subject_matches
 from dockyard.config.sections.data_plane import DataPlaneConfig
+from dockyard.observability.prometheus import DEAD_LETTERS
 from dockyard.utils.logging import get_logger
-from dockyard.utils.prometheus import DEAD_LETTERS
 
 log = get_logger(__name__)
 
@@ -214,10 +214,13 @@ class ProvisionReport:
 
 
 class DataPlane(abc.ABC):
-    """Publish, consume, replay: the only way roles exchange data.
+    """Publish, pull and settle, read history, follow weight events: the only way roles
+    exchange data, and all a role may do with the broker.
 
     Use as ``async with plane: ...`` (``start`` + ``close``); ``start`` provisions streams and
-    consumers when the config allows it, so every role can start in any order.
+    consumers when the config allows it, so every role can start in any order. Provisioning on
+    demand, purges and the survey of every stream are the operator's
+    (:class:`dockyard.broker.admin.AdminPlane`), out of a role's reach.
     """
 
     def __init__(self, config: DataPlaneConfig) -> None:
@@ -241,14 +244,6 @@ class DataPlane(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
-
-    @abc.abstractmethod
-    async def provision(self) -> ProvisionReport:
-        """Create (or update the limits of) every stream and durable consumer; idempotent."""
-
-    @abc.abstractmethod
-    async def ensure_consumer(self, spec: ConsumerSpec) -> None:
-        """Create-or-update one durable consumer (for consumers beyond the standard ones)."""
 
     # -- producing ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -347,10 +342,6 @@ class DataPlane(abc.ABC):
         """The last message on a subject (e.g. the current weight-version event)."""
 
     @abc.abstractmethod
-    async def purge(self, subject: str) -> None:
-        """Delete every stored message on ``subject`` (wildcards allowed) from its stream."""
-
-    @abc.abstractmethod
     def replay(
         self,
         subject: str,
@@ -379,10 +370,6 @@ class DataPlane(abc.ABC):
                 "read the others through a consumer or replay)"
             )
         return spec.name
-
-    @abc.abstractmethod
-    async def streams(self) -> list[StreamState]:
-        """Every stream of this namespace with its sequence range, size and consumers' lag."""
 
     async def current_weight_event(self) -> StoredMessage | None:
         return await self.latest(self.names.weight_events)

@@ -7,8 +7,8 @@ message that answers none (the dispatcher's prompt groups) starts one. So a grou
 dispatcher -> rollout worker -> scorer -> trainer is one trace, with no role code involved.
 
 Only headers change: message bodies (``dockyard/schemas``) know nothing of tracing. Which spans
-are recorded and where they go is the process's tracer provider (``utils/tracing.py``); without
-one nothing is recorded and an arriving ``traceparent`` is passed on as it came.
+are recorded and where they go is the process's tracer provider (``observability/tracing.py``);
+without one nothing is recorded and an arriving ``traceparent`` is passed on as it came.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from dockyard.broker.plane import (
     StoredMessage,
 )
 from dockyard.broker.trace_context import end_publish_span, record_receipt, start_publish_span
+from dockyard.observability.prometheus import DECODE_FAILURES, MESSAGES_PUBLISHED, MESSAGES_RECEIVED
 from dockyard.schemas import (
     DEFAULT_LIMITS,
     CodecError,
@@ -41,7 +42,6 @@ from dockyard.schemas import (
     encode,
 )
 from dockyard.utils.logging import get_logger
-from dockyard.utils.prometheus import DECODE_FAILURES, MESSAGES_PUBLISHED, MESSAGES_RECEIVED
 
 log = get_logger(__name__)
 

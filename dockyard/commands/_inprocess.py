@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from dockyard.engines.base import GenerationEngine, SamplingParams
     from dockyard.fleet.inprocess import InProcessFleet
     from dockyard.fleet.progress import ProgressDisplay
-    from dockyard.utils.prometheus import MetricsServer
+    from dockyard.observability.prometheus import MetricsServer
 
 #: The one log file of an in-process run, under ``<run dir>/logs``.
 LOG_FILE = "run.log"
@@ -54,8 +54,8 @@ async def run_in_process(config: MasterConfig, run_dir: Path, progress: Progress
     from dockyard.broker.factory import create_data_plane
     from dockyard.consumers.trainer.loop import TrainerStarved
     from dockyard.fleet.inprocess import RoleFailed
+    from dockyard.observability.tracing import tracing
     from dockyard.utils.logging import logging_to_file
-    from dockyard.utils.tracing import tracing
 
     log_file = run_dir / "logs" / LOG_FILE
     inputs = prepare_trainer(config)  # the launch checks, before any model loads

@@ -64,6 +64,7 @@ def _plane_config(args: argparse.Namespace, plan):  # type: ignore[no-untyped-de
 
 
 def _run(plan, plane_settings, out_dir: Path):  # type: ignore[no-untyped-def]
+    from dockyard.broker.admin import stream_state
     from dockyard.broker.jetstream import JetStreamPlane
     from dockyard.broker.plane import DataPlaneError
     from dockyard.consumers.retrain import retrain
@@ -72,7 +73,8 @@ def _run(plan, plane_settings, out_dir: Path):  # type: ignore[no-untyped-def]
     async def run():  # type: ignore[no-untyped-def]
         plane = JetStreamPlane(plane_settings, provision=False, client_name="dockyard-retrain")
         async with plane:
-            return await retrain(plane, plan, out_dir)
+            experience = plane.names.experience_stream.name
+            return await retrain(plane, plan, out_dir, lambda: stream_state(plane, experience))
 
     try:
         return asyncio.run(run())

@@ -26,16 +26,16 @@ if TYPE_CHECKING:
 
     from dockyard.algorithms.grpo import MasterConfig
     from dockyard.broker.plane import DataPlane
+    from dockyard.consumers.score_conversion import OutputChecks
     from dockyard.consumers.scorer import Scorer
-    from dockyard.consumers.scoring import OutputChecks
     from dockyard.consumers.trainer.evaluation import EpisodesFactory
     from dockyard.consumers.trainer.loop import TrainerLoop, TrainerSummary
     from dockyard.data.base import Dataset
     from dockyard.engines.base import GenerationEngine, SamplingParams
+    from dockyard.observability.prometheus import MetricsServer
+    from dockyard.observability.status_files import StatusFile
     from dockyard.producers.episodes import EpisodeRunner
     from dockyard.producers.rollout_worker import RolloutWorker
-    from dockyard.utils.prometheus import MetricsServer
-    from dockyard.utils.status import StatusFile
 
 
 #: Exit status of a trainer that got no scored data for ``run.starvation_timeout_s``.
@@ -59,7 +59,7 @@ def starting_status(
 ) -> StatusFile:
     """A role's heartbeat, saying ``starting`` from now until the role can take work (a real
     model's engine takes minutes to load): the trainer's starvation clock waits for it."""
-    from dockyard.utils.status import STARTING, StatusFile
+    from dockyard.observability.status_files import STARTING, StatusFile
 
     status = StatusFile(status_dir, role, instance)
     status.update(STARTING, detail=detail)
@@ -74,7 +74,7 @@ def metrics_endpoint(config: MasterConfig) -> Iterator[MetricsServer | None]:
     if port is None:
         yield None
         return
-    from dockyard.utils.prometheus import serve_metrics
+    from dockyard.observability.prometheus import serve_metrics
 
     host = config.run.metrics_host
     try:
@@ -227,10 +227,10 @@ def build_trainer(
     mesh: DeviceMesh | None = None,
 ) -> TrainerLoop:
     from dockyard.broker.typed import MessagePlane
-    from dockyard.broker.weights.factory import create_weight_store
+    from dockyard.broker.weight_blobs.factory import create_weight_store
     from dockyard.consumers.trainer.loop import TrainerLoop
+    from dockyard.observability.status_files import StatusFile
     from dockyard.producers.dispatcher import Dispatcher
-    from dockyard.utils.status import StatusFile
 
     messages = MessagePlane(plane, stage="trainer")
     # The trainer hosts the dispatcher; the two meet here, not in each other's code.
@@ -304,7 +304,7 @@ def build_rollout_worker(
     status: StatusFile,
 ) -> RolloutWorker:
     from dockyard.broker.typed import MessagePlane
-    from dockyard.broker.weights.factory import create_weight_store
+    from dockyard.broker.weight_blobs.factory import create_weight_store
     from dockyard.producers.multimodal import MultimodalLimits
     from dockyard.producers.rollout_worker import RolloutWorker
     from dockyard.schemas import EngineInfo
@@ -368,7 +368,7 @@ def build_episode_runner(
 
 def output_checks(config: MasterConfig) -> OutputChecks:
     """The flags a scorer raises from the samples' own turns (see ``OutputChecks``)."""
-    from dockyard.consumers.scoring import OutputChecks
+    from dockyard.consumers.score_conversion import OutputChecks
 
     tools = config.grpo.structured_tool_use
     return OutputChecks(

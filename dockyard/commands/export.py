@@ -22,7 +22,7 @@ def _parse_size(text: str) -> int:
 def _export_hf(args: argparse.Namespace) -> int:
     import torch
 
-    from dockyard.utils.native_checkpoint import CheckpointError, convert_dcp_to_hf
+    from dockyard.checkpoints.model_files import CheckpointError, convert_dcp_to_hf
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
@@ -36,7 +36,7 @@ def _export_hf(args: argparse.Namespace) -> int:
 
 
 def _export_gguf(args: argparse.Namespace) -> int:
-    from dockyard.utils.gguf_export import (
+    from dockyard.export.gguf_build import (
         GgufExportError,
         convert_hf_to_gguf,
         export_gguf_variants,
@@ -64,7 +64,7 @@ def _export_gguf(args: argparse.Namespace) -> int:
 
 
 def _check_gguf(args: argparse.Namespace) -> int:
-    from dockyard.utils.gguf_export import GgufExportError, validate_gguf
+    from dockyard.export.gguf_build import GgufExportError, validate_gguf
 
     try:
         report = validate_gguf(args.path)

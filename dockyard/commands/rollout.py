@@ -24,7 +24,7 @@ from dockyard.commands._roles import (
 async def _serve(args: argparse.Namespace) -> int:
     from dockyard.broker.factory import create_data_plane
     from dockyard.broker.heartbeats import publishing_heartbeats
-    from dockyard.utils.tracing import tracing
+    from dockyard.observability.tracing import tracing
 
     config = load_role_config(args)
     refuse_in_memory_plane(config, "rollout")

@@ -79,7 +79,7 @@ async def _serve(args: argparse.Namespace, config: MasterConfig, mesh: DeviceMes
     from dockyard.broker.factory import create_data_plane
     from dockyard.broker.heartbeats import publishing_heartbeats
     from dockyard.consumers.trainer.loop import TrainerStarved
-    from dockyard.utils.tracing import tracing
+    from dockyard.observability.tracing import tracing
 
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / config.run.name)
     private_dir(run_dir)  # logs, checkpoints, metrics: its owner's only

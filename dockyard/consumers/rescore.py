@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from dockyard.broker.inspect import Undecodable, decode_stored, resolve_subject
 from dockyard.broker.names import PlaneNames, subject_matches
 from dockyard.broker.plane import OutgoingMessage, StoredMessage
-from dockyard.consumers.scoring import to_scored_rollout, to_scoring_group
+from dockyard.consumers.score_conversion import to_scored_rollout, to_scoring_group
 from dockyard.environments.base import Environment, InvalidScoringInput
 from dockyard.environments.timeouts import score_with_timeout
 from dockyard.schemas import Rollout, ScoredRollout, encode

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,15 +27,15 @@ import torch
 
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.plane import DataPlane, StreamState
-from dockyard.broker.weights.base import digest_of_bytes, tensors_to_bytes
+from dockyard.broker.weight_blobs.base import digest_of_bytes, tensors_to_bytes
 from dockyard.consumers.retrain_plan import RetrainPlan, RetrainRefused, metrics_equal
 from dockyard.consumers.trainer.batch import TrainingBatch, build_batch
-from dockyard.consumers.trainer.checkpoint_io import read_checkpoint
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
 from dockyard.consumers.trainer.ranks import TrainerRanks
+from dockyard.consumers.trainer.trainer_checkpoint import read_checkpoint
+from dockyard.observability.metrics.jsonl_backend import JsonlBackend
 from dockyard.schemas import CodecError, ScoredRollout, WeightVersion, decode
 from dockyard.utils.logging import get_logger
-from dockyard.utils.metrics.jsonl_backend import JsonlBackend
 from dockyard.utils.private_files import private_dir
 
 log = get_logger(__name__)
@@ -115,7 +115,14 @@ class RetrainReport:
 
 
 # -- the experience --------------------------------------------------------------------------
-async def check_stored(plane: DataPlane, plan: RetrainPlan) -> None:
+#: Reads the experience stream's state (None when it is gone): the operator's survey of the
+#: broker, which a role cannot reach itself, so the command that starts a retrain hands it in.
+ExperienceState = Callable[[], Awaitable[StreamState | None]]
+
+
+async def check_stored(
+    plane: DataPlane, plan: RetrainPlan, experience_state: ExperienceState
+) -> None:
     """Refuse, before anything is trained, when a group the plan trains is no longer in the
     experience stream (or no stored copy of it decodes), saying whether the stream's limits
     dropped it. Keeps only ids: the groups themselves are read again while training."""
@@ -128,7 +135,7 @@ async def check_stored(plane: DataPlane, plan: RetrainPlan) -> None:
             if len(found) == len(needed):
                 return
     raise RetrainRefused(
-        _describe_missing(plan, needed - found, await _experience_state(plane), unreadable)
+        _describe_missing(plan, needed - found, await experience_state(), unreadable)
     )
 
 
@@ -157,11 +164,6 @@ async def published_digests(plane: DataPlane) -> dict[int, str]:
             continue  # dead-lettered when published; no step of the run names it
         digests[event.step] = event.digest
     return digests
-
-
-async def _experience_state(plane: DataPlane) -> StreamState | None:
-    name = plane.names.experience_stream.name
-    return next((s for s in await plane.streams() if s.name == name), None)
 
 
 def _describe_missing(
@@ -300,12 +302,14 @@ class _Retraining:
         path.write_text(json.dumps(self.report.to_json(), indent=2))
 
 
-async def retrain(plane: DataPlane, plan: RetrainPlan, out_dir: Path) -> RetrainReport:
+async def retrain(
+    plane: DataPlane, plan: RetrainPlan, out_dir: Path, experience_state: ExperienceState
+) -> RetrainReport:
     """Check that the plan's groups are stored, restore its checkpoint and train its steps in
     order, each as soon as its groups have been read (so memory holds the groups read ahead of
     the step being trained, not the range's); every step's metrics go to
     ``out_dir/metrics.jsonl`` and the comparison to ``out_dir/retrain.json``."""
-    await check_stored(plane, plan)
+    await check_stored(plane, plan, experience_state)
     digests = await published_digests(plane)
     # Created once the check passed; its hyperparams.json is the run's config, credentials
     # included: its owner's only.

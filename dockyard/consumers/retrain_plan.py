@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard.algorithms.grpo import MasterConfig, registered_names
+from dockyard.checkpoints.directories import CheckpointInfo, CheckpointManager
 from dockyard.config.errors import ConfigError
 from dockyard.config.loader import load_config
-from dockyard.consumers.trainer.checkpoint_io import OPTIMIZER_FILE, STATE_FILE
 from dockyard.consumers.trainer.ledger import read_trail
 from dockyard.consumers.trainer.loop import LEDGER_FILE
-from dockyard.utils.checkpoint_manager import CheckpointInfo, CheckpointManager
-from dockyard.utils.metrics.jsonl_backend import HYPERPARAMS_FILE, METRICS_FILE
+from dockyard.consumers.trainer.trainer_checkpoint import OPTIMIZER_FILE, STATE_FILE
+from dockyard.observability.metrics.jsonl_backend import HYPERPARAMS_FILE, METRICS_FILE
 
 #: Keys an experiment may change: the optimizer, the schedule, the loss and what the trainer
 #: computes from the recorded groups (advantages, reward shaping, micro-batching, precision).

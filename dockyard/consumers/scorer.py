@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane, Received
-from dockyard.consumers.scoring import (
+from dockyard.consumers.score_conversion import (
     OutputChecks,
     to_scored_rollout,
     to_scoring_group,
@@ -31,9 +31,9 @@ from dockyard.environments.base import (
 )
 from dockyard.environments.registry import build_environment
 from dockyard.environments.timeouts import score_with_timeout
+from dockyard.observability.status_files import StatusFile
 from dockyard.schemas import Rollout
 from dockyard.utils.logging import get_logger
-from dockyard.utils.status import StatusFile
 from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dockyard.utils.metrics.jsonl_backend import METRICS_FILE
+from dockyard.observability.metrics.jsonl_backend import METRICS_FILE
 
 #: The charted series: the name on the page and the metrics key it reads.
 CHARTED = {

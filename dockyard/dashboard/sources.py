@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from dockyard.broker.plane import DataPlane
+from dockyard.broker.admin import AdminPlane
 from dockyard.fleet.dead_letter_pages import dead_letter_page
 from dockyard.fleet.overview import DeadLetterTally, gather_overview
-from dockyard.utils.status import read_statuses
+from dockyard.observability.status_files import read_statuses
 
 #: The fleet view counts at most this many of the newest dead letters on each refresh.
 DEAD_LETTERS_COUNTED = 10_000
@@ -25,7 +25,7 @@ class FleetSource(Protocol):
 class PlaneSource:
     """The fleet as the data plane shows it (the plane is opened and closed by the caller)."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: AdminPlane) -> None:
         self.plane = plane
         # Kept across refreshes: each dead letter is decoded once, not on every poll.
         self.tally = DeadLetterTally(DEAD_LETTERS_COUNTED)

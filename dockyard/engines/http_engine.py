@@ -26,7 +26,7 @@ from dockyard.engines.base import (
     refuse_images,
 )
 from dockyard.engines.http_client import AsyncRefitGate, ServerPool
-from dockyard.engines.weights import stage_weights_dir
+from dockyard.engines.weight_loading import stage_weights_dir
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)

@@ -34,7 +34,7 @@ from dockyard.engines.base import (
 )
 from dockyard.engines.refit import ModelClaim, RefitTicket
 from dockyard.engines.sampling import processed_logprobs
-from dockyard.engines.weights import load_into_module, read_state_dict
+from dockyard.engines.weight_loading import load_into_module, read_state_dict
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)

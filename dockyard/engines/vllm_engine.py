@@ -42,7 +42,7 @@ from dockyard.engines.base import (
     WeightSource,
     check_request_shapes,
 )
-from dockyard.engines.weights import stage_weights_dir
+from dockyard.engines.weight_loading import stage_weights_dir
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dockyard.broker.admin import AdminPlane, stream_state
 from dockyard.broker.inspect import Undecodable, decode_stored, summarise
-from dockyard.broker.plane import DataPlane, StoredMessage
+from dockyard.broker.plane import StoredMessage
 from dockyard.schemas import DeadLetter
 
 MAX_PAGE_SIZE = 200
@@ -56,12 +57,12 @@ def _row(stored: StoredMessage) -> dict[str, object]:
     return row
 
 
-async def dead_letter_page(plane: DataPlane, *, before: int | None, size: int) -> DeadLetterPage:
+async def dead_letter_page(plane: AdminPlane, *, before: int | None, size: int) -> DeadLetterPage:
     """The ``size`` newest dead letters stored before sequence ``before`` (all, when None)."""
     if not 1 <= size <= MAX_PAGE_SIZE:
         raise ValueError(f"page size {size}: give 1 to {MAX_PAGE_SIZE}")
     name = plane.names.dead_letters_stream.name
-    state = next((s for s in await plane.streams() if s.name == name), None)
+    state = await stream_state(plane, name)
     if state is None or state.messages == 0:
         return DeadLetterPage([], None, 0)
     last = state.last_seq if before is None else min(before - 1, state.last_seq)

@@ -18,6 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from dockyard.broker.admin import AdminPlane
 from dockyard.broker.heartbeats import BadHeartbeat, Heartbeat, is_silent, read_heartbeats
 from dockyard.broker.inspect import Undecodable, decode_stored
 from dockyard.broker.plane import DataPlane, StoredMessage, StreamState
@@ -128,7 +129,7 @@ class DeadLetterTally:
 
 
 async def gather_overview(
-    plane: DataPlane, tally: DeadLetterTally, *, clock: Callable[[], float] = time.time
+    plane: AdminPlane, tally: DeadLetterTally, *, clock: Callable[[], float] = time.time
 ) -> FleetOverview:
     """The view now; the dead letters are counted by ``tally`` (brought up to date: at most
     its ``limit`` newest, each decoded to read its stage), and the view says how many the

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from dockyard.utils.status import RoleStatus, read_statuses
+from dockyard.observability.status_files import RoleStatus, read_statuses
 
 STALE_AFTER_S = 30.0
 #: Without a terminal (a log file, CI), one summary line this often instead of the live table.

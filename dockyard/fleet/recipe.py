@@ -216,8 +216,8 @@ def run_recipe(
 def finish_stage(stage: PlannedStage) -> Path:
     """Export the stage's last checkpoint as a Hugging Face directory, then write the marker
     (last, atomically: a marker always names a complete model)."""
-    from dockyard.utils.checkpoint_manager import CheckpointManager
-    from dockyard.utils.native_checkpoint import convert_dcp_to_hf
+    from dockyard.checkpoints.directories import CheckpointManager
+    from dockyard.checkpoints.model_files import convert_dcp_to_hf
 
     config = load_config(stage.run_dir / "config.yaml")  # as the run resolved it
     checkpoints = config.checkpointing.directory(stage.run_dir)

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from PIL import Image
 
 from dockyard.broker.typed import MessagePlane, Received
-from dockyard.broker.weights.base import BlobDigestMismatch, BlobNotFound, WeightBlobStore
-from dockyard.broker.weights.chain import ChainFollower
-from dockyard.broker.weights.patch import PatchError
+from dockyard.broker.weight_blobs.base import BlobDigestMismatch, BlobNotFound, WeightBlobStore
+from dockyard.broker.weight_blobs.chain import ChainFollower
+from dockyard.broker.weight_blobs.patch import PatchError
 from dockyard.engines.base import (
     GenerationEngine,
     GenerationRequest,
@@ -39,14 +39,14 @@ from dockyard.environments.tools.toolbox import (
     ToolServiceUnavailable,
     UnknownToolboxError,
 )
+from dockyard.observability.prometheus import GENERATED_TOKENS, REFIT_DURATION
+from dockyard.observability.status_files import RUNNING, STARTING, StatusFile
 from dockyard.producers.episodes import EpisodeRunner
 from dockyard.producers.multimodal import ImageInputError, MultimodalLimits, gate_sample_images
 from dockyard.producers.refit_gate import RefitGate
-from dockyard.producers.rollouts import build_episode_rollout, build_rollout
+from dockyard.producers.rollout_assembly import build_episode_rollout, build_rollout
 from dockyard.schemas import EngineInfo, PromptGroup, WeightVersion
 from dockyard.utils.logging import get_logger
-from dockyard.utils.prometheus import GENERATED_TOKENS, REFIT_DURATION
-from dockyard.utils.status import RUNNING, STARTING, StatusFile
 from dockyard.utils.tasks import spawn
 
 log = get_logger(__name__)

@@ -16,7 +16,7 @@ from dockyard.schemas.rollout import (
     ToolCall,
 )
 from dockyard.schemas.scored import SampleScore, ScoredRollout
-from dockyard.schemas.weights import WeightVersion
+from dockyard.schemas.weight_version import WeightVersion
 
 #: Every top-level message type by its ``SCHEMA_NAME`` (the ``Dockyard-Schema`` header).
 MESSAGE_TYPES: dict[str, type[Message]] = {

@@ -29,6 +29,9 @@ FORBIDDEN: dict[str, set[str]] = {
         "commands",
         "data",
         "utils",
+        "observability",
+        "checkpoints",
+        "export",
     },
     "broker": {"producers", "consumers", "fleet", "commands", "engines", "environments"},
     "producers": {"consumers", "fleet", "commands"},
@@ -48,11 +51,41 @@ FORBIDDEN: dict[str, set[str]] = {
         "environments",
         "fleet",
         "models",
+        "observability",
         "producers",
         "schemas",
     },
     # DESIGN.md: cli.py discovers commands/; commands never import cli back.
     "commands": {"cli"},
+    # Product features moved out of utils/ (issue 19): files on disk and builds for other
+    # runtimes, below the roles and the commands that use them.
+    "checkpoints": {
+        "broker",
+        "producers",
+        "consumers",
+        "fleet",
+        "commands",
+        "engines",
+        "environments",
+        "export",
+    },
+    "export": {"broker", "producers", "consumers", "fleet", "commands", "environments"},
+    # Metrics, traces and status files, used by every layer from broker/ up: below all of them.
+    "observability": {
+        "algorithms",
+        "broker",
+        "checkpoints",
+        "commands",
+        "consumers",
+        "data",
+        "engines",
+        "environments",
+        "export",
+        "fleet",
+        "models",
+        "producers",
+        "schemas",
+    },
 }
 
 
@@ -121,7 +154,7 @@ def import_graph() -> nx.DiGraph:
 def unit_of(module: str) -> str:
     """The unit a module belongs to: its top-level package (``dockyard.broker.plane`` ->
     ``broker``), except in ``utils``, a set of unrelated helpers where each module or
-    subpackage is its own unit (``utils.logging`` is below config, ``utils.metrics`` above)."""
+    subpackage is its own unit (``utils.logging`` is below config, the others need not be)."""
     parts = module.split(".")
     if len(parts) > 2 and parts[1] == "utils":
         return ".".join(parts[1:3])
@@ -183,3 +216,29 @@ def test_the_cycles_of_issue_19_stay_gone(first, second):
     there = any(nx.has_path(graph, a, b) for a in within(first) for b in within(second))
     back = any(nx.has_path(graph, b, a) for a in within(first) for b in within(second))
     assert not (there and back), f"{first} and {second} import each other"
+
+
+#: DESIGN.md / issue 19: roles get the narrow ``DataPlane``; provisioning, purges and the stream
+#: survey (``broker.admin``) are the operator's.
+ADMIN_MODULE = "dockyard.broker.admin"
+ROLE_PACKAGES = ("producers", "consumers")
+
+
+def test_the_admin_module_is_named_in_the_graph():
+    # Guards the check below against passing because the module moved or was renamed.
+    assert ADMIN_MODULE in import_graph()
+    assert import_graph().has_edge("dockyard.broker.jetstream", ADMIN_MODULE)
+
+
+@pytest.mark.parametrize("package", ROLE_PACKAGES)
+def test_roles_do_not_import_the_admin_plane(package):
+    """Directly: a role that only reaches ``AdminPlane`` through a broker module it imports
+    (the blob store purging its lease records) cannot call provisioning, purge or the survey
+    itself, so only direct imports are refused."""
+    graph = import_graph()
+    importers = sorted(
+        module
+        for module in graph.predecessors(ADMIN_MODULE)
+        if module.startswith(f"dockyard.{package}.") or module == f"dockyard.{package}"
+    )
+    assert importers == []

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard.broker.plane import DataPlane
-from dockyard.utils.status import RUNNING, STARTING, RoleStatus, read_statuses
+from dockyard.observability.status_files import RUNNING, STARTING, RoleStatus, read_statuses
 
 #: The roles whose work reaches the trainer (the dispatcher runs inside the trainer itself).
 AWAITED_ROLES = ("rollout", "scorer")
@@ -51,10 +51,11 @@ async def diagnose(plane: DataPlane) -> PipelineDiagnosis:
     prompts = await plane.consumer_lag(names.prompt_consumer)
     rollouts = await plane.consumer_lag(names.rollout_consumer)
     scored = await plane.consumer_lag(names.scored_consumer)
-    dead = 0
-    for stream in await plane.streams():
-        if stream.name == names.dead_letters_stream.name:
-            dead = stream.messages
+    # The sequence of the newest dead letter counts every message refused in this namespace
+    # (the stream holds nothing else), including those its limits dropped since; the stream
+    # survey that would give the stored count is the operator's, not a role's.
+    newest = await plane.latest(names.dead_letters)
+    dead = 0 if newest is None else newest.seq
     return PipelineDiagnosis(
         prompts_waiting=prompts.backlog,
         rollouts_waiting=rollouts.backlog,

@@ -37,11 +37,11 @@ from dockyard.algorithms.rewards import dynamic_sampling_filter
 from dockyard.broker.dead_letters import read_dead_letter
 from dockyard.broker.plane import DataPlaneError
 from dockyard.broker.typed import MessagePlane
-from dockyard.broker.weights.base import WeightBlobStore
-from dockyard.broker.weights.chain import ChainPublisher, PublishedBlob
+from dockyard.broker.weight_blobs.base import WeightBlobStore
+from dockyard.broker.weight_blobs.chain import ChainPublisher, PublishedBlob
+from dockyard.checkpoints.directories import CheckpointManager
 from dockyard.consumers.trainer.backend import build_policy_trainer
 from dockyard.consumers.trainer.batch import build_batch
-from dockyard.consumers.trainer.checkpoint_io import TrainerState, read_checkpoint, write_checkpoint
 from dockyard.consumers.trainer.evaluation import EpisodesFactory, Evaluator, log_val_samples
 from dockyard.consumers.trainer.health import diagnose, fleet_readiness
 from dockyard.consumers.trainer.ledger import Ledger
@@ -50,10 +50,20 @@ from dockyard.consumers.trainer.plot import plot_run
 from dockyard.consumers.trainer.prompt_source import PromptSource
 from dockyard.consumers.trainer.ranks import TrainerRanks, load_trained_policy
 from dockyard.consumers.trainer.sft import run_sft
+from dockyard.consumers.trainer.trainer_checkpoint import (
+    TrainerState,
+    read_checkpoint,
+    write_checkpoint,
+)
 from dockyard.consumers.trainer.worker_trust import WorkerScreen
 from dockyard.data.chat import build_prompt_dataset
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
+from dockyard.observability.metrics import MetricsLogger
+from dockyard.observability.metrics.gpu_monitor import start_gpu_monitor
+from dockyard.observability.metrics.jsonl_backend import METRICS_FILE
+from dockyard.observability.prometheus import CONSUMER_BACKLOG, TRAIN_STEP_DURATION
+from dockyard.observability.status_files import StatusFile
 from dockyard.schemas import (
     CodecError,
     PromptGroup,
@@ -63,13 +73,7 @@ from dockyard.schemas import (
     decode,
 )
 from dockyard.schemas.prompt import group_id_of
-from dockyard.utils.checkpoint_manager import CheckpointManager
 from dockyard.utils.logging import get_logger
-from dockyard.utils.metrics import MetricsLogger
-from dockyard.utils.metrics.gpu_monitor import start_gpu_monitor
-from dockyard.utils.metrics.jsonl_backend import METRICS_FILE
-from dockyard.utils.prometheus import CONSUMER_BACKLOG, TRAIN_STEP_DURATION
-from dockyard.utils.status import StatusFile
 
 log = get_logger(__name__)
 

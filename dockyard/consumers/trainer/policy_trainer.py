@@ -402,7 +402,7 @@ class PolicyTrainer:
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         """Sharded: rank 0's whole weights (tied duplicates may be absent) out to every rank;
         the other ranks pass ``{}``. Strict: a name missing or unexpected is refused."""
-        assert self.mesh is not None, "one process loads with checkpoint_io.load_weights"
+        assert self.mesh is not None, "one process loads with trainer_checkpoint.load_weights"
         if state:
             state = {**{n: state[o] for n, o in self.tied.items() if o in state}, **state}
         set_model_state_dict(self.model, state, options=_FROM_FIRST_RANK)

@@ -39,10 +39,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.loss_metrics import merge_loss_metrics
 from dockyard.consumers.trainer.batch import TrainingBatch
-from dockyard.consumers.trainer.checkpoint_io import ADAPTER_DIR, load_weights
 from dockyard.consumers.trainer.data_parallel import shard_by_groups
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
 from dockyard.consumers.trainer.tensor_parallel import DP, TP
+from dockyard.consumers.trainer.trainer_checkpoint import ADAPTER_DIR, load_weights
 from dockyard.models.devices import training_device
 from dockyard.models.lora import load_peft_adapter
 from dockyard.utils.logging import get_logger

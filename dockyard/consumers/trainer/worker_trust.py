@@ -33,9 +33,13 @@ from dockyard.broker.plane import DataPlane, DataPlaneError
 from dockyard.config.sections.grpo import WorkerTrustConfig
 from dockyard.consumers.trainer.batch import TrainingBatch, build_batch
 from dockyard.consumers.trainer.ledger import Ledger
+from dockyard.observability.prometheus import (
+    WORKER_FLAGGED,
+    WORKER_GEN_KL,
+    WORKER_TOKEN_MULT_PROB_ERROR,
+)
 from dockyard.schemas import ScoredRollout
 from dockyard.utils.logging import get_logger
-from dockyard.utils.prometheus import WORKER_FLAGGED, WORKER_GEN_KL, WORKER_TOKEN_MULT_PROB_ERROR
 
 log = get_logger(__name__)
 

@@ -14,8 +14,8 @@ import pytest
 from dockyard.broker.embedded import EmbeddedNatsServer
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.plane import DataPlane
-from dockyard.broker.weights import BlobNotFound, WeightBlobStore, create_weight_store
-from dockyard.broker.weights.leases import BlobLeases, LeaseRecord
+from dockyard.broker.weight_blobs import BlobNotFound, WeightBlobStore, create_weight_store
+from dockyard.broker.weight_blobs.leases import BlobLeases, LeaseRecord
 from dockyard.config.sections.data_plane import DataPlaneConfig
 
 HOUR = 3600.0

@@ -27,7 +27,7 @@ from dockyard.broker.plane import (
     PermissionDenied,
     PublishError,
 )
-from dockyard.broker.weights import create_weight_store
+from dockyard.broker.weight_blobs import create_weight_store
 from dockyard.config.sections.data_plane import DataPlaneConfig
 
 ConfigFactory = Callable[..., DataPlaneConfig]

@@ -21,8 +21,8 @@ from dockyard.broker.heartbeats import (
 )
 from dockyard.broker.plane import DataPlane
 from dockyard.broker.typed import MessagePlane
+from dockyard.observability.status_files import StatusFile
 from dockyard.schemas import PromptGroup
-from dockyard.utils.status import StatusFile
 from tests.integration.roles.factories import prompt_group
 
 

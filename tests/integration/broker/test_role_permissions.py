@@ -27,10 +27,10 @@ from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.security import ROLE_API_PREFIX
 from dockyard.broker.typed import MessagePlane
-from dockyard.broker.weights import create_weight_store
+from dockyard.broker.weight_blobs import create_weight_store
 from dockyard.models import build_arithmetic_policy
+from dockyard.observability.status_files import StatusFile
 from dockyard.schemas import Rollout, ScoredRollout, decode
-from dockyard.utils.status import StatusFile
 from tests.integration.roles.factories import prompt_group, rollout
 from tests.integration.roles.test_rollout_worker import (
     engine_over,

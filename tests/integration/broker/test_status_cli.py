@@ -15,7 +15,7 @@ from dockyard.broker.plane import StoredMessage
 from dockyard.broker.typed import MessagePlane
 from dockyard.cli import main
 from dockyard.config.sections.data_plane import DataPlaneConfig
-from dockyard.utils.status import StatusFile
+from dockyard.observability.status_files import StatusFile
 from tests.integration.roles.factories import prompt_group
 
 

@@ -22,7 +22,7 @@ from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.trace_context import HEADER_TRACEPARENT
 from dockyard.broker.typed import MessagePlane
 from dockyard.config.sections.data_plane import DataPlaneConfig
-from dockyard.consumers.scoring import to_scored_rollout
+from dockyard.consumers.score_conversion import to_scored_rollout
 from dockyard.environments.registry import build_environment
 from dockyard.schemas import PromptGroup, Rollout, ScoredRollout
 from tests.integration.roles.factories import TOKENIZER, prompt_group, rollout
@@ -49,7 +49,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 async def _one_path_per_group(config: DataPlaneConfig, groups: list[str]) -> list[str]:
     """Dispatcher -> rollout worker -> scorer -> trainer, through the plane; the traceparent
     headers the stored rollouts carry."""
-    from dockyard.consumers.scoring import to_scoring_group
+    from dockyard.consumers.score_conversion import to_scoring_group
 
     async with JetStreamPlane(config) as plane:
         names = plane.names

@@ -28,7 +28,7 @@ from dockyard.broker.messages import OutgoingMessage
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.plane import ProvisioningDrift
 from dockyard.broker.sites import hub_leafnodes, leaf_remote
-from dockyard.broker.weights import create_weight_store
+from dockyard.broker.weight_blobs import create_weight_store
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from tests.conftest import fresh_namespace
 from tests.integration.broker.broker_test_utils import eventually, fetch_until

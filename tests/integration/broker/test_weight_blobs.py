@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dockyard.broker.weights import BlobDigestMismatch, BlobNotFound, WeightBlobStore
-from dockyard.broker.weights import create_weight_store as make_store
-from dockyard.broker.weights.base import BlobRef
-from dockyard.broker.weights.files import FilesystemBlobStore
-from dockyard.broker.weights.jetstream_blobs import JetStreamBlobStore
+from dockyard.broker.weight_blobs import BlobDigestMismatch, BlobNotFound, WeightBlobStore
+from dockyard.broker.weight_blobs import create_weight_store as make_store
+from dockyard.broker.weight_blobs.base import BlobRef
+from dockyard.broker.weight_blobs.files import FilesystemBlobStore
+from dockyard.broker.weight_blobs.jetstream_blobs import JetStreamBlobStore
 
 MiB = 1024 * 1024
 

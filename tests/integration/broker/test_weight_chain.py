@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from dockyard.broker.plane import DataPlane
-from dockyard.broker.weights import BlobNotFound, WeightBlobStore, create_weight_store
-from dockyard.broker.weights.chain import ChainFollower, ChainPublisher, PublishedBlob
-from dockyard.broker.weights.patch import (
+from dockyard.broker.weight_blobs import BlobNotFound, WeightBlobStore, create_weight_store
+from dockyard.broker.weight_blobs.chain import ChainFollower, ChainPublisher, PublishedBlob
+from dockyard.broker.weight_blobs.patch import (
     PATCH_FORMAT,
     SNAPSHOT_FORMAT,
     ChainLink,

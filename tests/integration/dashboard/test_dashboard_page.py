@@ -24,9 +24,9 @@ from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.plane import StoredMessage
 from dockyard.broker.typed import MessagePlane
 from dockyard.config.sections.data_plane import DataPlaneConfig
+from dockyard.observability.metrics.jsonl_backend import JsonlBackend
+from dockyard.observability.status_files import StatusFile
 from dockyard.schemas import encode
-from dockyard.utils.metrics.jsonl_backend import JsonlBackend
-from dockyard.utils.status import StatusFile
 from tests.conftest import fresh_namespace, make_data_plane_config
 from tests.integration.dashboard.browser import Node, load, screenshot
 from tests.integration.roles.factories import prompt_group

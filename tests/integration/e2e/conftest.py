@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.utils.status import read_statuses
+from dockyard.observability.status_files import read_statuses
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"

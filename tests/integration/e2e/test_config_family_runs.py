@@ -26,7 +26,7 @@ from dockyard.config.capabilities import not_implemented
 from dockyard.config.loader import load_config
 from dockyard.environments.tools.toolbox import available_toolboxes
 from dockyard.fleet.recipe import plan_recipe
-from dockyard.utils.status import read_statuses
+from dockyard.observability.status_files import read_statuses
 from tests.integration.e2e.conftest import QUICKSTART, ROOT, SMALL_RUN, run_dockyard
 from tests.integration.e2e.ledger_checks import (
     assert_every_group_accounted,

@@ -117,9 +117,9 @@ def assert_checkpoint_exports_to_hf(checkpoint, out):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from dockyard.consumers.trainer.checkpoint_io import load_weights
+    from dockyard.checkpoints.model_files import load_checkpoint_state_dict
+    from dockyard.consumers.trainer.trainer_checkpoint import load_weights
     from dockyard.models import build_arithmetic_policy
-    from dockyard.utils.native_checkpoint import load_checkpoint_state_dict
 
     result = run_dockyard("export", "hf", "--checkpoint", str(checkpoint), "--out", str(out))
     assert result.returncode == 0, result.stderr[-2000:]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.utils.status import read_statuses
+from dockyard.observability.status_files import read_statuses
 from tests.integration.e2e.conftest import QUICKSTART, ROOT, trainer_step, wait_until
 from tests.integration.e2e.ledger_checks import (
     assert_every_group_accounted,

@@ -13,7 +13,7 @@ import yaml
 
 from dockyard.cli import main
 from dockyard.consumers.trainer.ledger import read_trail
-from dockyard.utils.status import read_statuses
+from dockyard.observability.status_files import read_statuses
 from tests.integration.e2e.conftest import QUICKSTART, ROOT, run_dockyard, trainer_step, wait_until
 from tests.integration.e2e.ledger_checks import (
     assert_every_group_accounted,

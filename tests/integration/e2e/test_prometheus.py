@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dockyard.commands._inprocess import run_in_process
 from dockyard.config.loader import load_config
-from dockyard.utils.status import read_statuses
+from dockyard.observability.status_files import read_statuses
 from tests.integration.e2e.conftest import QUICKSTART, ROOT, trainer_step, wait_until
 
 STEPS = 3

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.utils.status import read_statuses
+from dockyard.observability.status_files import read_statuses
 from tests.integration.e2e.conftest import (
     ROOT,
     SMALL_RUN,

@@ -10,12 +10,12 @@ import torch
 from tiny_export_models import PROMPTS, reference_logits
 from transformers import AutoModelForCausalLM
 
-from dockyard.cli import main
-from dockyard.utils.native_checkpoint import (
+from dockyard.checkpoints.model_files import (
     CheckpointError,
     convert_dcp_to_hf,
     save_model_checkpoint,
 )
+from dockyard.cli import main
 
 LAYOUTS = {
     "safetensors": {"format": "safetensors"},

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
 from dockyard.cli import main
-from dockyard.utils.gguf.native import pre_tokenizer_name
-from dockyard.utils.gguf_export import (
+from dockyard.export.gguf.native import pre_tokenizer_name
+from dockyard.export.gguf_build import (
     GgufExportError,
     GgufValidationError,
     MissingGgufDependencyError,

@@ -16,7 +16,7 @@ import pytest
 from tiny_export_models import PROMPTS, reference_logits
 from transformers import AutoTokenizer
 
-from dockyard.utils.gguf_export import convert_hf_to_gguf, validate_gguf
+from dockyard.export.gguf_build import convert_hf_to_gguf, validate_gguf
 
 TOLERANCE = {"F32": 5e-4, "F16": 1.5e-3, "Q8_0": 3e-2}
 

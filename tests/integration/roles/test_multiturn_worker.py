@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 
 from dockyard.config.sections.env import EnvConfig, SandboxLimits, TerminalBenchEnvConfig
-from dockyard.consumers.scoring import to_scoring_group
+from dockyard.consumers.score_conversion import to_scoring_group
 from dockyard.engines.base import SamplingParams
 from dockyard.environments import EnvironmentContext, build_environment
 from dockyard.environments.tools.toolbox import (

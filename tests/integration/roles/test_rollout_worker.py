@@ -14,14 +14,14 @@ import torch
 
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.typed import MessagePlane
-from dockyard.broker.weights.factory import create_weight_store
+from dockyard.broker.weight_blobs.factory import create_weight_store
 from dockyard.engines.base import EngineError
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.torch_engine import TorchEngine
 from dockyard.models import build_arithmetic_policy
+from dockyard.observability.status_files import STARTING, StatusFile, read_statuses
 from dockyard.producers.rollout_worker import RolloutWorker
 from dockyard.schemas import EngineInfo, Rollout, WeightVersion, decode
-from dockyard.utils.status import STARTING, StatusFile, read_statuses
 from tests.integration.roles.factories import prompt_group
 
 

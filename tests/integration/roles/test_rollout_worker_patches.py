@@ -10,9 +10,9 @@ import torch
 
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.typed import MessagePlane
-from dockyard.broker.weights.chain import ChainPublisher, PublishedBlob
-from dockyard.broker.weights.factory import create_weight_store
-from dockyard.broker.weights.patch import (
+from dockyard.broker.weight_blobs.chain import ChainPublisher, PublishedBlob
+from dockyard.broker.weight_blobs.factory import create_weight_store
+from dockyard.broker.weight_blobs.patch import (
     PATCH_FORMAT,
     ChainLink,
     PatchHeader,

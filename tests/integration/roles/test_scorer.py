@@ -16,8 +16,8 @@ from structlog.testing import capture_logs
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.typed import MessagePlane
 from dockyard.config.sections.env import EnvConfig
+from dockyard.consumers.score_conversion import to_scored_rollout, to_scoring_group
 from dockyard.consumers.scorer import Scorer
-from dockyard.consumers.scoring import to_scored_rollout, to_scoring_group
 from dockyard.environments.base import EnvironmentContext, InvalidScoringInput
 from dockyard.environments.registry import build_environment
 from dockyard.schemas import DeadLetter, Rollout, ScoredRollout, decode, encode

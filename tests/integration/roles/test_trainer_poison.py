@@ -15,7 +15,7 @@ from dockyard.broker.embedded import EmbeddedNatsServer
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.plane import PLANE_STAGE, PublishAck
 from dockyard.broker.typed import MessagePlane
-from dockyard.broker.weights.factory import create_weight_store
+from dockyard.broker.weight_blobs.factory import create_weight_store
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.consumers.trainer.loop import TrainerLoop
 from dockyard.data.catalog import build_dataset

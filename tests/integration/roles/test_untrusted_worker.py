@@ -35,9 +35,9 @@ from dockyard.commands._roles import (
 )
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.consumers.trainer.ledger import read_trail
+from dockyard.observability.status_files import StatusFile
 from dockyard.schemas import ScoredRollout, decode
 from dockyard.schemas.prompt import group_id_of
-from dockyard.utils.status import StatusFile
 from tests.integration.broker.broker_test_utils import collect
 from tests.unit.trainer.test_trainer_accounting import small_config
 

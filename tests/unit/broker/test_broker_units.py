@@ -22,7 +22,7 @@ from dockyard.broker.plane import (
     StoredMessage,
 )
 from dockyard.broker.security import role_grants
-from dockyard.broker.weights.base import BlobRef, prunable
+from dockyard.broker.weight_blobs.base import BlobRef, prunable
 
 NAMES = PlaneNames("run1")
 
@@ -175,7 +175,7 @@ def test_a_state_dict_with_tied_and_view_tensors_serialises_by_name() -> None:
     import torch
     from safetensors.torch import load
 
-    from dockyard.broker.weights.base import tensors_to_bytes
+    from dockyard.broker.weight_blobs.base import tensors_to_bytes
 
     embedding = torch.nn.Parameter(torch.randn(8, 4))
     fused = torch.randn(6, 4)

@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import torch
 
-from dockyard.broker.weights.patch import (
+from dockyard.broker.weight_blobs.patch import (
     ChainLink,
     PatchError,
     PatchHeader,

@@ -70,8 +70,8 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "consumers/scorer.py",
         "commands/score.py",
     ),
-    "logger.*.*": ("utils/metrics/",),
-    "run.tracing.*": ("utils/tracing.py",),
+    "logger.*.*": ("observability/metrics/",),
+    "run.tracing.*": ("observability/tracing.py",),
     "policy.optimizer.*": ("consumers/trainer/optim.py",),
     "grpo.worker_trust.enabled": ("consumers/trainer/loop.py",),
     "policy.scheduler.*": ("consumers/trainer/optim.py",),
@@ -98,7 +98,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "grpo.reward_shaping.enabled": ("config/master.py",),
     "on_policy_distillation.enabled": ("config/master.py",),
     "logger.log_dir": ("config/sections/logger.py",),
-    "data_plane.weight_transport.base_url": ("broker/weights/factory.py",),
+    "data_plane.weight_transport.base_url": ("broker/weight_blobs/factory.py",),
 }
 
 

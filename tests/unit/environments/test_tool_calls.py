@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from dockyard.consumers.scoring import OutputChecks, output_flags
+from dockyard.consumers.score_conversion import OutputChecks, output_flags
 from dockyard.environments.base import ScoreFlag
 from dockyard.environments.tools.calls import (
     ThinkingProblem,

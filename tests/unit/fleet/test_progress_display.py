@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from dockyard.fleet.progress import ProgressDisplay, render
-from dockyard.utils.status import StatusFile
+from dockyard.observability.status_files import StatusFile
 
 
 def text_of(renderable: object, *, width: int = 160) -> str:

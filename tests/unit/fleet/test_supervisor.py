@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dockyard.fleet.supervisor import Supervisor
-from dockyard.utils.status import STARTING, StatusFile, read_statuses
+from dockyard.observability.status_files import STARTING, StatusFile, read_statuses
 
 
 def test_a_new_run_starts_without_the_previous_runs_heartbeats(tmp_path):

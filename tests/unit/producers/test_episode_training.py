@@ -18,7 +18,7 @@ from dockyard.engines.base import SamplingParams
 from dockyard.environments.tools.calculator import CalculatorToolbox
 from dockyard.models.tiny import TinyModelSpec, build_tiny_model
 from dockyard.producers.episodes import EpisodeRunner, EpisodeSettings
-from dockyard.producers.rollouts import build_episode_rollout
+from dockyard.producers.rollout_assembly import build_episode_rollout
 from dockyard.schemas import (
     DatasetPosition,
     EngineInfo,

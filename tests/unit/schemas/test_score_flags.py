@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from schema_factories import craft, make_rollout, make_scored, unpack_payload
 
-from dockyard.consumers.scoring import to_scored_rollout
+from dockyard.consumers.score_conversion import to_scored_rollout
 from dockyard.environments.base import GroupScore, ScoreFlag
 from dockyard.environments.base import SampleScore as EnvSampleScore
 from dockyard.schemas import CodecError, ReasonCode, SampleScore, ScoredRollout, decode, encode

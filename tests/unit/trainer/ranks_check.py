@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dockyard.consumers.trainer.checkpoint_io import TrainerState, write_checkpoint
+from dockyard.consumers.trainer.trainer_checkpoint import TrainerState, write_checkpoint
 
 if TYPE_CHECKING:
     from peft import PeftModel

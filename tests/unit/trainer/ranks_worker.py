@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from dockyard.broker.weights.base import digest_of_bytes, tensors_to_bytes
+from dockyard.broker.weight_blobs.base import digest_of_bytes, tensors_to_bytes
 from dockyard.config.loader import load_config
-from dockyard.consumers.trainer.checkpoint_io import read_checkpoint
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.ranks import TrainerRanks, World, follow, join_ranks, leave_ranks
+from dockyard.consumers.trainer.trainer_checkpoint import read_checkpoint
 from tests.unit.trainer.ranks_check import checkpoint_of, optimizer_moments
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
 

@@ -9,13 +9,13 @@ import asyncio
 
 import torch
 
-from dockyard.broker.weights.base import tensors_to_bytes
+from dockyard.broker.weight_blobs.base import tensors_to_bytes
+from dockyard.checkpoints.model_files import load_checkpoint_state_dict
 from dockyard.config.loader import load_config
-from dockyard.consumers.trainer.checkpoint_io import read_checkpoint
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.ranks import TrainerRanks
+from dockyard.consumers.trainer.trainer_checkpoint import read_checkpoint
 from dockyard.engines.torch_engine import TorchEngine
-from dockyard.utils.native_checkpoint import load_checkpoint_state_dict
 from tests.unit.trainer.ranks_check import checkpoint_of, optimizer_moments
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dockyard.broker.weights.base import digest_of_bytes, tensors_to_bytes
+from dockyard.broker.weight_blobs.base import digest_of_bytes, tensors_to_bytes
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.tensor_parallel import check_divisible

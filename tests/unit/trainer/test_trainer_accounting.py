@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dockyard.broker.factory import create_data_plane
 from dockyard.broker.typed import MessagePlane
-from dockyard.broker.weights.factory import create_weight_store
+from dockyard.broker.weight_blobs.factory import create_weight_store
 from dockyard.config.loader import load_config
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.consumers.trainer.ledger import read_trail

@@ -14,14 +14,14 @@ from structlog.testing import capture_logs
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.memory import MemoryPlane
 from dockyard.broker.typed import MessagePlane
-from dockyard.broker.weights.factory import create_weight_store
+from dockyard.broker.weight_blobs.factory import create_weight_store
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.health import PipelineDiagnosis
 from dockyard.consumers.trainer.loop import TrainerLoop, TrainerStarved
 from dockyard.data.catalog import build_dataset
 from dockyard.models import build_character_tokenizer
+from dockyard.observability.status_files import STARTING, StatusFile
 from dockyard.producers.dispatcher import Dispatcher
-from dockyard.utils.status import STARTING, StatusFile
 from tests.integration.roles.test_rollout_worker import wait_for
 from tests.unit.trainer.test_trainer_accounting import answer_prompts, small_config
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from dockyard.broker.weights.base import digest_of_bytes, tensors_to_bytes
+from dockyard.broker.weight_blobs.base import digest_of_bytes, tensors_to_bytes
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.ranks import World, join_ranks, leave_ranks

@@ -1,0 +1,159 @@
+"""Weight blobs as JetStream chunks, read chunk by chunk with direct gets.
+
+Layout in stream ``<ns>_blobs``: the chunks of a blob on ``<ns>.blobs.<hex>.data`` (in order),
+then its manifest (JSON: version, digest, nbytes, chunk count, chunk size, time) on
+``<ns>.blobs.<hex>.meta``. The manifest goes last, so a manifest means a complete blob.
+
+nats-py's ``ObjectStore.get`` reads ≈50 MiB/s because its iterator subscription answers flow
+control on a poll; here each chunk is read by a direct get (``next_by_subj``) into a
+preallocated buffer and hashed as it arrives. A reader needs no consumer of its own, which a
+worker's credential may not create (a push consumer delivers wherever its creator says).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+
+from dockyard.broker.jetstream import JetStreamPlane
+from dockyard.broker.plane import DataPlaneError, OutgoingMessage
+from dockyard.broker.weight_blobs.base import (
+    DIGEST_PREFIX,
+    BlobNotFound,
+    BlobRef,
+    BlobSource,
+    WeightBlobStore,
+    check_digest,
+    digest_of_bytes,
+    new_ref,
+    source_to_bytes,
+)
+from dockyard.broker.weight_blobs.leases import BlobLeases
+
+
+class JetStreamBlobStore(WeightBlobStore):
+    def __init__(
+        self,
+        plane: JetStreamPlane,
+        *,
+        keep_last: int,
+        grace_s: float,
+        chunk_size: int,
+        stall_timeout_s: float,
+        leases: BlobLeases | None = None,
+    ) -> None:
+        super().__init__(keep_last=keep_last, grace_s=grace_s, leases=leases)
+        self.plane = plane
+        self.names = plane.names
+        self.chunk_size = chunk_size
+        self.stall_timeout_s = stall_timeout_s
+
+    def uri_for(self, hex_digest: str) -> str:
+        return f"nats-blob://{self.names.blobs_stream.name}/{hex_digest}"
+
+    async def _manifest(self, hex_digest: str) -> dict[str, object] | None:
+        stored = await self.plane.latest(self.names.blob_manifest_subject(hex_digest))
+        return None if stored is None else json.loads(stored.data)
+
+    async def put(self, version: int, source: BlobSource) -> BlobRef:
+        data = await asyncio.to_thread(source_to_bytes, source)
+        digest = await asyncio.to_thread(digest_of_bytes, data)
+        hex_digest = digest.removeprefix(DIGEST_PREFIX)
+        existing = await self._manifest(hex_digest)
+        if existing is not None:  # content-addressed: the same bytes are stored once
+            return self._ref_from_manifest(existing)
+        chunk_size = min(self.chunk_size, self.plane.usable_payload)
+        view = memoryview(data)
+        subject = self.names.blob_data_subject(hex_digest)
+        chunks = [
+            OutgoingMessage(
+                subject, bytes(view[offset : offset + chunk_size]), f"blob:{hex_digest}:{i}"
+            )
+            for i, offset in enumerate(range(0, len(data), chunk_size))
+        ]
+        await self.plane.publish_many(chunks)
+        ref = new_ref(version, digest, len(data), self.uri_for(hex_digest))
+        manifest = {
+            "version": ref.version,
+            "digest": ref.digest,
+            "nbytes": ref.nbytes,
+            "chunks": len(chunks),
+            "chunk_size": chunk_size,
+            "created_at_unix_s": ref.created_at_unix_s,
+        }
+        await self.plane.publish(
+            self.names.blob_manifest_subject(hex_digest),
+            json.dumps(manifest).encode(),
+            msg_id=f"blob:{hex_digest}:manifest",
+        )
+        return ref
+
+    def _ref_from_manifest(self, manifest: dict[str, object]) -> BlobRef:
+        digest = str(manifest["digest"])
+        return BlobRef(
+            int(manifest["version"]),  # type: ignore[call-overload]
+            digest,
+            int(manifest["nbytes"]),  # type: ignore[call-overload]
+            self.uri_for(digest.removeprefix(DIGEST_PREFIX)),
+            float(manifest["created_at_unix_s"]),  # type: ignore[arg-type]
+        )
+
+    async def _manifest_arriving(self, hex_digest: str) -> dict[str, object] | None:
+        """At a rollout site the blobs are a mirror of the trainer site's, copied alongside the
+        weight-event mirror but not in step with it: a worker can see a version's event before
+        its blob. Wait for the manifest (the last thing a blob's writer stores, so its chunks
+        are here too) as long as a stalled fetch is waited for."""
+        if self.plane.config.site.trainer_domain is None:
+            return None  # single site: the event is published after the blob, so it is gone
+        try:
+            async with asyncio.timeout(self.stall_timeout_s):
+                async for stored in self.plane.watch(self.names.blob_manifest_subject(hex_digest)):
+                    return json.loads(stored.data)  # type: ignore[no-any-return]
+        except TimeoutError:
+            return None
+        return None
+
+    async def _read_bytes(self, ref: BlobRef) -> bytes:
+        manifest = await self._manifest(ref.hex) or await self._manifest_arriving(ref.hex)
+        if manifest is None:
+            raise BlobNotFound(f"no blob {ref.digest} in stream {self.names.blobs_stream.name}")
+        nbytes = int(manifest["nbytes"])  # type: ignore[call-overload]
+        expected_chunks = int(manifest["chunks"])  # type: ignore[call-overload]
+        stream = self.names.blobs_stream.name
+        subject = self.names.blob_data_subject(ref.hex)
+        buffer = bytearray(nbytes)
+        hasher = hashlib.sha256()
+        offset, seq = 0, 1
+        for index in range(expected_chunks):
+            try:
+                async with asyncio.timeout(self.stall_timeout_s):
+                    chunk = await self.plane.next_stored(stream, subject, seq)
+            except TimeoutError:
+                raise DataPlaneError(
+                    f"blob {ref.digest}: no chunk for {self.stall_timeout_s:g}s after "
+                    f"{index}/{expected_chunks} chunks"
+                ) from None
+            if chunk is None:
+                break
+            end = offset + len(chunk.data)
+            if end > nbytes:
+                raise DataPlaneError(f"blob {ref.digest} has more bytes than its manifest says")
+            buffer[offset:end] = chunk.data
+            hasher.update(chunk.data)
+            offset, seq = end, chunk.seq + 1
+        if offset != nbytes:
+            raise DataPlaneError(f"blob {ref.digest}: got {offset} of {nbytes} bytes")
+        check_digest(ref.digest, DIGEST_PREFIX + hasher.hexdigest(), self.uri_for(ref.hex))
+        return bytes(buffer)
+
+    async def refs(self) -> list[BlobRef]:
+        out = []
+        async for stored in self.plane.replay(self.names.blob_manifests_wildcard):
+            out.append(self._ref_from_manifest(json.loads(stored.data)))
+        return sorted(out, key=lambda r: r.version)
+
+    async def delete(self, ref: BlobRef) -> None:
+        # Manifest first: a reader never finds a manifest whose chunks are gone.
+        await self.plane.purge(self.names.blob_manifest_subject(ref.hex))
+        await self.plane.purge(self.names.blob_data_subject(ref.hex))
