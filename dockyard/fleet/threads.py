@@ -2,10 +2,11 @@
 
 ``dockyard run`` starts the trainer (one process per rank), the rollout workers and the scorers
 on one machine, and each would size torch's (OpenMP/MKL) thread pool to every core. Pools that
-together ask for more threads than there are cores spin-wait on each other: a quickstart step
-measured 40 s with torch's default two threads per role on a loaded 2-core machine, against
-2.3 s with one (docs/benchmarks.md). So each role gets ``cores // roles`` threads, at least one.
-A user's own ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` is never overridden.
+together ask for more threads than there are cores spin-wait on each other: on a loaded
+2-core machine a trainer step took 40.7 s with two threads against 2.3 s with one, and 1 in 5
+whole runs was 8.5x slower a step (docs/benchmarks.md, "Threads per role"). So each role gets
+``cores // roles`` threads, at least one. A user's own ``OMP_NUM_THREADS`` /
+``MKL_NUM_THREADS`` is never overridden.
 """
 
 from __future__ import annotations
