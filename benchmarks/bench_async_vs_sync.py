@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -56,7 +57,10 @@ class Case:
     dropped: float
 
 
-def run_case(mode: str, engine: str, steps: int, latency: float) -> Case:
+def run_case(
+    mode: str, engine: str, steps: int, latency: float, env: dict[str, str] | None = None
+) -> Case:
+    """``env``: variables to add to this process's environment for the run (none: as is)."""
     overrides = [*COMMON, f"grpo.max_num_steps={steps}"]
     if mode == "sync":
         overrides += SYNC
@@ -82,6 +86,7 @@ def run_case(mode: str, engine: str, steps: int, latency: float) -> Case:
             text=True,
             cwd=ROOT,
             timeout=1800,
+            env={**os.environ, **env} if env else None,
         )
         if result.returncode != 0:
             raise RuntimeError(f"{mode}/{engine} failed:\n{result.stderr[-2000:]}")

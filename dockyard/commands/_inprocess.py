@@ -31,6 +31,7 @@ from dockyard.commands._roles import (
     serve_rollout_worker,
     starting_status,
 )
+from dockyard.fleet.threads import available_cpus, threads_per_role
 
 if TYPE_CHECKING:
     from dockyard.algorithms.grpo import MasterConfig
@@ -60,7 +61,7 @@ async def run_in_process(config: MasterConfig, run_dir: Path, progress: Progress
     log_file = run_dir / "logs" / LOG_FILE
     inputs = prepare_trainer(config)  # the launch checks, before any model loads
     params = prepare_rollout(config)
-    _one_compute_thread_per_role()
+    _threads_per_role(config)
     engines: list[GenerationEngine] = []
     # One endpoint for the one process: the roles' series differ by their ``stage`` label.
     with (
@@ -139,14 +140,15 @@ def _fleet(
     )
 
 
-def _one_compute_thread_per_role() -> None:
-    """As the multi-process run gives each role ``OMP_NUM_THREADS=1`` (unless set): the roles'
-    threads compute at the same time, and kernels whose threads contend for a core spin-wait
-    (fleet/supervisor.py). Threads started later inherit the setting."""
+def _threads_per_role(config: MasterConfig) -> None:
+    """As the multi-process run gives each role its share of the cores (fleet/threads.py):
+    the roles' threads compute at the same time, and kernels whose threads contend for a core
+    spin-wait. Threads started later inherit the setting; a user's OMP_NUM_THREADS wins."""
     if "OMP_NUM_THREADS" not in os.environ:
         import torch
 
-        torch.set_num_threads(1)
+        roles = 1 + config.run.num_rollout_workers + config.run.num_scorers
+        torch.set_num_threads(threads_per_role(available_cpus(), roles))
 
 
 async def _load_engine(config: MasterConfig, role: str) -> GenerationEngine:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dockyard.fleet.threads import available_cpus, role_thread_env
 from dockyard.fleet.trainer_ranks import torchrun_argv
 from dockyard.utils.logging import get_logger
 from dockyard.utils.private_files import create_private_file, private_dir
@@ -146,10 +147,11 @@ class Supervisor:
             )
             for i in range(num_scorers)
         ]
-        # Several roles share the machine's cores: one compute thread each. Multi-threaded
-        # kernels that contend for a core spin-wait and run 10-50x slower (measured here).
-        threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.env = {**threads, **os.environ, "PYTHONUNBUFFERED": "1"}
+        # Several roles share the machine's cores: each gets its share (fleet/threads.py).
+        roles = trainer_ranks + num_rollout_workers + num_scorers
+        threads = role_thread_env(os.environ, roles, available_cpus())
+        log.info("fleet.threads_per_role", roles=roles, env=threads)
+        self.env = {**os.environ, **threads, "PYTHONUNBUFFERED": "1"}
 
     @property
     def roles(self) -> list[RoleProcess]:
