@@ -7,6 +7,10 @@ curve of validation accuracy per step is comparable across runs and restarts. Th
 ``logger.num_val_samples_to_print`` answers of each validation are logged as they were given
 (``validation.sample`` events: prompt, answer, ground truth, reward), to see *what* the policy
 answers, not only how often it is right.
+
+A validation set whose records carry several agent names (a multi-domain mixture, the V4
+consolidation stage) is also scored per agent (``val/accuracy/<agent>``,
+``val/mean_reward/<agent>``): an overall number can rise while one domain is left behind.
 """
 
 from __future__ import annotations
@@ -64,6 +68,12 @@ class ValSample:
     response: str
     ground_truth: str
     reward: float
+    agent: str = "default"
+
+
+def _accuracy(rewards: Sequence[float]) -> float:
+    """Share of answers with full reward (1.0): the scorers' "correct"."""
+    return sum(1 for reward in rewards if reward >= 1.0) / len(rewards)
 
 
 @dataclass(frozen=True)
@@ -75,12 +85,21 @@ class EvalResult:
     samples: tuple[ValSample, ...] = ()
 
     def as_metrics(self, prefix: str = "val") -> dict[str, float]:
-        return {
+        metrics = {
             f"{prefix}/accuracy": self.accuracy,
             f"{prefix}/mean_reward": self.mean_reward,
             f"{prefix}/num_samples": float(self.num_samples),
             f"timing/{prefix}_s": self.seconds,
         }
+        by_agent: dict[str, list[float]] = {}
+        for sample in self.samples:
+            by_agent.setdefault(sample.agent, []).append(sample.reward)
+        # One agent: its numbers are the overall ones, logged once.
+        if len(by_agent) > 1:
+            for agent, rewards in sorted(by_agent.items()):
+                metrics[f"{prefix}/accuracy/{agent}"] = _accuracy(rewards)
+                metrics[f"{prefix}/mean_reward/{agent}"] = sum(rewards) / len(rewards)
+        return metrics
 
 
 class Evaluator:
@@ -150,10 +169,11 @@ class Evaluator:
                 )
             reward = scored[0]
             rewards.append(reward)
-            samples.append(ValSample(record.prompt, text, record.ground_truth, reward))
-        correct = sum(1 for reward in rewards if reward >= 1.0)
+            samples.append(
+                ValSample(record.prompt, text, record.ground_truth, reward, record.agent_name)
+            )
         return EvalResult(
-            accuracy=correct / len(rewards),
+            accuracy=_accuracy(rewards),
             mean_reward=sum(rewards) / len(rewards),
             num_samples=len(rewards),
             seconds=time.perf_counter() - started,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 from structlog.testing import capture_logs
 
 from dockyard.config.sections.data import DatasetConfig
 from dockyard.consumers.trainer.evaluation import (
     MAX_PRINTED_CHARS,
+    EvalResult,
     Evaluator,
     ValSample,
     log_val_samples,
@@ -81,3 +84,61 @@ async def test_val_batch_size_bounds_each_generation_batch_and_changes_no_answer
     assert sizes == [3, 3, 1]
     assert [s.response for s in result.samples] == [s.response for s in whole.samples]
     assert result.accuracy == whole.accuracy
+
+
+def test_a_mixture_is_also_scored_per_agent():
+    # adder: 3 of 4 correct, one half-credit answer; reverser: none of 2 correct.
+    rewards = {"adder": [1.0, 0.0, 1.0, 1.0], "reverser": [0.0, 0.5]}
+    samples = tuple(
+        ValSample(prompt="p", response="r", ground_truth="g", reward=reward, agent=agent)
+        for agent, values in rewards.items()
+        for reward in values
+    )
+    result = EvalResult(
+        accuracy=3 / 6, mean_reward=3.5 / 6, num_samples=6, seconds=0.1, samples=samples
+    )
+    metrics = result.as_metrics()
+
+    assert metrics["val/accuracy"] == 3 / 6
+    assert metrics["val/accuracy/adder"] == 3 / 4
+    assert metrics["val/mean_reward/adder"] == 3 / 4
+    assert metrics["val/accuracy/reverser"] == 0.0
+    assert metrics["val/mean_reward/reverser"] == 0.25
+
+
+def test_one_agent_logs_only_the_overall_numbers():
+    samples = (ValSample("p", "r", "g", 1.0, agent="adder"),) * 2
+    metrics = EvalResult(1.0, 1.0, 2, 0.1, samples).as_metrics()
+    assert not [key for key in metrics if key.startswith(("val/accuracy/", "val/mean_reward/"))]
+
+
+async def test_the_evaluator_scores_each_record_under_its_own_agent(tmp_path):
+    # A hand-built mixture file: the "reverser" rows' answers need 8 digits, which 4 new tokens
+    # (one character each in this vocabulary) cannot write, so that agent scores exactly 0;
+    # the "adder" rows are real sums the untrained policy may or may not get.
+    adder = [
+        {"prompt": f"{10 + i}+{20 + i}=", "answer": str(30 + 2 * i), "domain": "adder"}
+        for i in range(4)
+    ]
+    reverser = [
+        {"prompt": f"{i}+{i}=", "answer": "12345678", "domain": "reverser"} for i in range(3)
+    ]
+    path = tmp_path / "mix.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in [*adder, *reverser]))
+    dataset = build_dataset(
+        DatasetConfig(name="mix", path=str(path), fields={"agent": "domain"}), "arithmetic"
+    )
+    model, tokenizer = build_arithmetic_policy(seed=0)
+    evaluator = Evaluator(
+        model, tokenizer, dataset, build_environment("arithmetic"), max_new_tokens=4
+    )
+    result = await evaluator.evaluate()
+    metrics = result.as_metrics()
+
+    assert [s.agent for s in result.samples] == ["adder"] * 4 + ["reverser"] * 3
+    assert metrics["val/accuracy/reverser"] == 0.0
+    assert metrics["val/mean_reward/reverser"] == 0.0
+    adder_rewards = [s.reward for s in result.samples[:4]]
+    assert metrics["val/accuracy/adder"] == sum(r >= 1.0 for r in adder_rewards) / 4
+    # The per-agent accuracies, weighted by their counts, make the overall one.
+    assert metrics["val/accuracy"] == 4 * metrics["val/accuracy/adder"] / 7
