@@ -52,7 +52,9 @@ async def test_validation_answers_with_episodes_scored_from_their_tool_calls():
 
 
 def test_the_trainer_validates_with_episodes_exactly_with_structured_tool_use():
-    plain = load_config("configs/cpu/grpo_terminal_bench.yaml", [])
+    # The CPU preset runs multi-turn; without tool use it validates single-turn.
+    single = ["grpo.structured_tool_use.enabled=false", "grpo.max_rollout_turns=1"]
+    plain = load_config("configs/cpu/grpo_terminal_bench.yaml", single)
     assert validation_episodes(plain, plane=None) is None  # type: ignore[arg-type]
     tools = ["grpo.structured_tool_use.enabled=true", "grpo.max_rollout_turns=3"]
     config = load_config("configs/cpu/grpo_terminal_bench.yaml", tools)
