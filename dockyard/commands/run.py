@@ -70,13 +70,19 @@ def _trainer_ranks(config: MasterConfig, requested: int | None) -> int:
     """How many trainer ranks to start (``cluster``, ``--trainer-ranks``, this machine's GPUs)."""
     import torch
 
-    from dockyard.fleet.trainer_ranks import LaunchRefused, check_ranks_can_run, ranks_for_run
+    from dockyard.fleet.trainer_ranks import (
+        LaunchRefused,
+        check_jax_devices,
+        check_ranks_can_run,
+        ranks_for_run,
+    )
 
     try:
         ranks = ranks_for_run(
             config.cluster, requested=requested, cuda_devices=torch.cuda.device_count()
         )
         check_ranks_can_run(config, ranks)
+        check_jax_devices(config)
     except LaunchRefused as refused:
         raise CliError(str(refused), exit_code=EXIT_INVALID_CONFIG) from None
     if ranks > 1 and config.data_plane is None:

@@ -44,6 +44,7 @@ def _trainer(args: argparse.Namespace) -> int:
     from dockyard.consumers.trainer.ranks import World, join_ranks, leave_ranks, run_follower
     from dockyard.fleet.trainer_ranks import (
         LaunchRefused,
+        check_jax_devices,
         check_ranks_can_run,
         check_torchrun_world,
     )
@@ -59,6 +60,7 @@ def _trainer(args: argparse.Namespace) -> int:
             cuda_devices=torch.cuda.device_count(),
         )
         check_ranks_can_run(config, world.size)
+        check_jax_devices(config)
     except LaunchRefused as refused:
         raise CliError(str(refused), exit_code=EXIT_INVALID_CONFIG) from None
     mesh = join_ranks(world, config.policy.dtensor_cfg.tensor_parallel_size)

@@ -147,3 +147,22 @@ def torchrun_argv(ranks: int, dockyard_args: list[str]) -> list[str]:
         "dockyard",
         *dockyard_args,
     ]
+
+
+def check_jax_devices(config: MasterConfig) -> None:
+    """``policy.jax_cfg`` asks for ``data_parallel_size × tensor_parallel_size`` devices: refused
+    before any process starts when JAX is missing or sees fewer (JAX is imported only then)."""
+    if not config.policy.jax_cfg.enabled:
+        return
+    try:
+        import jax
+    except ImportError:
+        raise LaunchRefused(
+            "policy.jax_cfg.enabled", "JAX is not installed: pip install 'dockyard[jax]'"
+        ) from None
+    from dockyard.consumers.trainer.jax_backend.mesh import check_device_count
+
+    try:
+        check_device_count(config.policy.jax_cfg, jax.devices())
+    except ValueError as refused:
+        raise LaunchRefused("policy.jax_cfg.data_parallel_size", str(refused)) from None

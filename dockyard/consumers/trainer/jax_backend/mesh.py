@@ -26,17 +26,26 @@ _COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROW_PARALLEL = ("o_proj", "down_proj")
 
 
-def build_mesh(config: JaxConfig, devices: list[jax.Device] | None = None) -> Mesh | None:
-    """The mesh of ``policy.jax_cfg``; None for one device (nothing to shard)."""
+def check_device_count(config: JaxConfig, available: list[jax.Device]) -> None:
+    """Refuses a mesh larger than the devices JAX sees (at launch and when the trainer builds
+    its mesh)."""
     dp, tp = config.data_parallel_size, config.tensor_parallel_size
-    available = jax.devices() if devices is None else devices
     wanted = dp * tp
     if wanted > len(available):
         raise ValueError(
             f"policy.jax_cfg: data_parallel_size × tensor_parallel_size = {dp} × {tp} = "
             f"{wanted} devices, but JAX sees {len(available)} "
-            f"({available[0].platform if available else 'none'})"
+            f"({available[0].platform if available else 'none'}); on CPU, "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={wanted} makes that many"
         )
+
+
+def build_mesh(config: JaxConfig, devices: list[jax.Device] | None = None) -> Mesh | None:
+    """The mesh of ``policy.jax_cfg``; None for one device (nothing to shard)."""
+    dp, tp = config.data_parallel_size, config.tensor_parallel_size
+    available = jax.devices() if devices is None else devices
+    check_device_count(config, available)
+    wanted = dp * tp
     if wanted == 1:
         return None
     return Mesh(np.asarray(available[:wanted]).reshape(dp, tp), (DATA, MODEL))

@@ -45,7 +45,10 @@ from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.loss import GlobalCounts
 from dockyard.algorithms.loss_metrics import LossMetrics
 from dockyard.consumers.trainer.batch import TrainingBatch
-from dockyard.consumers.trainer.jax_backend.convert import optax_state_from_torch
+from dockyard.consumers.trainer.jax_backend.convert import (
+    optax_state_from_torch,
+    torch_state_from_optax,
+)
 from dockyard.consumers.trainer.jax_backend.loss import (
     Counts,
     LossBatch,
@@ -70,7 +73,7 @@ from dockyard.consumers.trainer.jax_backend.weights import (
     load_named,
     parameter_name,
 )
-from dockyard.consumers.trainer.optim import lr_multiplier
+from dockyard.consumers.trainer.optim import build_optimizer, build_scheduler, lr_multiplier
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
 from dockyard.utils.logging import get_logger
 
@@ -78,7 +81,6 @@ log = get_logger(__name__)
 
 _COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _COLUMN_STEP = 64
-OPTIMIZER_STATE_KEY = "jax_optimizer"
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -362,12 +364,15 @@ class JaxPolicyTrainer:
             filtered_fraction=filtered,
         )
 
+    def _learning_rate(self, step: int) -> float:
+        """The configured schedule's rate at ``step`` (the torch backend's own function)."""
+        policy = self.config.policy
+        return policy.optimizer.lr * lr_multiplier(step, policy.scheduler, self.total_steps)
+
     def step(self, batch: TrainingBatch) -> StepOutcome:
         started = time.perf_counter()
         result = self._gradients(batch)
-        learning_rate = self.config.policy.optimizer.lr * lr_multiplier(
-            self.schedule_step, self.config.policy.scheduler, self.total_steps
-        )
+        learning_rate = self._learning_rate(self.schedule_step)
         self.params, self.opt_state, norm = self._apply(
             self.params, self.opt_state, self._pending, jnp.float32(learning_rate)
         )
@@ -388,30 +393,29 @@ class JaxPolicyTrainer:
     # ---- optimizer state in checkpoints ------------------------------------------------------
 
     def state_dict(self) -> dict[str, object]:
-        leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(self.opt_state))]
-        return {OPTIMIZER_STATE_KEY: leaves, "scheduler": {"step": self.schedule_step}}
+        """The torch trainer's layout (:mod:`.convert`): a checkpoint of either backend resumes
+        under the other."""
+        policy = self.config.policy
+        optimizer = build_optimizer(self.model, policy.optimizer)
+        scheduler = build_scheduler(optimizer, policy.scheduler, self.config.grpo.max_num_steps)
+        schedule = scheduler.state_dict()
+        # LambdaLR's position after ``schedule_step`` steps, as the torch trainer saves it.
+        schedule.update(
+            last_epoch=self.schedule_step,
+            _step_count=self.schedule_step + 1,
+            _last_lr=[self._learning_rate(self.schedule_step)],
+        )
+        return {
+            "optimizer": torch_state_from_optax(self.opt_state, optimizer, self.model),
+            "scheduler": schedule,
+        }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        if OPTIMIZER_STATE_KEY not in state:  # written by the torch trainer: convert it
-            self.opt_state = optax_state_from_torch(
-                self.opt_state,
-                state["optimizer"],  # type: ignore[arg-type]
-                self.model,
-                self._template,
-                self._place,
-            )
-            self.schedule_step = int(state["scheduler"]["last_epoch"])  # type: ignore[index]
-            log.info("trainer.optimizer_converted", source="torch", step=self.schedule_step)
-            return
-        leaves = state[OPTIMIZER_STATE_KEY]
-        current, treedef = jax.tree.flatten(self.opt_state)
-        if not isinstance(leaves, list) or [np.shape(x) for x in leaves] != [
-            np.shape(x) for x in current
-        ]:
-            raise ValueError("optimizer state does not match this model and optimizer")
-        placed = [
-            jax.device_put(np.asarray(new, dtype=np.asarray(old).dtype), old.sharding)
-            for new, old in zip(leaves, current, strict=True)
-        ]
-        self.opt_state = jax.tree.unflatten(treedef, placed)
-        self.schedule_step = int(state["scheduler"]["step"])  # type: ignore[index]
+        optimizer, schedule = state["optimizer"], state["scheduler"]
+        if not isinstance(optimizer, dict) or not isinstance(schedule, dict):
+            raise ValueError("optimizer state: expected the trainer's optimizer and scheduler")
+        self.opt_state = optax_state_from_torch(
+            self.opt_state, optimizer, self.model, self._template, self._place
+        )
+        self.schedule_step = int(schedule["last_epoch"])
+        log.info("trainer.optimizer_loaded", step=self.schedule_step)

@@ -55,3 +55,25 @@ def test_the_quickstart_with_jax_launches_and_float16_or_packing_do_not_pass_sil
         "configs/quickstart.yaml", [*JAX_ON, "policy.sequence_packing.enabled=true"]
     )
     assert [issue.path for issue in ignored(packed)] == ["policy.sequence_packing.enabled"]
+
+
+def test_a_mesh_larger_than_the_devices_is_refused_at_launch(capsys, tmp_path):
+    """Two data-parallel devices where JAX sees one (this test process's CPU): `dockyard run`
+    refuses with the key path before it starts anything (no run directory is written)."""
+    from dockyard.cli import main
+
+    run_dir = tmp_path / "run"
+    argv = [
+        "run",
+        "--config",
+        "configs/quickstart.yaml",
+        *JAX_ON,
+        "policy.jax_cfg.data_parallel_size=2",
+        "--run-dir",
+        str(run_dir),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "policy.jax_cfg.data_parallel_size: " in err
+    assert "= 2 devices, but JAX sees 1" in err
+    assert not run_dir.exists()

@@ -159,3 +159,44 @@ def test_a_torch_checkpoint_continues_under_jax_with_its_moments_and_schedule(se
         torch.testing.assert_close(
             jax_trainer.model.state_dict()[name], value, rtol=0, atol=1e-2 * lr
         )
+
+
+def test_a_jax_checkpoint_continues_under_torch_with_its_moments_and_schedule(setup):
+    """The other direction: two JAX steps, then the JAX trainer's weights and ``state_dict()``
+    go into a fresh torch trainer, whose next step equals the JAX trainer's next step. Without
+    the moments torch's next AdamW step would move every coordinate by ≈lr (a first step), and
+    the schedule would restart its warm-up (lr 0 at step 0 of a 1-step warm-up)."""
+    config, model, batch = setup
+    jax_trainer = JaxPolicyTrainer(copy.deepcopy(model), config)
+    for _ in range(2):
+        jax_trainer.step(batch)
+    checkpoint = copy.deepcopy(jax_trainer.state_dict())
+    torch_trainer = PolicyTrainer(copy.deepcopy(model), config)
+    torch_trainer.model.load_state_dict(jax_trainer.model.state_dict())  # as read_checkpoint
+    torch_trainer.load_state_dict(checkpoint)
+    assert torch_trainer.scheduler.last_epoch == 2
+
+    j_out = jax_trainer.step(batch)
+    t_out = torch_trainer.step(batch)
+    assert t_out.learning_rate == pytest.approx(j_out.learning_rate, rel=1e-6)
+    lr = config.policy.optimizer.lr
+    for name, value in jax_trainer.model.state_dict().items():
+        torch.testing.assert_close(
+            torch_trainer.model.state_dict()[name], value, rtol=0, atol=1e-2 * lr
+        )
+
+
+def test_a_jax_checkpoint_resumes_under_jax_exactly(setup):
+    """JAX → checkpoint → JAX: the moments and the schedule position come back bit for bit, so
+    the resumed trainer's next step is the uninterrupted trainer's."""
+    config, model, batch = setup
+    running = JaxPolicyTrainer(copy.deepcopy(model), config)
+    for _ in range(2):
+        running.step(batch)
+    resumed = JaxPolicyTrainer(copy.deepcopy(model), config)
+    resumed.model.load_state_dict(running.model.state_dict())
+    resumed.load_state_dict(copy.deepcopy(running.state_dict()))
+    a, b = running.step(batch), resumed.step(batch)
+    assert b.learning_rate == a.learning_rate
+    for name, value in running.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], value, rtol=0, atol=0)
