@@ -137,53 +137,36 @@ def test_optimizer_steps_match_and_the_torch_model_mirrors_the_weights(setup):
     )
 
 
-def test_a_torch_checkpoint_continues_under_jax_with_its_moments_and_schedule(setup):
-    """Two torch steps, then the torch trainer's weights and ``state_dict()`` (what
-    ``optimizer.pt`` holds) go into a fresh JAX trainer: its next step equals the torch
-    trainer's next step. Without the moments the step would differ (AdamW's first step moves
-    every coordinate by ≈lr, a later one by less), and the schedule would restart its warm-up."""
+def _continue_after_two_steps(setup, first_backend, second_backend):
+    """Two steps of ``first_backend``, then its weights and ``state_dict()`` (what
+    ``optimizer.pt`` holds) go into a fresh ``second_backend`` trainer; both take a third step
+    and must agree (rate and weights). Without the moments the third step would differ
+    (AdamW's first step moves every coordinate by ≈lr, a later one by less), and the schedule
+    would restart its warm-up (lr 0 at step 0 of the 1-step warm-up)."""
     config, model, batch = setup
-    torch_trainer = PolicyTrainer(copy.deepcopy(model), config)
+    first = first_backend(copy.deepcopy(model), config)
     for _ in range(2):
-        torch_trainer.step(batch)
-    checkpoint = copy.deepcopy(torch_trainer.state_dict())
-    jax_trainer = JaxPolicyTrainer(copy.deepcopy(model), config)
-    jax_trainer.model.load_state_dict(torch_trainer.model.state_dict())  # as read_checkpoint
-    jax_trainer.load_state_dict(checkpoint)
+        first.step(batch)
+    checkpoint = copy.deepcopy(first.state_dict())
+    second = second_backend(copy.deepcopy(model), config)
+    second.model.load_state_dict(first.model.state_dict())  # as read_checkpoint
+    second.load_state_dict(checkpoint)
 
-    t_out = torch_trainer.step(batch)
-    j_out = jax_trainer.step(batch)
-    assert j_out.learning_rate == pytest.approx(t_out.learning_rate, rel=1e-6)
+    expected, actual = first.step(batch), second.step(batch)
+    assert actual.learning_rate == pytest.approx(expected.learning_rate, rel=1e-6)
     lr = config.policy.optimizer.lr
-    for name, value in torch_trainer.model.state_dict().items():
-        torch.testing.assert_close(
-            jax_trainer.model.state_dict()[name], value, rtol=0, atol=1e-2 * lr
-        )
+    for name, value in first.model.state_dict().items():
+        torch.testing.assert_close(second.model.state_dict()[name], value, rtol=0, atol=1e-2 * lr)
+    return second
+
+
+def test_a_torch_checkpoint_continues_under_jax_with_its_moments_and_schedule(setup):
+    _continue_after_two_steps(setup, PolicyTrainer, JaxPolicyTrainer)
 
 
 def test_a_jax_checkpoint_continues_under_torch_with_its_moments_and_schedule(setup):
-    """The other direction: two JAX steps, then the JAX trainer's weights and ``state_dict()``
-    go into a fresh torch trainer, whose next step equals the JAX trainer's next step. Without
-    the moments torch's next AdamW step would move every coordinate by ≈lr (a first step), and
-    the schedule would restart its warm-up (lr 0 at step 0 of a 1-step warm-up)."""
-    config, model, batch = setup
-    jax_trainer = JaxPolicyTrainer(copy.deepcopy(model), config)
-    for _ in range(2):
-        jax_trainer.step(batch)
-    checkpoint = copy.deepcopy(jax_trainer.state_dict())
-    torch_trainer = PolicyTrainer(copy.deepcopy(model), config)
-    torch_trainer.model.load_state_dict(jax_trainer.model.state_dict())  # as read_checkpoint
-    torch_trainer.load_state_dict(checkpoint)
-    assert torch_trainer.scheduler.last_epoch == 2
-
-    j_out = jax_trainer.step(batch)
-    t_out = torch_trainer.step(batch)
-    assert t_out.learning_rate == pytest.approx(j_out.learning_rate, rel=1e-6)
-    lr = config.policy.optimizer.lr
-    for name, value in jax_trainer.model.state_dict().items():
-        torch.testing.assert_close(
-            torch_trainer.model.state_dict()[name], value, rtol=0, atol=1e-2 * lr
-        )
+    resumed = _continue_after_two_steps(setup, JaxPolicyTrainer, PolicyTrainer)
+    assert resumed.scheduler.last_epoch == 3
 
 
 def test_a_jax_checkpoint_resumes_under_jax_exactly(setup):
