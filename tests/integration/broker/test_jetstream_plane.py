@@ -94,7 +94,7 @@ async def test_pipelined_publishes_past_the_clients_pending_slots_wait_for_a_slo
         assert not [e for e in events if e["event"] == "publish_async.fallback"]
         # ...and with slots free again, the next publish waits without a timer (the nats-py
         # internals this relies on are still there).
-        assert plane._stall_timeout(5.0) is None
+        assert plane._publisher.stall_timeout(5.0) is None
         assert [ack.seq for ack in acks] == list(range(1, 13))
         assert not any(ack.duplicate for ack in acks)
         stored = await collect(plane, subject)
