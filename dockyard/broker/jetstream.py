@@ -221,8 +221,9 @@ class JetStreamPlane(AdminPlane):
         return await self._publisher.publish(subject, payload, msg_id=msg_id, headers=headers)
 
     async def publish_many(self, messages: Sequence[OutgoingMessage]) -> list[PublishAck]:
-        small = [m for m in messages if len(m.payload) <= self.usable_payload]
-        if len(small) != len(messages):  # keep order simple: mixed batches go one by one
+        limit = self.usable_payload  # once: it reads the server's cap through two properties
+        if any(len(m.payload) > limit for m in messages):
+            # Keep order simple: a batch with a chunked message goes one by one.
             return await super().publish_many(messages)
         return await self._publisher.publish_window(list(messages))
 

@@ -418,3 +418,35 @@ async def test_a_failing_sweep_never_stops_the_puller(plane: JetStreamPlane, mon
     assert [e["event"] for e in events if e["log_level"] == "warning"] == [
         "dead_letter.sweep_failed"
     ]
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"not json", "unreadable publish ack"),
+        (b'{"stream": "s", "seq": "7"}', "unreadable publish ack"),  # no coercion: seq is a str
+        (b'{"error": {"description": "no code"}}', "unreadable publish ack"),
+        (b'{"duplicate": true}', "publish ack without stream or seq"),
+    ],
+)
+async def test_an_unreadable_pipelined_ack_fails_its_publish_with_the_reason(
+    plane: JetStreamPlane, answer: bytes, why: str
+) -> None:
+    # A real responder (not a stream) answers a pipelined publish with what no server sends.
+    # The publish must fail at once, saying why, so that its window falls back to the retrying
+    # path; nats-py's handler let the parse error escape and left the ack waiting for the
+    # window's whole timeout.
+    async def respond(msg: nats.aio.msg.Msg) -> None:
+        await msg.respond(answer)
+
+    responder = await plane.nc.subscribe("dockyard-test.not-a-stream", cb=respond)
+    try:
+        ack = await plane.js.publish_async("dockyard-test.not-a-stream", b"x")
+        # A bound, not a measurement: the answer comes back within milliseconds.
+        await asyncio.wait({ack}, timeout=30)
+        assert ack.done(), "the ack future was left waiting"
+        assert isinstance(ack.exception(), nats.errors.Error)
+        assert why in str(ack.exception())
+        assert plane.js.publish_async_pending() == 0  # its slot is given back
+    finally:
+        await responder.unsubscribe()
