@@ -15,6 +15,12 @@ Two shapes, both for dockyard and for raw nats-py:
   core, one after the other: the cost per group).
 
     python benchmarks/bench_data_plane.py [--seconds-per-case 3] [--write-docs]
+
+The sequential shape also reports the client's CPU per group (``time.process_time`` of the one
+process, the server excluded), which a loaded machine blurs far less than wall-clock rates.
+``--baseline-tree DIR`` compares this tree with another checkout of dockyard in the same run:
+each round runs this script once under each tree's ``PYTHONPATH`` (their order alternating) and
+the medians of the rounds' ratios are printed side by side.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import logging
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +53,7 @@ from report import replace_section
 
 from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.broker.jetstream import JetStreamPlane
-from dockyard.broker.plane import OutgoingMessage
+from dockyard.broker.plane import DataPlane, OutgoingMessage
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.schemas import EncodedMessage, ScoredRollout, decode, encode
 
@@ -78,13 +86,15 @@ def build_rollouts(target: int, count: int) -> list[ScoredRollout]:
 
 
 def plane_config(url: str, namespace: str) -> DataPlaneConfig:
-    return DataPlaneConfig(
-        url=url,
-        namespace=namespace,
-        max_payload=MAX_PAYLOAD,
-        streams={"max_bytes": -1},
-        consumer={"fetch_batch": 16, "ack_wait_s": 120},
-        publish={"timeout_s": 60},
+    return DataPlaneConfig.model_validate(
+        {
+            "url": url,
+            "namespace": namespace,
+            "max_payload": MAX_PAYLOAD,
+            "streams": {"max_bytes": -1},
+            "consumer": {"fetch_batch": 16, "ack_wait_s": 120},
+            "publish": {"timeout_s": 60},
+        }
     )
 
 
@@ -97,7 +107,7 @@ WINDOW = 32
 
 
 async def publish_dockyard(
-    plane: JetStreamPlane, rollouts: list[ScoredRollout], encoded: list[EncodedMessage] | None
+    plane: DataPlane, rollouts: list[ScoredRollout], encoded: list[EncodedMessage] | None
 ) -> None:
     """Encode (unless ``encoded``) and publish, pipelined in windows as producers do."""
     window: list[OutgoingMessage] = []
@@ -112,7 +122,7 @@ async def publish_dockyard(
     await plane.publish_many(window)
 
 
-async def consume_dockyard(plane: JetStreamPlane, count: int, *, codec: bool = True) -> None:
+async def consume_dockyard(plane: DataPlane, count: int, *, codec: bool = True) -> None:
     received = 0
     while received < count:
         for delivery in await plane.fetch(plane.names.scored_consumer, timeout_s=5):
@@ -178,27 +188,35 @@ async def raw_stream(url: str, case: str) -> AsyncIterator[tuple[JetStreamContex
 # ----------------------------------------------------------------------------- sequential
 
 
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock seconds, and this process's CPU seconds (``time.process_time``) meanwhile."""
+
+    wall: float
+    cpu: float
+
+
 async def dockyard_path(
     url: str, rollouts: list[ScoredRollout], case: str, *, codec: bool = True
-) -> float:
-    """Seconds to move ``rollouts`` through the plane; ``codec=False`` moves payloads encoded
+) -> Timing:
+    """Time to move ``rollouts`` through the plane; ``codec=False`` moves payloads encoded
     beforehand and skips decoding (the transport's share of the time, for the reading)."""
     config = plane_config(url, f"bench{abs(hash((case, codec))) % 10**8}")
     encoded = None if codec else [encode(rollout) for rollout in rollouts]
     async with JetStreamPlane(config) as plane:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         await publish_dockyard(plane, rollouts, encoded)
         await consume_dockyard(plane, len(rollouts), codec=codec)
-        return time.perf_counter() - started
+        return Timing(time.perf_counter() - started, time.process_time() - cpu)
 
 
-async def raw_path(url: str, sizes: list[int], case: str) -> float:
+async def raw_path(url: str, sizes: list[int], case: str) -> Timing:
     messages = raw_messages(sizes)
     async with raw_stream(url, case) as (js, subject, subscription):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         await publish_raw(js, subject, messages, case)
         await consume_raw(subscription, messages)
-        return time.perf_counter() - started
+        return Timing(time.perf_counter() - started, time.process_time() - cpu)
 
 
 # ----------------------------------------------------------------------------- pipeline
@@ -270,8 +288,9 @@ async def pipeline(
 
 
 #: case, messages, wire bytes per group, then MiB/s: pipeline dockyard, pipeline raw,
-#: sequential dockyard, sequential raw, sequential dockyard without the codec.
-Row = tuple[str, int, int, float, float, float, float, float]
+#: sequential dockyard, sequential raw, sequential dockyard without the codec; then the
+#: sequential client CPU per group in µs: dockyard, raw nats-py, dockyard without the codec.
+Row = tuple[str, int, int, float, float, float, float, float, float, float, float]
 
 
 async def run(seconds_per_case: float, repeats: int, sizes: list[str]) -> list[Row]:
@@ -297,14 +316,18 @@ async def run(seconds_per_case: float, repeats: int, sizes: list[str]) -> list[R
                 rates: list[list[float]] = []
                 for attempt in range(repeats):
                     name = f"{case}-{attempt}"
+                    ours = await dockyard_path(url, rollouts, name)
+                    raw = await raw_path(url, logical, name)
+                    transport = await dockyard_path(url, rollouts, name, codec=False)
                     seconds = (
                         await pipeline(url, rollouts, target, f"{name}-ours", raw=False),
                         await pipeline(url, rollouts, target, f"{name}-raw", raw=True),
-                        await dockyard_path(url, rollouts, name),
-                        await raw_path(url, logical, name),
-                        await dockyard_path(url, rollouts, name, codec=False),
+                        ours.wall,
+                        raw.wall,
+                        transport.wall,
                     )
-                    rates.append([total / s for s in seconds])
+                    cpu_per_group = tuple(1e6 * t.cpu / count for t in (ours, raw, transport))
+                    rates.append([*(total / s for s in seconds), *cpu_per_group])
                 medians = [statistics.median(column) for column in zip(*rates, strict=True)]
                 rows.append((case, count, int(wire), *medians))
                 print(f"{case}: {rows[-1]}", file=sys.stderr)
@@ -320,7 +343,7 @@ def table(rows: list[Row]) -> list[str]:
         "ratio | dockyard without the codec MiB/s | its ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for case, count, wire, pipe_ours, pipe_raw, ours, raw, transport in rows:
+    for case, count, wire, pipe_ours, pipe_raw, ours, raw, transport, *_ in rows:
         lines.append(
             f"| {case} | {count} | {wire / MiB:.2f} MiB | {pipe_ours:.0f} | {pipe_raw:.0f} | "
             f"**{pipe_ours / pipe_raw:.2f}×** | {ours:.0f} | {raw:.0f} | {ours / raw:.2f}× | "
@@ -333,6 +356,49 @@ def write_docs(body: list[str]) -> None:
     replace_section("data-plane", body)  # the weight-blob subsection stays as it is
 
 
+def compare_trees(baseline: Path, rounds: int, forwarded: list[str]) -> list[str]:
+    """Run this script under this tree's and ``baseline``'s ``PYTHONPATH`` in turn, ``rounds``
+    times (the order alternating, so a load that drifts over the run blurs both alike), and
+    table the medians of each tree's ratios to raw nats-py measured in the same run."""
+    trees = {"this tree": Path(__file__).resolve().parents[1], "baseline": baseline.resolve()}
+    results: dict[str, list[list[Row]]] = {name: [] for name in trees}
+    for round_ in range(rounds):
+        order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
+        for name in order:
+            env = {**os.environ, "PYTHONPATH": str(trees[name])}
+            done = subprocess.run(
+                [sys.executable, __file__, "--json", *forwarded],
+                env=env,
+                check=True,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            rows: list[Row] = [tuple(row) for row in json.loads(done.stdout.splitlines()[-1])]
+            results[name].append(rows)
+            print(f"round {round_ + 1} {name}: {results[name][-1]}", file=sys.stderr)
+    lines = [
+        "| group | tree | pipeline ratio (each round) | median | sequential ratio (each round) "
+        "| median | client CPU µs/group: dockyard | raw nats-py | CPU ratio raw/dockyard "
+        "| dockyard without the codec |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for index, case in enumerate(row[0] for row in results["this tree"][0]):
+        for name in trees:
+            rows = [run_rows[index] for run_rows in results[name]]
+            pipe = [row[3] / row[4] for row in rows]
+            seq = [row[5] / row[6] for row in rows]
+            ours_cpu = statistics.median(row[8] for row in rows)
+            raw_cpu = statistics.median(row[9] for row in rows)
+            transport_cpu = statistics.median(row[10] for row in rows)
+            lines.append(
+                f"| {case} | {name} | {', '.join(f'{r:.2f}' for r in pipe)} | "
+                f"**{statistics.median(pipe):.2f}×** | {', '.join(f'{r:.2f}' for r in seq)} | "
+                f"**{statistics.median(seq):.2f}×** | {ours_cpu:.0f} | {raw_cpu:.0f} | "
+                f"{raw_cpu / ours_cpu:.2f}× | {transport_cpu:.0f} |"
+            )
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds-per-case", type=float, default=1.0)
@@ -341,8 +407,23 @@ def main() -> int:
         "--sizes", nargs="+", choices=list(SIZES), default=list(SIZES), help="group sizes to run"
     )
     parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="another dockyard checkout to compare with in the same run (its PYTHONPATH root)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="with --baseline-tree: runs per tree")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # compare_trees
     args = parser.parse_args()
+    if args.baseline_tree is not None:
+        forwarded = ["--seconds-per-case", str(args.seconds_per_case), "--repeats"]
+        forwarded += [str(args.repeats), "--sizes", *args.sizes]
+        print("\n".join(compare_trees(args.baseline_tree, args.rounds, forwarded)))
+        return 0
     rows = asyncio.run(run(args.seconds_per_case, args.repeats, args.sizes))
+    if args.json:
+        print(json.dumps(rows))
+        return 0
     lines = table(rows)
     print("\n".join(lines))
     if args.write_docs:

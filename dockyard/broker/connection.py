@@ -47,9 +47,10 @@ class DockyardClient(NatsClient):
     A publish that raises before it went out (the outbound buffer full while reconnecting, a
     closed connection, a cancellation) is reported to ``unsent_listeners`` with its reply
     subject: JetStream's pipelined publishes wait on that subject for an ack that can never
-    come (see ``jetstream._JetStream``). A subclass, not a wrapper around the client: nats-py
-    writes to its client's own state (an ordered consumer's reset takes the next subscription
-    id), and a wrapper that forwarded attribute reads kept those writes to itself (issue #17).
+    come (see ``jetstream_context.PipelinedJetStream``). A subclass, not a wrapper around the
+    client: nats-py writes to its client's own state (an ordered consumer's reset takes the next
+    subscription id), and a wrapper that forwarded attribute reads kept those writes to itself
+    (issue #17).
     """
 
     def __init__(self) -> None:

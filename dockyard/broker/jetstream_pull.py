@@ -16,12 +16,14 @@ import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import NamedTuple
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import NotJSMessageError
 
 from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import Delivery
@@ -56,15 +58,55 @@ _UNREACHABLE = (
 )
 
 
+class AckSubject(NamedTuple):
+    """What a delivery's ack subject says about it (the fields a :class:`Delivery` carries)."""
+
+    stream: str
+    seq: int
+    num_delivered: int
+    timestamp: datetime
+
+
+#: Token positions in the v2 ack subject (``$JS.ACK.<domain>.<account hash>.<stream>.<consumer>
+#: .<delivered>.<stream seq>.<consumer seq>.<time ns>.<pending>[.<token>]``); the v1 form
+#: (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time ns>.<pending>``)
+#: lacks the domain and account hash, so each field sits two tokens earlier. nats-py's names.
+_STREAM, _DELIVERED, _STREAM_SEQ, _TIME = (
+    Msg.Ack.Stream,
+    Msg.Ack.NumDelivered,
+    Msg.Ack.StreamSeq,
+    Msg.Ack.Timestamp,
+)
+
+
+def parse_ack_subject(reply: str | None) -> AckSubject:
+    """The delivery's stream, stream sequence, delivery count and time from its ack subject.
+
+    What nats-py's ``Msg.metadata`` reads, without its two frozen dataclasses per message
+    (about half of a delivery's construction in the benchmark, docs/benchmarks.md); a subject
+    of neither form is refused with nats-py's own error, as ``Msg.metadata`` refuses it."""
+    tokens = reply.split(".") if reply else []
+    if len(tokens) == 9:  # v1
+        shift = -2
+    elif len(tokens) >= 11:  # v2, with or without the trailing random token
+        shift = 0
+    else:
+        raise NotJSMessageError
+    if tokens[0] != "$JS" or tokens[1] != "ACK":
+        raise NotJSMessageError
+    return AckSubject(
+        tokens[_STREAM + shift],
+        int(tokens[_STREAM_SEQ + shift]),
+        int(tokens[_DELIVERED + shift]),
+        datetime.fromtimestamp(int(tokens[_TIME + shift]) / 1e9, UTC),
+    )
+
+
 class JetStreamDelivery(Delivery):
     def __init__(self, msg: Msg, *, data: bytes, headers: Mapping[str, str]) -> None:
-        metadata = msg.metadata
         self._msg = msg
-        self.stream = metadata.stream
+        self.stream, self.seq, self.num_delivered, self.timestamp = parse_ack_subject(msg.reply)
         self.subject = msg.subject
-        self.seq = metadata.sequence.stream
-        self.num_delivered = metadata.num_delivered
-        self.timestamp = metadata.timestamp
         self.headers = dict(headers)
         self.data = data
 
@@ -236,7 +278,3 @@ class PullChannel:
         reply = await self._request(batch, no_wait=False, expires_s=remaining)
         await self._collect_until(out, batch, reply, deadline, stop_on_first=True)
         return out
-
-
-def timestamp_of(msg: Msg) -> datetime:
-    return msg.metadata.timestamp

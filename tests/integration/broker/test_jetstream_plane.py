@@ -94,7 +94,7 @@ async def test_pipelined_publishes_past_the_clients_pending_slots_wait_for_a_slo
         assert not [e for e in events if e["event"] == "publish_async.fallback"]
         # ...and with slots free again, the next publish waits without a timer (the nats-py
         # internals this relies on are still there).
-        assert plane._stall_timeout(5.0) is None
+        assert plane._publisher.stall_timeout(5.0) is None
         assert [ack.seq for ack in acks] == list(range(1, 13))
         assert not any(ack.duplicate for ack in acks)
         stored = await collect(plane, subject)
@@ -418,3 +418,35 @@ async def test_a_failing_sweep_never_stops_the_puller(plane: JetStreamPlane, mon
     assert [e["event"] for e in events if e["log_level"] == "warning"] == [
         "dead_letter.sweep_failed"
     ]
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"not json", "unreadable publish ack"),
+        (b'{"stream": "s", "seq": "7"}', "unreadable publish ack"),  # no coercion: seq is a str
+        (b'{"error": {"description": "no code"}}', "unreadable publish ack"),
+        (b'{"duplicate": true}', "publish ack without stream or seq"),
+    ],
+)
+async def test_an_unreadable_pipelined_ack_fails_its_publish_with_the_reason(
+    plane: JetStreamPlane, answer: bytes, why: str
+) -> None:
+    # A real responder (not a stream) answers a pipelined publish with what no server sends.
+    # The publish must fail at once, saying why, so that its window falls back to the retrying
+    # path; nats-py's handler let the parse error escape and left the ack waiting for the
+    # window's whole timeout.
+    async def respond(msg: nats.aio.msg.Msg) -> None:
+        await msg.respond(answer)
+
+    responder = await plane.nc.subscribe("dockyard-test.not-a-stream", cb=respond)
+    try:
+        ack = await plane.js.publish_async("dockyard-test.not-a-stream", b"x")
+        # A bound, not a measurement: the answer comes back within milliseconds.
+        await asyncio.wait({ack}, timeout=30)
+        assert ack.done(), "the ack future was left waiting"
+        assert isinstance(ack.exception(), nats.errors.Error)
+        assert why in str(ack.exception())
+        assert plane.js.publish_async_pending() == 0  # its slot is given back
+    finally:
+        await responder.unsubscribe()
