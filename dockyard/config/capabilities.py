@@ -220,6 +220,14 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "several training dataloaders are not implemented; only data.train is dispatched",
         REAL_DATA,
     ),
+    # ---- environments ------------------------------------------------------------------------
+    Unsupported(
+        "env.osworld.observation_type",
+        "refused",
+        "an episode's tool observations travel as text, so the agent reads the accessibility "
+        "tree (a11y_tree); a screenshot after each action would need images in tool turns",
+        "images in tool observations (a wire change of the rollout schema)",
+    ),
     # ---- rollouts ----------------------------------------------------------------------------
     Unsupported(
         "grpo.max_rollout_turns",

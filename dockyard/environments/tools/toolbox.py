@@ -123,6 +123,7 @@ _BUILTIN_MODULES = {
     "calculator": "dockyard.environments.tools.calculator",
     "arithmetic": "dockyard.environments.tools.calculator",
     "terminal_bench": "dockyard.environments.tools.terminal",
+    "osworld": "dockyard.environments.tools.desktop",
 }
 _ToolboxClass = TypeVar("_ToolboxClass", bound=type[Toolbox])
 
