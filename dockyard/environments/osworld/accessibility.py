@@ -84,12 +84,17 @@ def rule_failures(nodes: list[Node], rules: tuple[WidgetRule, ...]) -> list[str]
 
 
 def linearize(nodes: list[Node]) -> str:
-    """The tree as the table OSWorld's agents read (tag, name, text, state, position, size)."""
-    lines = ["tag\tname\ttext\tstate\tposition (top-left x&y)\tsize (w&h)"]
+    """The tree as the table OSWorld's agents read (tag, name, text, state, position, size);
+    the states shown are those that hold, but for ``enabled``, which holds for nearly all."""
+    lines = ["tag\tname\ttext\tstate\tposition\tsize"]
     for node in nodes:
         if node.role in ("desktop-frame", "frame"):
             continue
-        states = ",".join(key for key, value in sorted(node.states.items()) if value == "true")
+        states = ",".join(
+            key
+            for key, value in sorted(node.states.items())
+            if value == "true" and key != "enabled"
+        )
         lines.append(
             f"{node.role}\t{node.name}\t{node.text}\t{states}\t{node.position}\t{node.size}"
         )

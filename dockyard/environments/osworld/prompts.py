@@ -12,13 +12,10 @@ from dockyard.environments.osworld.accessibility import linearize, parse_tree
 from dockyard.environments.osworld.desktop import Desktop
 from dockyard.environments.osworld.tasks import DesktopTask
 
-ACTION_SPACE = (
-    'Act with the computer tool, arguments {"action": "<code>"}: pyautogui calls such as '
-    "pyautogui.click(x, y), pyautogui.write('text'), pyautogui.press('tab'), "
-    "pyautogui.hotkey('ctrl', 'a'). The action DONE ends the task; FAIL says it cannot be done."
-)
+# Short on purpose: the CPU preset's tiny model has a context of 256 tokens.
+ACTION_SPACE = 'Act: computer {"action": pyautogui code|DONE|FAIL}'
 
 
 def task_prompt(task: DesktopTask) -> str:
     tree = linearize(parse_tree(Desktop.from_spec(task.desktop).accessibility_tree()))
-    return f"Task: {task.instruction}\n{ACTION_SPACE}\nScreen:\n{tree}\n"
+    return f"Task: {task.instruction}\n{ACTION_SPACE}\n{tree}\n"
