@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 # The open work that will implement what is refused, named in every refusal.
 TRAINER_AT_SCALE = "issue #21 (the trainer on GPUs, sharded, LoRA, packing)"
-REAL_DATA = "issue #22 (real data and the config family's environments)"
 
 _TORCH_TRAINER = "the trainer here is torch with FSDP2 data parallelism (policy.dtensor_cfg)"
 
@@ -212,13 +211,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
             when=_vllm_server,
         )
         for name in _SERVER_SIDE_VLLM_KEYS
-    ),
-    # ---- data --------------------------------------------------------------------------------
-    Unsupported(
-        "data.extra_train_dataloaders",
-        "refused",
-        "several training dataloaders are not implemented; only data.train is dispatched",
-        REAL_DATA,
     ),
     # ---- environments ------------------------------------------------------------------------
     Unsupported(
