@@ -169,8 +169,7 @@ class Dispatcher:
                 key[len(prefix) :]: saved.pop(key) for key in list(saved) if key.startswith(prefix)
             }
             loader.load_state_dict(own, f"data.extra_train_dataloaders.{loader.loader - 1}")
-        main = {
-            key: saved.pop(key) for key in ("epoch", "position", "dataset_size") if key in saved
-        }
+        own_keys: tuple[str, ...] = ("epoch", "position", "dataset_size")
+        main = {key: saved.pop(key) for key in own_keys if key in saved}
         self.loaders[0].load_state_dict(main, "data.train")
         self.state = DispatcherState(**saved)
