@@ -16,7 +16,6 @@ simulator that cannot be reached fails the scoring (redelivered), neither scored
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from dockyard.config.sections.env import OsworldEnvConfig
@@ -42,22 +41,16 @@ from dockyard.environments.osworld.session import (
 )
 from dockyard.environments.osworld.tasks import DesktopTask, TaskError, parse_task
 from dockyard.environments.registry import register_environment
-from dockyard.environments.tools.toolbox import NOT_RUN_PREFIX, ToolArgumentError
+from dockyard.environments.tools.toolbox import ToolArgumentError, ran_call_arguments
 
 
 def replayed_actions(calls: Sequence[ToolCallRecord]) -> list[str]:
     """The action codes of the episode's ``computer`` calls that ran, in order."""
     codes = []
-    for call in calls:
-        if call.name != COMPUTER_TOOL or call.result is None:
-            continue
-        if call.result.startswith(NOT_RUN_PREFIX):
-            continue
+    for arguments in ran_call_arguments(calls, COMPUTER_TOOL):
         try:
-            arguments = json.loads(call.arguments_json)
-            if isinstance(arguments, dict):
-                codes.append(action_of(arguments))
-        except (ValueError, ToolArgumentError):
+            codes.append(action_of(arguments))
+        except ToolArgumentError:
             continue
     return codes
 
