@@ -249,3 +249,24 @@ def test_sft_without_a_dev_check_is_refused_at_launch(tmp_path, capsys):
         "sft.dev_dataset: sft needs sft.dev_dataset or data.validation" in capsys.readouterr().err
     )
     assert not (tmp_path / "sft").exists()  # refused before anything was written
+
+
+def test_sft_with_extra_dataloaders_is_refused_at_launch(tmp_path, capsys):
+    # SFT trains on data.train alone: extra loaders would be read by nothing.
+    from dockyard.cli import main
+
+    sync = [  # async GRPO refuses several loaders already (the spec); sync accepts them
+        "grpo.async_grpo.enabled=false",
+        "loss_fn.use_importance_sampling_correction=false",
+        "~loss_fn.truncated_importance_sampling_type",
+        "~loss_fn.truncated_importance_sampling_ratio",
+        "~loss_fn.truncated_importance_sampling_ratio_min",
+    ]
+    extra = "data.extra_train_dataloaders=[{name: arithmetic}]"
+    argv = ["sft", "--config", str(SFT["sft.yaml"]), *sync, extra]
+    argv += ["--run-dir", str(tmp_path / "sft")]
+    assert main(argv) == 2
+    assert "data.extra_train_dataloaders: dockyard sft trains on data.train only" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "sft").exists()
