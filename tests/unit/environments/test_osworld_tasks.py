@@ -58,3 +58,23 @@ def test_a_bad_task_is_refused_with_the_field_that_is_wrong(raw, message):
     with pytest.raises(TaskError, match=message) as refused:
         parse_task(json.dumps(raw))
     assert refused.value.reason == "bad_task"
+
+
+def test_an_observation_other_than_the_tree_is_refused_at_launch():
+    # Tool observations travel as text: a screenshot after each action would have to be
+    # dropped, so the config says so at launch instead (and the toolbox will not start).
+    from dockyard.config.capabilities import not_implemented
+    from dockyard.config.loader import load_config
+    from dockyard.config.sections.env import OsworldEnvConfig
+    from dockyard.environments.tools.desktop import DesktopToolbox
+
+    preset = "configs/cpu/grpo_osworld.yaml"
+    assert not_implemented(load_config(preset, [])) == []
+    screenshots = load_config(preset, ["env.osworld.observation_type=screenshot"])
+    assert [i.path for i in not_implemented(screenshots)] == ["env.osworld.observation_type"]
+    with pytest.raises(ValueError, match="only a11y_tree runs"):
+        DesktopToolbox(
+            OsworldEnvConfig(simulator_url="http://127.0.0.1:1", observation_type="screenshot")
+        )
+    with pytest.raises(ValueError, match=r"env\.osworld\.simulator_url: not set"):
+        DesktopToolbox(OsworldEnvConfig())
