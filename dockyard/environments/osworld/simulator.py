@@ -98,10 +98,19 @@ def create_app(max_desktops: int = 256) -> Starlette:
         return pool.desktops.get(request.path_params["desktop_id"])
 
     async def json_body(request: Request) -> object:
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            raise ValueError(f"body of {len(raw)} bytes is over {MAX_BODY_BYTES}")
-        return json.loads(raw) if raw else {}
+        # Read in chunks and stop past the cap: a huge body is refused before it is held.
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise ValueError(f"the body is over {MAX_BODY_BYTES} bytes")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        try:
+            return json.loads(raw) if raw else {}
+        except RecursionError:  # nesting past the parser's depth: refused, not a 500
+            raise ValueError("the body is nested too deeply") from None
 
     async def create(request: Request) -> Response:
         try:

@@ -149,12 +149,14 @@ def parse_task(raw: object) -> DesktopTask:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
-        except ValueError as error:
-            raise TaskError("bad_task", f"the task is not JSON: {error}") from None
+        except (ValueError, RecursionError) as error:  # nesting past the parser's depth
+            raise TaskError("bad_task", f"the task is not JSON: {error!r}") from None
     if not isinstance(raw, dict):
         raise TaskError("missing_task", "the record carries no desktop task (metadata 'task')")
     try:
         return DesktopTask.model_validate(_lists_as_tuples(raw))
+    except RecursionError:
+        raise TaskError("bad_task", "the task is nested too deeply") from None
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])

@@ -129,6 +129,10 @@ async def test_bad_setups_and_unknown_desktops_are_refused(simulator_url):
         assert "widgets" in reply.json()["error"]
         reply = await client.post(f"{simulator_url}/desktops", content=b"{not json")
         assert reply.status_code == 400
+        deep = b"[" * 100_000 + b"]" * 100_000  # past the JSON parser's depth
+        assert (await client.post(f"{simulator_url}/desktops", content=deep)).status_code == 400
+        huge = b'{"config": "' + b"x" * 300_000 + b'"}'  # over the body cap
+        assert (await client.post(f"{simulator_url}/desktops", content=huge)).status_code == 400
         assert (await client.get(f"{simulator_url}/desktops/nope/screenshot")).status_code == 404
         assert (await client.delete(f"{simulator_url}/desktops/nope")).status_code == 404
 

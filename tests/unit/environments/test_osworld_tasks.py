@@ -78,3 +78,9 @@ def test_an_observation_other_than_the_tree_is_refused_at_launch():
         )
     with pytest.raises(ValueError, match=r"env\.osworld\.simulator_url: not set"):
         DesktopToolbox(OsworldEnvConfig())
+
+
+def test_a_task_nested_past_the_parsers_depth_is_refused_not_a_crash():
+    with pytest.raises(TaskError, match=r"not JSON|nested too deeply") as refused:
+        parse_task("[" * 100_000 + "]" * 100_000)
+    assert refused.value.reason == "bad_task"
