@@ -2,7 +2,8 @@
 episode toolbox call (``env.osworld.simulator_url``).
 
 A STAND-IN for OSWorld's VMs, which cannot run here: simulated desktops of widgets behind the
-real controller API's requests (docs/environments.md, "osworld")."""
+real controller API's requests (docs/configuration.md, "Computer use on simulated desktops";
+docs/operations.md, "The desktop simulator")."""
 
 from __future__ import annotations
 

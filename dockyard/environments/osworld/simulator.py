@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from dockyard.environments.osworld.actions import ActionParseError, Special, parse_actions
 from dockyard.environments.osworld.desktop import Desktop
-from dockyard.environments.osworld.tasks import SetupStep, TaskError, parse_task
+from dockyard.environments.osworld.tasks import SetupStep, TaskError, parse_setup
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -115,20 +115,11 @@ def create_app(max_desktops: int = 256) -> Starlette:
     async def create(request: Request) -> Response:
         try:
             body = await json_body(request)
-            config = body.get("config") if isinstance(body, dict) else None
-            # The same reader as a whole task's, on a stub instruction/evaluator.
-            task = parse_task(
-                {
-                    "id": "setup",
-                    "instruction": "setup",
-                    "config": config,
-                    "evaluator": {"func": "infeasible"},
-                }
-            )
+            setup = parse_setup(body.get("config") if isinstance(body, dict) else None)
         except (ValueError, TaskError) as error:
             return JSONResponse({"error": str(error)}, status_code=400)
         try:
-            desktop_id = pool.create(task.config[0])
+            desktop_id = pool.create(setup)
         except OverflowError as error:
             return JSONResponse({"error": str(error)}, status_code=503)
         return JSONResponse({"id": desktop_id}, status_code=201)

@@ -144,6 +144,24 @@ class TaskError(ValueError):
         self.reason = reason
 
 
+def parse_setup(raw: object) -> SetupStep:
+    """A task's ``config`` on its own (what the simulator's ``POST /desktops`` carries)."""
+    if not isinstance(raw, list) or len(raw) != 1:
+        raise TaskError("bad_task", "config must be a list of one setup step")
+    try:
+        return SetupStep.model_validate(_lists_as_tuples(raw[0]))
+    except RecursionError:
+        raise TaskError("bad_task", "the setup is nested too deeply") from None
+    except ValidationError as error:
+        raise TaskError("bad_task", _first_error("config.0", error)) from None
+
+
+def _first_error(prefix: str, error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join([prefix, *(str(part) for part in first["loc"])]).strip(".")
+    return f"task field {where or '(root)'}: {first['msg']}"
+
+
 def parse_task(raw: object) -> DesktopTask:
     """A task from its JSON text (as records carry it) or an already-decoded object."""
     if isinstance(raw, str):
@@ -158,9 +176,7 @@ def parse_task(raw: object) -> DesktopTask:
     except RecursionError:
         raise TaskError("bad_task", "the task is nested too deeply") from None
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise TaskError("bad_task", f"task field {where or '(root)'}: {first['msg']}") from None
+        raise TaskError("bad_task", _first_error("", error)) from None
 
 
 def _lists_as_tuples(value: Any) -> Any:
