@@ -1,4 +1,5 @@
-"""A real ``dockyard sandbox serve`` process for the tests (the SWE environment's service)."""
+"""A real ``dockyard sandbox serve`` process for the tests (the SWE environment's service);
+:func:`sandbox_service` runs any service that prints ``listening on <url>``."""
 
 from __future__ import annotations
 
@@ -11,23 +12,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def dockyard_command(*args: str) -> list[str]:
+    """``dockyard <args>`` as this interpreter runs it, logging JSON."""
+    return [sys.executable, "-m", "dockyard", "--log-format", "json", *args]
+
+
 def serve_command(repos: Path, policy: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "dockyard",
-        "--log-format",
-        "json",
-        "sandbox",
-        "serve",
-        "--port",
-        "0",
-        "--repos",
-        str(repos),
-        "--policy",
-        str(policy),
-        *extra,
-    ]
+    return dockyard_command(
+        "sandbox", "serve", "--port", "0", "--repos", str(repos), "--policy", str(policy), *extra
+    )
 
 
 @contextmanager

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from dockyard.algorithms.grpo import MasterConfig
     from dockyard.broker.plane import DataPlane
+    from dockyard.config.sections.data import DatasetConfig
     from dockyard.consumers.score_conversion import OutputChecks
     from dockyard.consumers.scorer import Scorer
     from dockyard.consumers.trainer.evaluation import EpisodesFactory
@@ -102,6 +103,8 @@ def record_metrics_port(server: MetricsServer | None, *statuses: StatusFile) -> 
 class TrainerInputs:
     dataset: Dataset
     tokenizer: object
+    #: data.extra_train_dataloaders' datasets, in order (mixed in by the dispatcher).
+    extra_datasets: tuple[Dataset, ...] = ()
 
 
 def prepare_trainer(config: MasterConfig) -> TrainerInputs:
@@ -112,7 +115,7 @@ def prepare_trainer(config: MasterConfig) -> TrainerInputs:
     from dockyard.environments.registry import available_environments
     from dockyard.models import load_tokenizer
 
-    sections = {"data.train": config.data.train, "data.validation": config.data.validation}
+    sections = _dataset_sections(config)
     if config.sft is not None:
         sections["sft.dev_dataset"] = config.sft.dev_dataset
     built: dict[str, Dataset] = {}
@@ -129,7 +132,6 @@ def prepare_trainer(config: MasterConfig) -> TrainerInputs:
             raise CliError(f"{key}.name: {error}", exit_code=EXIT_INVALID_CONFIG) from None
         except DatasetError as error:
             raise CliError(f"{key}.{error.key}: {error}", exit_code=EXIT_INVALID_CONFIG) from None
-    dataset = built["data.train"]
     if config.data.default_env not in available_environments():
         raise CliError(
             f"data.default_env: unknown environment {config.data.default_env!r} "
@@ -140,12 +142,29 @@ def prepare_trainer(config: MasterConfig) -> TrainerInputs:
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
     try:
         fmt = PromptFormat.from_config(config.data, config.policy.tokenizer)
-        for other in built.values():
-            format_dataset(other, fmt, tokenizer)  # renders a first record: the launch check
-        dataset = format_dataset(dataset, fmt, tokenizer)
+        # Formatting renders a first record: the launch check of every dataset.
+        formatted = {key: format_dataset(data, fmt, tokenizer) for key, data in built.items()}
     except PromptFormatError as error:
         raise CliError(f"{error.key}: {error}", exit_code=EXIT_INVALID_CONFIG) from None
-    return TrainerInputs(dataset, tokenizer)
+    extras = tuple(
+        formatted[f"{EXTRA_LOADERS}.{index}"]
+        for index in range(len(config.data.extra_train_dataloaders))
+    )
+    return TrainerInputs(formatted["data.train"], tokenizer, extras)
+
+
+EXTRA_LOADERS = "data.extra_train_dataloaders"
+
+
+def _dataset_sections(config: MasterConfig) -> dict[str, DatasetConfig | None]:
+    """Every dataset section the run reads, by its key path."""
+    sections: dict[str, DatasetConfig | None] = {
+        "data.train": config.data.train,
+        "data.validation": config.data.validation,
+    }
+    for index, extra in enumerate(config.data.extra_train_dataloaders):
+        sections[f"{EXTRA_LOADERS}.{index}"] = extra
+    return sections
 
 
 def _refuse_environments_without_tools(config: MasterConfig) -> None:
@@ -170,10 +189,9 @@ def _refuse_environments_without_tools(config: MasterConfig) -> None:
 
 def _data_environments(config: MasterConfig) -> dict[str, str]:
     """The environment of each dataset the run reads, by its key."""
-    sections = {"data.train": config.data.train, "data.validation": config.data.validation}
     return {
         key: section.env or config.data.default_env
-        for key, section in sections.items()
+        for key, section in _dataset_sections(config).items()
         if section is not None
     }
 
@@ -235,7 +253,12 @@ def build_trainer(
     messages = MessagePlane(plane, stage="trainer")
     # The trainer hosts the dispatcher; the two meet here, not in each other's code.
     dispatcher = Dispatcher(
-        config, messages, inputs.dataset, inputs.tokenizer, run_id=config.run.name
+        config,
+        messages,
+        inputs.dataset,
+        inputs.tokenizer,
+        run_id=config.run.name,
+        extra_datasets=inputs.extra_datasets,
     )
     return TrainerLoop(
         config,

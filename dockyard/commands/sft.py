@@ -43,6 +43,14 @@ def _run(args: argparse.Namespace) -> int:
             "sft.dev_dataset", "sft needs sft.dev_dataset or data.validation for its check"
         )
         raise CliError(str(issue), exit_code=EXIT_INVALID_CONFIG)
+    if data.extra_train_dataloaders:
+        # The GRPO dispatcher mixes them; SFT trains on data.train alone, so they would be
+        # read by nothing here.
+        issue = ConfigIssue(
+            "data.extra_train_dataloaders",
+            "dockyard sft trains on data.train only; put the records in one file",
+        )
+        raise CliError(str(issue), exit_code=EXIT_INVALID_CONFIG)
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / config.run.name)
     private_dir(run_dir)
     model, tokenizer = load_policy(

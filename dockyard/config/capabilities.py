@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 # The open work that will implement what is refused, named in every refusal.
 TRAINER_AT_SCALE = "issue #21 (the trainer on GPUs, sharded, LoRA, packing)"
-REAL_DATA = "issue #22 (real data and the config family's environments)"
 
 _TORCH_TRAINER = "the trainer here is torch with FSDP2 data parallelism (policy.dtensor_cfg)"
 
@@ -213,12 +212,13 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         )
         for name in _SERVER_SIDE_VLLM_KEYS
     ),
-    # ---- data --------------------------------------------------------------------------------
+    # ---- environments ------------------------------------------------------------------------
     Unsupported(
-        "data.extra_train_dataloaders",
+        "env.osworld.observation_type",
         "refused",
-        "several training dataloaders are not implemented; only data.train is dispatched",
-        REAL_DATA,
+        "an episode's tool observations travel as text, so the agent reads the accessibility "
+        "tree (a11y_tree); a screenshot after each action would need images in tool turns",
+        "images in tool observations (a wire change of the rollout schema)",
     ),
     # ---- rollouts ----------------------------------------------------------------------------
     Unsupported(

@@ -24,6 +24,7 @@ _BUILTIN_MODULES = {
     "program_bench": "dockyard.environments.program_bench_env",
     "terminal_bench": "dockyard.environments.terminal_bench_env",
     "gdpval": "dockyard.environments.gdpval_env",
+    "osworld": "dockyard.environments.osworld.environment",
 }
 
 

@@ -11,16 +11,23 @@ in flight (dispatched, not yet trained or dropped) and it tops the pipeline up t
 The dataset order is a deterministic permutation per epoch, and the position is part of the
 trainer checkpoint, so a restarted run dispatches exactly what was not dispatched before —
 with the same group ids, which the broker's dedupe window and the trainer's ledger recognise.
+
+Several training dataloaders (``data.extra_train_dataloaders``, sync GRPO only) are mixed by
+round robin: ``data.train`` and each extra loader give one prompt in turn, so while every loader
+has epochs left each gives ``1 / (1 + len(extra_train_dataloaders))`` of the prompts. Each walks
+its own permutations (:mod:`dockyard.producers.prompt_order`) with its own env and agent name; a
+loader that has done ``grpo.max_num_epochs`` leaves the turn, and the data ends when all have.
 """
 
 from __future__ import annotations
 
-import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.broker.typed import MessagePlane
 from dockyard.data.base import Dataset
+from dockyard.producers.prompt_order import LoaderCursor
 from dockyard.producers.prompts import make_prompt_group
 from dockyard.schemas import PromptGroup
 from dockyard.utils.logging import get_logger
@@ -30,14 +37,9 @@ log = get_logger(__name__)
 
 @dataclass
 class DispatcherState:
-    epoch: int = 0
-    position: int = 0  # next index into the epoch's order
     dispatched: int = 0  # total groups published by this run
     skipped_too_long: int = 0  # prompts over data.max_input_seq_length, never dispatched
-    # How many records the dataset had: the order is a permutation of that many indices, so a
-    # position only means the same prompts again over a dataset of the same size. -1 = not
-    # recorded (a checkpoint written before this field existed).
-    dataset_size: int = -1
+    next_loader: int = 0  # the loader the round robin asks first next time
 
 
 def capacity(config: MasterConfig) -> int:
@@ -56,23 +58,21 @@ class Dispatcher:
         tokenizer: object,
         *,
         run_id: str,
-        state: DispatcherState | None = None,
+        extra_datasets: Sequence[Dataset] = (),
     ) -> None:
+        """``dataset`` is data.train's; ``extra_datasets`` data.extra_train_dataloaders' in
+        order (sync GRPO only: the config refuses them with async GRPO, as the spec says)."""
         self.config = config
         self.messages = messages
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.run_id = run_id
-        self.state = state or DispatcherState(dataset_size=len(dataset))
+        self.state = DispatcherState()
         self.capacity = capacity(config)
-        self._order = self._epoch_order(self.state.epoch)
-        self._skipped_in_a_row = 0
-
-    def _epoch_order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.dataset)))
-        if self.config.data.shuffle:
-            random.Random(self.config.grpo.seed * 1_000_003 + epoch).shuffle(order)
-        return order
+        self.loaders = [
+            LoaderCursor(data, loader=index, seed=config.grpo.seed, shuffle=config.data.shuffle)
+            for index, data in enumerate([dataset, *extra_datasets])
+        ]
 
     def budget(self, in_flight: int) -> int:
         # Sync: capacity is one step, so the next step's prompts go out only once this step
@@ -82,72 +82,94 @@ class Dispatcher:
 
     @property
     def exhausted(self) -> bool:
-        # A whole epoch of prompts in a row too long to dispatch: none ever will be.
-        no_prompt_fits = self._skipped_in_a_row >= len(self.dataset)
-        return no_prompt_fits or self.state.epoch >= self.config.grpo.max_num_epochs
+        # Every loader has done its epochs, or has a whole epoch in a row too long to dispatch.
+        max_epochs = self.config.grpo.max_num_epochs
+        return all(loader.done(max_epochs) for loader in self.loaders)
+
+    def _next_loader(self) -> LoaderCursor:
+        """The round robin: each loader with epochs left gives one prompt in its turn, so
+        while all have some, each gives 1 / (number of loaders) of the prompts."""
+        max_epochs = self.config.grpo.max_num_epochs
+        count = len(self.loaders)
+        for step in range(count):
+            index = (self.state.next_loader + step) % count
+            if not self.loaders[index].done(max_epochs):
+                self.state.next_loader = (index + 1) % count
+                return self.loaders[index]
+        raise AssertionError("asked for a prompt after the last epoch")  # callers check first
 
     async def top_up(self, in_flight: int, weight_version: int) -> list[str]:
         """Publish up to the budget; returns the group ids dispatched."""
         count = self.budget(in_flight)
-        groups = []
+        groups: list[PromptGroup] = []
         cap = self.config.data.max_input_seq_length
         while len(groups) < count and not self.exhausted:
-            index = self._order[self.state.position]
+            loader = self._next_loader()
+            record, epoch, position = loader.take()
             group = make_prompt_group(
-                self.dataset[index],
+                record,
                 self.tokenizer,
                 run_id=self.run_id,
-                dataset_name=self.dataset.name,
-                epoch=self.state.epoch,
-                position=self.state.position,
+                dataset_name=loader.dataset.name,
+                epoch=epoch,
+                position=position,
                 num_generations=self.config.grpo.num_generations_per_prompt,
                 weight_version=weight_version,
+                loader=loader.loader,
             )
             if cap is not None and len(group.prompt_token_ids) > cap:
-                self._skip_too_long(group, cap)
+                self._skip_too_long(group, cap, loader)
             else:
-                self._skipped_in_a_row = 0
+                loader.skipped_in_a_row = 0
                 groups.append(group)
-            self.state.position += 1
-            if self.state.position >= len(self._order):
-                self.state.epoch += 1
-                self.state.position = 0
-                self._order = self._epoch_order(self.state.epoch)
         if groups:
             await self.messages.publish_many(groups)
             self.state.dispatched += len(groups)
         return [group.group_id for group in groups]
 
-    def _skip_too_long(self, group: PromptGroup, cap: int) -> None:
+    def _skip_too_long(self, group: PromptGroup, cap: int, loader: LoaderCursor) -> None:
         self.state.skipped_too_long += 1
-        self._skipped_in_a_row += 1
+        loader.skipped_in_a_row += 1
         log.warning(
             "dispatcher.prompt_too_long",
             group_id=group.group_id,
             prompt_tokens=len(group.prompt_token_ids),
             max_input_seq_length=cap,
         )
-        if self._skipped_in_a_row >= len(self.dataset):
+        if loader.no_prompt_fits:
             log.error(
                 "dispatcher.no_prompt_fits",
+                dataset=loader.dataset.name,
                 max_input_seq_length=cap,
                 hint="every prompt of the dataset is longer than data.max_input_seq_length",
             )
 
     def state_dict(self) -> dict[str, int]:
-        return asdict(self.state)
+        """Flat, as the checkpoint stores it: data.train's position under the keys it always
+        had, each extra loader's under ``extra<i>.<key>``."""
+        state = {**asdict(self.state), **self.loaders[0].state_dict()}
+        state["loaders"] = len(self.loaders)
+        for loader in self.loaders[1:]:
+            for key, value in loader.state_dict().items():
+                state[f"extra{loader.loader - 1}.{key}"] = value
+        return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        restored = DispatcherState(**state)
-        size = len(self.dataset)
-        if restored.dataset_size not in (-1, size):
-            # A file that grew or shrank since the checkpoint: the saved position would point
-            # into a different permutation, re-training some prompts and skipping others.
+        saved = dict(state)
+        loaders = saved.pop("loaders", 1)  # checkpoints before several loaders: one
+        if loaders != len(self.loaders):
             raise ValueError(
-                f"the checkpoint's dispatcher position is into a dataset of "
-                f"{restored.dataset_size} records, and {self.dataset.name} now has {size}: "
+                f"the checkpoint dispatched from {loaders} training dataloader(s) and the "
+                f"config has {len(self.loaders)} (data.train + data.extra_train_dataloaders): "
                 "resume with the data the run started with (or start a new run)"
             )
-        restored.dataset_size = size
-        self.state = restored
-        self._order = self._epoch_order(self.state.epoch)
+        for loader in self.loaders[1:]:
+            prefix = f"extra{loader.loader - 1}."
+            own = {
+                key[len(prefix) :]: saved.pop(key) for key in list(saved) if key.startswith(prefix)
+            }
+            loader.load_state_dict(own, f"data.extra_train_dataloaders.{loader.loader - 1}")
+        own_keys: tuple[str, ...] = ("epoch", "position", "dataset_size")
+        main = {key: saved.pop(key) for key in own_keys if key in saved}
+        self.loaders[0].load_state_dict(main, "data.train")
+        self.state = DispatcherState(**saved)

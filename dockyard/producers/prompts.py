@@ -10,9 +10,12 @@ from dockyard.data.base import PromptRecord
 from dockyard.schemas import DatasetPosition, PromptGroup
 
 
-def group_id_for(run_id: str, epoch: int, index: int) -> str:
+def group_id_for(run_id: str, epoch: int, index: int, loader: int = 0) -> str:
     """Deterministic: re-dispatching the same position after a restart reuses the id, so the
-    broker's dedupe window and the trainer's ledger recognise it."""
+    broker's dedupe window and the trainer's ledger recognise it. ``loader`` 0 is data.train;
+    an extra dataloader's positions are its own, so its ids name it."""
+    if loader:
+        return f"{run_id}:l{loader}:e{epoch}:i{index}"
     return f"{run_id}:e{epoch}:i{index}"
 
 
@@ -27,9 +30,10 @@ def make_prompt_group(
     num_generations: int,
     weight_version: int,
     attempt: int = 0,
+    loader: int = 0,
 ) -> PromptGroup:
     token_ids = tokenizer(record.prompt)["input_ids"]  # type: ignore[operator]
-    group_id = group_id_for(run_id, epoch, position)
+    group_id = group_id_for(run_id, epoch, position, loader)
     return PromptGroup(
         group_id=group_id,
         attempt=attempt,

@@ -224,6 +224,35 @@ class GdpvalEnvConfig(TerminalBenchEnvConfig):
     )
 
 
+class OsworldEnvConfig(EnvSettings):
+    """Computer use (``data.*.env: osworld``): the agent drives a desktop through OSWorld's VM
+    controller API, one desktop per episode; the task's evaluator reads the final state. Here
+    the desktops are the simulator's (``dockyard osworld serve``, a stand-in for OSWorld VMs)."""
+
+    simulator_url: str | None = Field(
+        None,
+        description="base URL (http://host:port) of the desktop simulator service "
+        "(dockyard osworld serve); required by the env and its toolbox",
+    )
+    observation_type: Literal["a11y_tree", "screenshot", "screenshot_a11y_tree"] = Field(
+        "a11y_tree",
+        description="what the agent reads after each action (OSWorld's observation_type); "
+        "tool observations are text, so only a11y_tree runs in episodes",
+    )
+    max_observation_chars: PositiveInt = Field(
+        8_000, description="the observation text is cut (marked) past this"
+    )
+    max_actions: PositiveInt = Field(
+        30, description="actions one sample may take (OSWorld's max_steps); past it, refused"
+    )
+    request_timeout_s: PositiveFloat = Field(10.0, description="per controller request")
+    eos_markers: list[str] = Field(
+        default_factory=default_eos_markers,
+        description="a single-turn response is read up to the first of these",
+    )
+    task_timeout: PositiveFloat = 120.0
+
+
 class SWEEnvConfig(EnvSettings):
     reward_mode: Literal["binary", "fraction"] = "binary"
     integrity_check: bool = Field(
@@ -279,6 +308,7 @@ class EnvConfig(Section):
     program_bench: ProgramBenchEnvConfig = Field(default_factory=ProgramBenchEnvConfig)
     terminal_bench: TerminalBenchEnvConfig = Field(default_factory=TerminalBenchEnvConfig)
     gdpval: GdpvalEnvConfig = Field(default_factory=GdpvalEnvConfig)
+    osworld: OsworldEnvConfig = Field(default_factory=OsworldEnvConfig)
 
     def rule_issues(self) -> list[ConfigIssue]:
         issues: list[ConfigIssue] = []
@@ -286,6 +316,11 @@ class EnvConfig(Section):
         if judge_url is not None and not judge_url.startswith(("http://", "https://")):
             issues.append(
                 ConfigIssue("gdpval.judge.base_url", f"{judge_url!r} is not an http(s) URL")
+            )
+        simulator = self.osworld.simulator_url
+        if simulator is not None and not simulator.startswith(("http://", "https://")):
+            issues.append(
+                ConfigIssue("osworld.simulator_url", f"{simulator!r} is not an http(s) URL")
             )
         for index, url in enumerate(self.swe.sandbox_urls):
             if not url.startswith(("http://", "https://")):

@@ -17,10 +17,11 @@ import abc
 import asyncio
 import enum
 import importlib
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from dockyard.config.sections.env import EnvConfig
 from dockyard.environments.tools.calls import ParsedCall
@@ -62,6 +63,35 @@ class TaskRefused(ValueError):
 #: The start of the observation of a call that was parsed but not run (past
 #: ``max_tool_calls_per_turn``): a scorer that replays an episode's calls skips these.
 NOT_RUN_PREFIX = "error: not run: "
+
+
+def ran_call_arguments(calls: Iterable[CallRecord], name: str) -> Iterator[dict[str, Any]]:
+    """The arguments of the recorded calls of tool ``name`` that ran, in order — what a scorer
+    replays. Left out as the episode left them: calls of another name, calls recorded but not
+    run (the turn limit, past the calls allowed per turn), arguments that are not a JSON
+    object. The replay then refuses, by the tool's own rule, what the tool refused."""
+    for call in calls:
+        if call.name != name or call.result is None or call.result.startswith(NOT_RUN_PREFIX):
+            continue
+        try:
+            arguments = json.loads(call.arguments_json)
+        except ValueError:
+            continue
+        if isinstance(arguments, dict):
+            yield arguments
+
+
+class CallRecord(Protocol):
+    """A recorded call as scorers see it (``environments.base.ToolCallRecord``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def arguments_json(self) -> str: ...
+
+    @property
+    def result(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -123,6 +153,7 @@ _BUILTIN_MODULES = {
     "calculator": "dockyard.environments.tools.calculator",
     "arithmetic": "dockyard.environments.tools.calculator",
     "terminal_bench": "dockyard.environments.tools.terminal",
+    "osworld": "dockyard.environments.tools.desktop",
 }
 _ToolboxClass = TypeVar("_ToolboxClass", bound=type[Toolbox])
 

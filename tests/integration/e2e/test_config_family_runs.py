@@ -6,7 +6,7 @@ silently never runs.
 
 Each run is the real ``dockyard run`` (an embedded nats-server, separate role processes, the
 real scorer and its environment; the SWE runs a real ``dockyard sandbox serve``, gdpval a real
-vLLM server as its judge), a few steps,
+vLLM server as its judge, osworld a real ``dockyard osworld serve``), a few steps,
 then its own records are read back: the ledger holds every group exactly once, and the scorer
 scored with the environment the config names.
 """
@@ -22,8 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.config.capabilities import not_implemented
-from dockyard.config.loader import load_config
 from dockyard.environments.tools.toolbox import available_toolboxes
 from dockyard.fleet.recipe import plan_recipe
 from dockyard.observability.status_files import read_statuses
@@ -34,6 +32,7 @@ from tests.integration.e2e.ledger_checks import (
     metric_steps,
     read_trail,
 )
+from tests.osworld_simulator import simulator_command
 from tests.sandbox_service import sandbox_service, serve_command
 
 CONFIGS = ROOT / "configs"
@@ -51,6 +50,7 @@ class CpuRun:
     overrides: tuple[str, ...] = ()
     sandbox_service: bool = False
     judge: bool = False  # needs the LLM judge server (a real vLLM server on a tiny model)
+    desktops: bool = False  # needs the desktop simulator (`dockyard osworld serve`)
     broker: bool = True
     # Dead-letter reasons the environment may produce by design on a random tiny policy (each
     # must reach the ledger as the group's drop reason); none by default.
@@ -77,6 +77,8 @@ RUNS: dict[str, CpuRun] = {
     "grpo_gdpval.yaml": CpuRun(
         PRESETS / "grpo_gdpval.yaml", "gdpval", judge=True, allowed_dead_letters=("judge_refused",)
     ),
+    # Computer use (issue #22): episodes drive simulated desktops (a stand-in for OSWorld VMs).
+    "grpo_osworld.yaml": CpuRun(PRESETS / "grpo_osworld.yaml", "osworld", desktops=True),
     # Multi-turn tool use (issue #23): episodes with the calculator toolbox, CPU-sized as is.
     "multiturn_tools.yaml": CpuRun(
         CONFIGS / "multiturn_tools.yaml", "arithmetic", tuple(SMALL_RUN)
@@ -96,11 +98,6 @@ class Exclusion:
     still_holds: Callable[[], bool]
 
 
-def _refused(name: str, key: str) -> Callable[[], bool]:
-    """The full-size file is still refused at launch for ``key``."""
-    return lambda: key in {issue.path for issue in not_implemented(load_config(CONFIGS / name))}
-
-
 EXCLUDED: dict[str, Exclusion] = {
     "grpo_swe_sglang.yaml": Exclusion(
         "SGLang servers do not run on this machine (no sglang installed; GPU servers)",
@@ -110,11 +107,6 @@ EXCLUDED: dict[str, Exclusion] = {
         "multi-turn works (issue #23) but gdpval has no toolbox yet (file tools in the sandbox), "
         "so the file is refused at launch",
         lambda: "gdpval" not in available_toolboxes(),
-    ),
-    "grpo_osworld.yaml": Exclusion(
-        "multi-turn computer use is built elsewhere (issue #23); the desktop simulator is "
-        "left of issue #22",
-        _refused("grpo_osworld.yaml", "grpo.max_rollout_turns"),
     ),
 }
 
@@ -143,6 +135,13 @@ def sandbox_url() -> Iterator[str]:
     data = PRESETS / "data"
     command = serve_command(data / "swe_repos", data / "swe_policy.yaml")
     with sandbox_service(command) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def simulator_url() -> Iterator[str]:
+    """``dockyard osworld serve``: the desktop simulator, a real process (loopback)."""
+    with sandbox_service(simulator_command()) as url:
         yield url
 
 
@@ -183,6 +182,8 @@ def test_the_cpu_preset_runs_a_few_steps_end_to_end(name, tmp_path, request):
         overrides.append(f"env.swe.sandbox_urls=[{request.getfixturevalue('sandbox_url')}]")
     if run.judge:
         overrides.append(f"env.gdpval.judge.base_url={request.getfixturevalue('judge_url')}")
+    if run.desktops:
+        overrides.append(f"env.osworld.simulator_url={request.getfixturevalue('simulator_url')}")
     run_dir = tmp_path / "run"
     result = run_dockyard(
         "run",
@@ -248,3 +249,24 @@ def test_sft_without_a_dev_check_is_refused_at_launch(tmp_path, capsys):
         "sft.dev_dataset: sft needs sft.dev_dataset or data.validation" in capsys.readouterr().err
     )
     assert not (tmp_path / "sft").exists()  # refused before anything was written
+
+
+def test_sft_with_extra_dataloaders_is_refused_at_launch(tmp_path, capsys):
+    # SFT trains on data.train alone: extra loaders would be read by nothing.
+    from dockyard.cli import main
+
+    sync = [  # async GRPO refuses several loaders already (the spec); sync accepts them
+        "grpo.async_grpo.enabled=false",
+        "loss_fn.use_importance_sampling_correction=false",
+        "~loss_fn.truncated_importance_sampling_type",
+        "~loss_fn.truncated_importance_sampling_ratio",
+        "~loss_fn.truncated_importance_sampling_ratio_min",
+    ]
+    extra = "data.extra_train_dataloaders=[{name: arithmetic}]"
+    argv = ["sft", "--config", str(SFT["sft.yaml"]), *sync, extra]
+    argv += ["--run-dir", str(tmp_path / "sft")]
+    assert main(argv) == 2
+    assert "data.extra_train_dataloaders: dockyard sft trains on data.train only" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "sft").exists()

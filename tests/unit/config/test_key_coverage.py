@@ -67,6 +67,8 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "environments/terminal_bench_env.py",
         "environments/gdpval_env.py",
         "environments/judge.py",
+        "environments/osworld/",
+        "environments/tools/desktop.py",
         "consumers/scorer.py",
         "commands/score.py",
     ),

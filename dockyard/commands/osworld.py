@@ -1,0 +1,51 @@
+"""``dockyard osworld serve``: the desktop simulator service the ``osworld`` environment and its
+episode toolbox call (``env.osworld.simulator_url``).
+
+A STAND-IN for OSWorld's VMs, which cannot run here: simulated desktops of widgets behind the
+real controller API's requests (docs/configuration.md, "Computer use on simulated desktops";
+docs/operations.md, "The desktop simulator")."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+
+from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from dockyard.environments.osworld.simulator import create_app
+    from dockyard.utils.logging import get_logger
+
+    if args.max_desktops < 1:
+        raise CliError("--max-desktops must be at least 1")
+    listener = socket.socket()
+    try:
+        listener.bind((args.host, args.port))
+    except OSError as error:
+        raise CliError(f"--port {args.port}: cannot listen on {args.host}: {error}") from None
+    host, port = listener.getsockname()[:2]
+    url = f"http://{host}:{port}"
+    # One line on stdout that launchers (and the tests) read to learn the bound port.
+    print(f"listening on {url}", flush=True)
+    get_logger(__name__).info("desktop simulator up", url=url, max_desktops=args.max_desktops)
+    config = uvicorn.Config(create_app(args.max_desktops), log_level="warning", lifespan="off")
+    await uvicorn.Server(config).serve(sockets=[listener])
+    return 0
+
+
+def register(registrar: CommandRegistrar) -> None:
+    parser = registrar.add("osworld", help="The desktop simulator for OSWorld computer-use tasks")
+    commands = add_subcommands(parser, dest="osworld_command")
+    serve = commands.add(
+        "serve", help="Serve simulated desktops behind OSWorld's VM controller API (a stand-in)"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
+    serve.add_argument("--port", type=int, default=0, help="default 0: any free port")
+    serve.add_argument(
+        "--max-desktops", type=int, default=256, help="desktops open at once (one per episode)"
+    )
+    serve.set_defaults(handler=lambda args: asyncio.run(_serve(args)))

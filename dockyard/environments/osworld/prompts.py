@@ -1,0 +1,21 @@
+"""What an OSWorld task says to the agent: the instruction, the action space, and the first
+observation (the desktop's accessibility tree as text, OSWorld's ``a11y_tree`` observation).
+
+The first observation is rendered from the task's own setup (:meth:`.desktop.Desktop.from_spec`
+is what the simulator builds too), so a record's prompt is a pure function of its task; the
+shipped records are checked against it (tests/unit/environments/test_osworld_tasks.py).
+"""
+
+from __future__ import annotations
+
+from dockyard.environments.osworld.accessibility import linearize, parse_tree
+from dockyard.environments.osworld.desktop import Desktop
+from dockyard.environments.osworld.tasks import DesktopTask
+
+# Short on purpose: the CPU preset's tiny model has a context of 256 tokens.
+ACTION_SPACE = 'Act: computer {"action": pyautogui code|DONE|FAIL}'
+
+
+def task_prompt(task: DesktopTask) -> str:
+    tree = linearize(parse_tree(Desktop.from_spec(task.desktop).accessibility_tree()))
+    return f"Task: {task.instruction}\n{ACTION_SPACE}\n{tree}\n"

@@ -1,0 +1,82 @@
+"""One episode's desktop: the agent's action code in, the observation out (OSWorld's env.step).
+
+The same rules serve the episode's tool (:mod:`dockyard.environments.tools.desktop`) and the
+scorer's replay (:mod:`.environment`), so the replay refuses exactly what the tool refused and
+reaches the state the agent saw:
+
+- the code is read by :func:`.actions.parse_actions` (refused: :class:`ActionParseError`);
+- ``WAIT`` stands alone and only observes; ``DONE`` / ``FAIL`` stand alone and end the task —
+  any action after them is refused (:class:`ActionRefused`), as is any past ``max_actions``;
+- anything else is sent to the controller's ``/execute`` as OSWorld sends it; a program the
+  controller refuses is one action taken, and its error is part of the observation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dockyard.config.sections.env import OsworldEnvConfig
+from dockyard.environments.osworld.accessibility import Node, linearize, parse_tree
+from dockyard.environments.osworld.actions import ActionParseError, Special, parse_actions
+from dockyard.environments.osworld.controller_client import DesktopController
+from dockyard.environments.tools.toolbox import ToolArgumentError
+
+#: The episode's one tool: ``{"action": "<pyautogui code | WAIT | DONE | FAIL>"}``.
+COMPUTER_TOOL = "computer"
+
+
+def action_of(arguments: Mapping[str, Any]) -> str:
+    """A ``computer`` call's action code; the scorer's replay reads calls with this same rule."""
+    action = arguments.get("action")
+    if set(arguments) != {"action"} or not isinstance(action, str):
+        raise ToolArgumentError('needs exactly {"action": "<pyautogui code | DONE | FAIL | WAIT>"}')
+    return action
+
+
+class ActionRefused(ValueError):
+    """A readable action this episode may not take any more (after DONE/FAIL, past the cap)."""
+
+
+class DesktopSession:
+    def __init__(self, controller: DesktopController, settings: OsworldEnvConfig) -> None:
+        self.controller = controller
+        self.settings = settings
+        #: "DONE" or "FAIL" once the agent said so; None while the task is open.
+        self.finished: str | None = None
+        self.actions_taken = 0
+
+    async def act(self, code: str) -> str:
+        """Take one action; the observation text. Raises ActionParseError / ActionRefused."""
+        if self.finished is not None:
+            raise ActionRefused(f"the task is over: the agent answered {self.finished}")
+        actions = parse_actions(code)
+        specials = [action for action in actions if isinstance(action, Special)]
+        if specials:
+            if len(actions) > 1:
+                raise ActionParseError("WAIT, DONE and FAIL stand alone, without other actions")
+            if specials[0].code != "WAIT":
+                self.finished = specials[0].code
+                return f"{self.finished} recorded: the task is over, the desktop is scored now"
+            return await self.observe()
+        if self.actions_taken >= self.settings.max_actions:
+            raise ActionRefused(
+                f"{self.settings.max_actions} actions taken (env.osworld.max_actions); answer "
+                "DONE or FAIL"
+            )
+        self.actions_taken += 1
+        result = await self.controller.execute_python(code)
+        observation = await self.observe()
+        if not result.ok:
+            return f"error: the controller refused the action: {result.error}\n{observation}"
+        return observation
+
+    async def tree(self) -> list[Node]:
+        return parse_tree(await self.controller.accessibility_tree())
+
+    async def observe(self) -> str:
+        text = linearize(await self.tree())
+        limit = self.settings.max_observation_chars
+        if len(text) > limit:
+            return text[:limit] + f"\n[observation cut at {limit} characters]"
+        return text

@@ -1,0 +1,97 @@
+"""The multi-turn ``osworld`` toolbox: one ``computer`` tool driving the episode's desktop.
+
+Each episode opens its own desktop on the simulator service (``env.osworld.simulator_url``; a
+STAND-IN for OSWorld's VMs) laid out by its task (the record's metadata ``task``), so a
+redelivered group replays from scratch on fresh desktops. A call is
+``{"name": "computer", "arguments": {"action": "<pyautogui code | WAIT | DONE | FAIL>"}}``;
+the observation is the accessibility tree after the action, as text
+(``env.osworld.observation_type: a11y_tree``). The reward is decided by the scorer, which
+replays the actions in a fresh desktop (:mod:`dockyard.environments.osworld.environment`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dockyard.config.sections.env import EnvConfig, OsworldEnvConfig
+from dockyard.environments.osworld.actions import ActionParseError
+from dockyard.environments.osworld.controller_client import ControllerUnavailable, SimulatorClient
+from dockyard.environments.osworld.session import (
+    COMPUTER_TOOL,
+    ActionRefused,
+    DesktopSession,
+    action_of,
+)
+from dockyard.environments.osworld.tasks import TaskError, parse_task
+from dockyard.environments.tools.toolbox import (
+    NO_TASK,
+    TaskRefused,
+    ToolArgumentError,
+    Toolbox,
+    ToolServiceUnavailable,
+    ToolSession,
+    register_toolbox,
+)
+
+
+class DesktopToolSession(ToolSession):
+    def __init__(self, simulator: SimulatorClient, desktop_id: str, session: DesktopSession):
+        self.simulator = simulator
+        self.desktop_id = desktop_id
+        self.session = session
+
+    @property
+    def tool_names(self) -> frozenset[str]:
+        return frozenset({COMPUTER_TOOL})
+
+    async def call(self, name: str, arguments: Mapping[str, Any]) -> str:
+        try:
+            return await self.session.act(action_of(arguments))
+        except (ActionParseError, ActionRefused) as error:
+            raise ToolArgumentError(str(error)) from None
+        except ControllerUnavailable as error:
+            raise ToolServiceUnavailable(str(error)) from None
+
+    async def aclose(self) -> None:
+        await self.simulator.close_desktop(self.desktop_id)
+
+
+@register_toolbox
+class DesktopToolbox(Toolbox):
+    name = "osworld"
+
+    def __init__(self, settings: OsworldEnvConfig) -> None:
+        if settings.simulator_url is None:
+            raise ValueError(
+                "env.osworld.simulator_url: not set; the desktops are the simulator's "
+                "(dockyard osworld serve)"
+            )
+        if settings.observation_type != "a11y_tree":
+            # Tool observations travel as text; a screenshot would have to be dropped.
+            raise ValueError(
+                f"env.osworld.observation_type={settings.observation_type}: episodes observe "
+                "text, so only a11y_tree runs"
+            )
+        self.settings = settings
+        self.simulator = SimulatorClient(settings.simulator_url, settings.request_timeout_s)
+
+    @classmethod
+    def from_env_config(cls, env: EnvConfig) -> DesktopToolbox:
+        return cls(env.osworld)
+
+    async def open_session(self, episode_id: str, task: Mapping[str, Any] = NO_TASK) -> ToolSession:
+        try:
+            desktop_task = parse_task(task.get("task"))
+        except TaskError as error:
+            raise TaskRefused(error.reason, str(error)) from None
+        try:
+            desktop_id, controller = await self.simulator.open_desktop(desktop_task)
+        except ControllerUnavailable as error:
+            raise ToolServiceUnavailable(str(error)) from None
+        return DesktopToolSession(
+            self.simulator, desktop_id, DesktopSession(controller, self.settings)
+        )
+
+    async def aclose(self) -> None:
+        await self.simulator.aclose()
