@@ -211,7 +211,7 @@ class TrainerLoop:
         self.worker_screen = (
             WorkerScreen(
                 trust,
-                lambda batch: self.trainer.batch_logprobs(self.trainer.model, batch),
+                self.ranks.agreement_sums,
                 self.tokenizer.pad_token_id,  # type: ignore[attr-defined]
                 self.plane,
                 lambda: self.ledger,
