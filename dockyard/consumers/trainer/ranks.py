@@ -23,9 +23,10 @@ does next.
 
 Why rank 0 pulls and scatters instead of every rank pulling its own share from the data plane:
 exactly-once training rests on one ledger and one view of staleness and of the stream position
-(``loop.py``); with one reader they stay as they are. The price is one scatter of the batch per
-step (token ids, masks and per-token floats: kilobytes to a few megabytes), measured as
-``timing/scatter_batch_s`` against ``timing/train_step_s`` (docs/trainer.md).
+(``checkpointing.py``, ``intake.py``); with one reader they stay as they are. The price is one
+scatter of the batch per step (token ids, masks and per-token floats: kilobytes to a few
+megabytes), measured as ``timing/scatter_batch_s`` against ``timing/train_step_s``
+(docs/trainer.md).
 
 With one process (no mesh) every method is the :class:`PolicyTrainer`'s own, without messages.
 """
