@@ -11,6 +11,7 @@ Heavy imports stay inside the functions, so ``dockyard --help`` stays fast.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 from collections.abc import Iterator
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
     from dockyard.consumers.score_conversion import OutputChecks
     from dockyard.consumers.scorer import Scorer
     from dockyard.consumers.trainer.evaluation import EpisodesFactory
-    from dockyard.consumers.trainer.loop import TrainerLoop, TrainerSummary
+    from dockyard.consumers.trainer.loop import TrainerSummary
+    from dockyard.consumers.trainer.role import TrainerRole
     from dockyard.data.base import Dataset
     from dockyard.engines.base import GenerationEngine, SamplingParams
     from dockyard.observability.prometheus import MetricsServer
@@ -243,10 +245,11 @@ def build_trainer(
     run_dir: Path,
     status_dir: Path | str | None,
     mesh: DeviceMesh | None = None,
-) -> TrainerLoop:
+) -> TrainerRole:
     from dockyard.broker.typed import MessagePlane
     from dockyard.broker.weight_blobs.factory import create_weight_store
-    from dockyard.consumers.trainer.loop import TrainerLoop
+    from dockyard.consumers.trainer.loop import open_trainer
+    from dockyard.consumers.trainer.role import TrainerRole
     from dockyard.observability.status_files import StatusFile
     from dockyard.producers.dispatcher import Dispatcher
 
@@ -260,16 +263,19 @@ def build_trainer(
         run_id=config.run.name,
         extra_datasets=inputs.extra_datasets,
     )
-    return TrainerLoop(
+    status = StatusFile(status_dir, "trainer", "0")
+    opener = functools.partial(
+        open_trainer,
         config,
         messages,
         create_weight_store(plane),
         run_dir,
         dispatcher,
-        status=StatusFile(status_dir, "trainer", "0"),
+        status=status,
         mesh=mesh,
         episodes=validation_episodes(config, plane),
     )
+    return TrainerRole(opener, messages=messages, status=status)
 
 
 def validation_episodes(config: MasterConfig, plane: DataPlane) -> EpisodesFactory | None:

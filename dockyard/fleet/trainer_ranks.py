@@ -105,12 +105,6 @@ def check_ranks_can_run(config: MasterConfig, world_size: int) -> None:
             f"LoRA trains in one process here; {world_size} data-parallel ranks with adapters "
             "are not implemented",
         )
-    if world_size > 1 and config.grpo.worker_trust.enabled:
-        raise LaunchRefused(
-            "grpo.worker_trust.enabled",
-            f"the worker screen's extra forward pass runs on rank 0 alone; with {world_size} "
-            "trainer ranks it would have to run on every rank, which is not implemented",
-        )
     sft = config.sft
     if world_size > 1 and sft is not None and sft.enabled and sft.max_num_steps > 0:
         raise LaunchRefused(

@@ -10,6 +10,12 @@ does next.
   (:func:`~dockyard.consumers.trainer.data_parallel.shard_by_groups`) and *scatters* them, one
   per data-parallel group (the tensor-parallel ranks of a group get the same share); every rank
   steps on its share; the outcomes are gathered and merged on rank 0.
+- ``agreement`` (``grpo.worker_trust``): the same scatter of whole groups (a rank left without
+  a group when there are fewer groups than data-parallel groups measures a repeat of the first,
+  and its rows are not used, so its FSDP2 collectives still match); each rank runs the
+  prev-logprob pass on its share and returns the per-sample agreement sums
+  (:mod:`~dockyard.consumers.trainer.agreement`), gathered to rank 0 and put back in batch row
+  order, so rank 0 judges the workers on every sample of the batch as one process would.
 - ``model_state`` / ``training_state``: the whole weights (or optimizer state) gathered to rank
   0's CPU, for the weight blob and for checkpoints. The blob is the one an unsharded trainer
   writes: the same names, tensors and digest.
@@ -17,15 +23,17 @@ does next.
 
 Why rank 0 pulls and scatters instead of every rank pulling its own share from the data plane:
 exactly-once training rests on one ledger and one view of staleness and of the stream position
-(``loop.py``); with one reader they stay as they are. The price is one scatter of the batch per
-step (token ids, masks and per-token floats: kilobytes to a few megabytes), measured as
-``timing/scatter_batch_s`` against ``timing/train_step_s`` (docs/trainer.md).
+(``checkpointing.py``, ``intake.py``); with one reader they stay as they are. The price is one
+scatter of the batch per step (token ids, masks and per-token floats: kilobytes to a few
+megabytes), measured as ``timing/scatter_batch_s`` against ``timing/train_step_s``
+(docs/trainer.md).
 
 With one process (no mesh) every method is the :class:`PolicyTrainer`'s own, without messages.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from dataclasses import dataclass
@@ -38,6 +46,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.loss_metrics import merge_loss_metrics
+from dockyard.consumers.trainer.agreement import agreement_sums
 from dockyard.consumers.trainer.batch import TrainingBatch
 from dockyard.consumers.trainer.data_parallel import shard_by_groups
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
@@ -49,7 +58,7 @@ from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
 
-CommandKind = Literal["step", "model_state", "training_state", "load", "stop"]
+CommandKind = Literal["step", "agreement", "model_state", "training_state", "load", "stop"]
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,25 @@ class TrainerRanks:
             [shares[i].size for i in firsts],
         )
 
+    def agreement_sums(self, batch: TrainingBatch) -> torch.Tensor:
+        """``[B, 3]``: :func:`~dockyard.consumers.trainer.agreement.agreement_sums` of ``batch``
+        under the current weights, every rank measuring its share of whole groups."""
+        if self.mesh is None:
+            return measure_agreement(self.trainer, batch)
+        groups = self.size // self.tensor_size
+        shares, used = screen_shares(batch, groups)
+        self._announce("agreement")
+        mine: list[TrainingBatch | None] = [None]
+        dist.scatter_object_list(
+            mine, [shares[rank // self.tensor_size] for rank in range(self.size)], src=0
+        )
+        assert mine[0] is not None
+        sums: list[torch.Tensor | None] = [None] * self.size
+        dist.gather_object(measure_agreement(self.trainer, mine[0]), sums, dst=0)
+        # The first rank of each data-parallel group that got groups of its own, in row order.
+        rows = [sums[group * self.tensor_size] for group in range(used)]
+        return torch.cat([r for r in rows if r is not None])
+
     def model_state(self) -> dict[str, torch.Tensor]:
         """The whole weights, by name (:meth:`PolicyTrainer.model_state`)."""
         if self.mesh is not None:
@@ -217,6 +245,11 @@ def follow(trainer: PolicyTrainer) -> None:
             dist.scatter_object_list(mine, None, src=0)
             assert mine[0] is not None
             dist.gather_object(trainer.step(mine[0]), None, dst=0)
+        elif command.kind == "agreement":
+            share: list[TrainingBatch | None] = [None]
+            dist.scatter_object_list(share, None, src=0)
+            assert share[0] is not None
+            dist.gather_object(measure_agreement(trainer, share[0]), None, dst=0)
         elif command.kind == "model_state":
             trainer.model_state()
         elif command.kind == "training_state":
@@ -233,6 +266,24 @@ def run_follower(config: MasterConfig, mesh: DeviceMesh) -> None:
     trainer = PolicyTrainer(model, config, mesh=mesh)
     log.info("trainer.following", rank=dist.get_rank(), world_size=mesh.size())
     follow(trainer)
+
+
+def measure_agreement(trainer: PolicyTrainer, batch: TrainingBatch) -> torch.Tensor:
+    """This rank's prev-logprob pass over ``batch`` (a collective when sharded), as agreement
+    sums."""
+    return agreement_sums(batch, trainer.batch_logprobs(trainer.model, batch))
+
+
+def screen_shares(batch: TrainingBatch, groups: int) -> tuple[list[TrainingBatch], int]:
+    """One share of whole prompt groups per data-parallel group, and how many of the shares
+    hold rows of their own. With fewer prompt groups than data-parallel groups, the first
+    shares hold one group each and the rest repeat the first (measured, then not used): every
+    rank must run the pass, FSDP2's collectives need it."""
+    ids = batch.group_ids
+    count = 1 + sum(a != b for a, b in itertools.pairwise(ids))  # runs, as shard_by_groups
+    used = min(count, groups)
+    shares = [shard_by_groups(batch, share, used) for share in range(used)]
+    return [*shares, *[shares[0]] * (groups - used)], used
 
 
 def merge_outcomes(outcomes: list[StepOutcome], sizes: list[int]) -> StepOutcome:

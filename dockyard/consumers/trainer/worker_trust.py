@@ -27,10 +27,14 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from dockyard.algorithms.kl import kl_estimate
-from dockyard.algorithms.masked import masked_sum
 from dockyard.broker.plane import DataPlane, DataPlaneError
 from dockyard.config.sections.grpo import WorkerTrustConfig
+from dockyard.consumers.trainer.agreement import (
+    GEN_KL_SUM,
+    MULT_ERROR_SUM,
+    TOKENS,
+    agreement_sums,
+)
 from dockyard.consumers.trainer.batch import TrainingBatch, build_batch
 from dockyard.consumers.trainer.ledger import Ledger
 from dockyard.observability.prometheus import (
@@ -62,19 +66,18 @@ def sample_agreements(
 ) -> list[SampleAgreement]:
     """Per sample (row of ``batch``), the agreement of its behaviour log-probs with
     ``trainer_logprobs`` ([B, L-1], as ``PolicyTrainer.batch_logprobs`` returns them)."""
-    if len(workers) != batch.size:
-        raise ValueError(f"{len(workers)} worker ids for a batch of {batch.size} samples")
-    behaviour = batch.generation_logprobs.float()
-    trainer = trainer_logprobs.detach().float().to(behaviour.device)
-    mask = batch.token_mask
-    mult = masked_sum(torch.exp((behaviour - trainer).abs()), mask, dim=-1)
-    kl = masked_sum(kl_estimate(behaviour, trainer, "k3"), mask, dim=-1)
-    tokens = mask.sum(dim=-1)
+    return agreements_of(agreement_sums(batch, trainer_logprobs), workers)
+
+
+def agreements_of(sums: torch.Tensor, workers: Sequence[str]) -> list[SampleAgreement]:
+    """The rows of :func:`~.agreement.agreement_sums` (one per sample), with their workers."""
+    if len(workers) != sums.shape[0]:
+        raise ValueError(f"{len(workers)} worker ids for a batch of {sums.shape[0]} samples")
     return [
-        SampleAgreement(worker, int(n), float(m), float(k))
-        for worker, n, m, k in zip(
-            workers, tokens.tolist(), mult.tolist(), kl.tolist(), strict=True
+        SampleAgreement(
+            worker, int(row[TOKENS]), float(row[MULT_ERROR_SUM]), float(row[GEN_KL_SUM])
         )
+        for worker, row in zip(workers, sums.tolist(), strict=True)
     ]
 
 
@@ -201,18 +204,22 @@ P = TypeVar("P", bound=PendingGroup)
 
 class WorkerScreen:
     """The trainer's use of :class:`WorkerTrust`: before a step, measure the groups not judged
-    yet, and dead-letter (and drop from the ledger) those of flagged workers."""
+    yet, and dead-letter (and drop from the ledger) those of flagged workers.
+
+    ``measure``: a batch's :func:`~.agreement.agreement_sums` under the trainer's weights
+    (``TrainerRanks.agreement_sums``: with several ranks each measures its share and rank 0
+    gathers the rows, so the judgement is the one a single process makes)."""
 
     def __init__(
         self,
         config: WorkerTrustConfig,
-        logprobs: Callable[[TrainingBatch], torch.Tensor],
+        measure: Callable[[TrainingBatch], torch.Tensor],
         pad_token_id: int,
         plane: DataPlane,
         ledger: Callable[[], Ledger],
     ) -> None:
         self.trust = WorkerTrust(config)
-        self.logprobs = logprobs
+        self.measure = measure
         self.pad_token_id = pad_token_id
         self.plane = plane
         self.ledger = ledger  # the trainer replaces its ledger on resume: read it when used
@@ -227,10 +234,8 @@ class WorkerScreen:
             return pending
         groups = [p.scored for p in fresh]
         batch = build_batch(groups, self.pad_token_id)
-        trainer_logprobs = await asyncio.to_thread(self.logprobs, batch)
-        drops = self.trust.judge(
-            groups, sample_agreements(batch, trainer_logprobs, workers_of(groups))
-        )
+        sums = await asyncio.to_thread(self.measure, batch)
+        drops = self.trust.judge(groups, agreements_of(sums, workers_of(groups)))
         for item in fresh:
             reason = drops.get(item.scored.group_id)
             if reason is not None:

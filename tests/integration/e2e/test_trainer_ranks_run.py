@@ -23,27 +23,36 @@ def trainer_events(run_dir) -> list[dict]:
     return json_events(run_dir / "logs" / "trainer.log")
 
 
-def test_two_trainer_ranks_train_every_group_once_and_resume_in_one_process(tmp_path, small_run):
-    run_dir = tmp_path / "run"
-    first = run_dockyard(
+def run_two_ranks(run_dir, small_run, *overrides: str):
+    """``dockyard run --trainer-ranks 2`` on the quickstart, small."""
+    return run_dockyard(
         "run",
         "--config",
         str(QUICKSTART),
         *small_run,
-        "grpo.max_num_steps=4",
+        *overrides,
         "--trainer-ranks",
         "2",
         "--run-dir",
         str(run_dir),
     )
+
+
+def step_metrics(run_dir) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["metrics"] for r in records if "train/reward_mean" in r["metrics"]]
+
+
+def test_two_trainer_ranks_train_every_group_once_and_resume_in_one_process(tmp_path, small_run):
+    run_dir = tmp_path / "run"
+    first = run_two_ranks(run_dir, small_run, "grpo.max_num_steps=4")
     assert first.returncode == 0, first.stderr[-3000:]
     events = trainer_events(run_dir)
     placements = [e for e in events if e["event"] == "trainer.placement"]
     assert [e["data_parallel_ranks"] for e in placements] == [2, 2]  # both ranks sharded
     assert [e["rank"] for e in events if e["event"] == "trainer.following"] == [1]
     assert metric_steps(run_dir) == [1, 2, 3, 4]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["metrics"] for r in records if "train/reward_mean" in r["metrics"]]
+    steps = step_metrics(run_dir)
     assert all(m["timing/scatter_batch_s"] > 0 for m in steps)
     assert all(m["loss/num_valid_samples"] == 4 * 4 for m in steps)  # both ranks' shares
     trained_before = set(assert_exactly_once(run_dir))
@@ -70,17 +79,8 @@ def test_two_trainer_ranks_train_every_group_once_and_resume_in_one_process(tmp_
 
 def test_two_tensor_parallel_ranks_train_every_group_once(tmp_path, small_run):
     run_dir = tmp_path / "run"
-    result = run_dockyard(
-        "run",
-        "--config",
-        str(QUICKSTART),
-        *small_run,
-        "grpo.max_num_steps=2",
-        "policy.dtensor_cfg.tensor_parallel_size=2",
-        "--trainer-ranks",
-        "2",
-        "--run-dir",
-        str(run_dir),
+    result = run_two_ranks(
+        run_dir, small_run, "grpo.max_num_steps=2", "policy.dtensor_cfg.tensor_parallel_size=2"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     placements = [e for e in trainer_events(run_dir) if e["event"] == "trainer.placement"]
@@ -91,3 +91,24 @@ def test_two_tensor_parallel_ranks_train_every_group_once(tmp_path, small_run):
     assert metric_steps(run_dir) == [1, 2]
     assert len(assert_exactly_once(run_dir)) == 2 * 4
     assert (run_dir / "checkpoints" / "step_2" / "optimizer.pt").is_file()
+
+
+def test_two_trainer_ranks_screen_workers_and_train_an_honest_fleet(tmp_path, small_run):
+    # grpo.worker_trust with two ranks: each step's screen is a collective of both ranks (rank 0
+    # alone would leave rank 1's FSDP2 all-gathers unmatched and hang). The fleet's workers load
+    # the trainer's own weights, so by the screen's definition they agree and none is flagged.
+    run_dir = tmp_path / "run"
+    result = run_two_ranks(
+        run_dir,
+        small_run,
+        "grpo.max_num_steps=2",
+        "grpo.worker_trust.enabled=true",
+        "grpo.worker_trust.min_tokens=1",  # judged from each worker's first group on
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert metric_steps(run_dir) == [1, 2]
+    steps = step_metrics(run_dir)
+    measured = [key for key in steps[-1] if key.endswith("/token_mult_prob_error")]
+    assert measured, "no worker was measured"
+    assert all(m["workers/flagged"] == 0 for m in steps)
+    assert len(assert_exactly_once(run_dir)) == 2 * 4

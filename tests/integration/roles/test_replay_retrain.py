@@ -88,7 +88,7 @@ def _train(run_dir: Path, config, *overrides: str, crash_after: int | None = Non
             loop._train_step = dying  # type: ignore[method-assign]
             with pytest.raises(RuntimeError, match="killed"):
                 await loop.run()
-            await next_incarnation(loop, run_dir, *overrides).run()
+            await (await next_incarnation(loop, run_dir, *overrides)).run()
 
     asyncio.run(scenario())
 

@@ -17,7 +17,7 @@ from dockyard.broker.plane import PLANE_STAGE, PublishAck
 from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weight_blobs.factory import create_weight_store
 from dockyard.config.sections.data_plane import DataPlaneConfig
-from dockyard.consumers.trainer.loop import TrainerLoop
+from dockyard.consumers.trainer.loop import TrainerLoop, open_trainer
 from dockyard.data.catalog import build_dataset
 from dockyard.producers.dispatcher import Dispatcher
 from dockyard.schemas import Message, ScoredRollout
@@ -35,11 +35,13 @@ async def test_the_trainer_dead_letters_a_poison_header_once_and_resumes_past_it
     async with JetStreamPlane(data_plane_config_factory(nats_server.url)) as plane:
         messages = MessagePlane(plane, stage="trainer")
 
-        def trainer(steps: int, run_id: str) -> TrainerLoop:
+        async def trainer(steps: int, run_id: str) -> TrainerLoop:
             config = small_config(f"grpo.max_num_steps={steps}")
             dataset = build_dataset(config.data.train, config.data.default_env)
             dispatcher = Dispatcher(config, messages, dataset, TOKENIZER, run_id=run_id)
-            return TrainerLoop(config, messages, create_weight_store(plane), tmp_path, dispatcher)
+            return await open_trainer(
+                config, messages, create_weight_store(plane), tmp_path, dispatcher
+            )
 
         # The first scored group goes out with the header: a non-numeric chunk count.
         poisoned: list[PublishAck] = []
@@ -57,14 +59,14 @@ async def test_the_trainer_dead_letters_a_poison_header_once_and_resumes_past_it
         messages.publish = publish_poison_once  # type: ignore[method-assign]
         stand_in = asyncio.create_task(answer_prompts(messages, versions_behind=0))
         try:
-            first = trainer(3, "first")
+            first = await trainer(3, "first")
             await first.run()
             assert first.step == 3
             # Restarted without a checkpoint, the trainer replays the scored stream from its
             # start, over the poison (a new run id: the first one's prompts are still within
             # the dedupe window).
             with capture_logs() as events:
-                second = trainer(6, "second")
+                second = await trainer(6, "second")
                 await second.run()
             assert second.step == 6
         finally:

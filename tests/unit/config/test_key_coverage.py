@@ -37,7 +37,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "data/base.py",
         "data/arithmetic.py",
         "data/catalog.py",
-        "consumers/trainer/loop.py",
+        "consumers/trainer/build.py",
     ),
     "data.train.*": (
         "data/base.py",
@@ -45,12 +45,12 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "data/catalog.py",
         "commands/trainer.py",
     ),
-    "sft.*": ("consumers/trainer/sft.py", "consumers/trainer/loop.py"),
+    "sft.*": ("consumers/trainer/sft.py", "consumers/trainer/validation.py"),
     "sft.dev_dataset.*": (
         "data/base.py",
         "data/arithmetic.py",
         "data/catalog.py",
-        "consumers/trainer/loop.py",
+        "consumers/trainer/validation.py",
     ),
     "env.*.*": (
         "environments/timeouts.py",

@@ -3,7 +3,8 @@
     torchrun --nproc_per_node 2 tests/unit/trainer/ranks_worker.py OUT_DIR
 
 Rank 0 drives :class:`TrainerRanks` as the trainer loop does; rank 1 follows. Rank 0 writes
-``OUT_DIR/sharded.pt`` (the initial weights' blob digest, the merged step outcome, the weights and
+``OUT_DIR/sharded.pt`` (the initial weights' blob digest, the worker screen's measurements and
+verdict on the initial weights, the merged step outcome, the weights and
 optimizer state after the step, the weights and optimizer state after loading
 ``OUT_DIR/single_ckpt``) and the checkpoint ``OUT_DIR/sharded_ckpt``.
 """
@@ -20,7 +21,7 @@ from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.ranks import TrainerRanks, World, follow, join_ranks, leave_ranks
 from dockyard.consumers.trainer.trainer_checkpoint import read_checkpoint
-from tests.unit.trainer.ranks_check import checkpoint_of, optimizer_moments
+from tests.unit.trainer.ranks_check import checkpoint_of, optimizer_moments, screen
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
 
 
@@ -37,6 +38,7 @@ def main() -> None:
         return
     ranks = TrainerRanks(trainer)
     initial_digest = digest_of_bytes(tensors_to_bytes(ranks.model_state()))
+    screened = screen(ranks)  # the worker screen's pass, on the initial weights
     outcome = ranks.step(on_policy(varied_batch(), "qwen2"))
     stepped = {k: v.clone() for k, v in ranks.model_state().items()}
     training = ranks.training_state()
@@ -46,6 +48,7 @@ def main() -> None:
     torch.save(
         {
             "initial_digest": initial_digest,
+            "screen": screened,
             "outcome": outcome,
             "stepped": stepped,
             "stepped_moments": optimizer_moments(training),

@@ -18,7 +18,7 @@ from dockyard.broker.weight_blobs.factory import create_weight_store
 from dockyard.config.loader import load_config
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.consumers.trainer.ledger import read_trail
-from dockyard.consumers.trainer.loop import TrainerLoop
+from dockyard.consumers.trainer.loop import TrainerLoop, open_trainer
 from dockyard.data.catalog import build_dataset
 from dockyard.producers.dispatcher import Dispatcher
 from dockyard.schemas import PromptGroup, SampleScore, ScoredRollout
@@ -100,7 +100,7 @@ async def trainer(
         messages = MessagePlane(plane, stage="trainer")
         dataset = build_dataset(config.data.train, config.data.default_env)
         dispatcher = Dispatcher(config, messages, dataset, TOKENIZER, run_id="acct")
-        loop = TrainerLoop(config, messages, create_weight_store(plane), run_dir, dispatcher)
+        loop = await open_trainer(config, messages, create_weight_store(plane), run_dir, dispatcher)
         stand_in = asyncio.create_task(
             answer_prompts(messages, versions_behind, stamps, varied=varied)
         )
@@ -112,12 +112,12 @@ async def trainer(
                 await stand_in
 
 
-def next_incarnation(first: TrainerLoop, run_dir: Path, *overrides: str) -> TrainerLoop:
+async def next_incarnation(first: TrainerLoop, run_dir: Path, *overrides: str) -> TrainerLoop:
     """A new trainer on the same plane and run directory as ``first`` (as after a restart)."""
     config = small_config(*overrides)
     dataset = build_dataset(config.data.train, config.data.default_env)
     dispatcher = Dispatcher(config, first.messages, dataset, TOKENIZER, run_id="acct")
-    return TrainerLoop(
+    return await open_trainer(
         config, first.messages, create_weight_store(first.plane), run_dir, dispatcher
     )
 
@@ -177,8 +177,8 @@ async def test_groups_settled_by_replay_before_being_dispatched_do_not_inflate_t
     # settles them) before its dispatcher re-issues their ids.
     async with trainer(tmp_path, "grpo.max_num_steps=3") as first:
         await first.run()
-        second = next_incarnation(first, tmp_path, "grpo.max_num_steps=6")
-        dispatcher = second.dispatcher
+        second = await next_incarnation(first, tmp_path, "grpo.max_num_steps=6")
+        dispatcher = second.prompt_source
         budgets: list[int] = []
         original = dispatcher.top_up
 
@@ -199,7 +199,9 @@ async def test_a_clean_resume_trains_the_groups_left_over_instead_of_dropping_th
     async with trainer(tmp_path, "grpo.max_num_steps=3", age_limit, *checkpointed) as first:
         await first.run()
         assert first.pending or first.ledger.in_flight  # work left over for the next one
-        second = next_incarnation(first, tmp_path, "grpo.max_num_steps=6", age_limit, *checkpointed)
+        second = await next_incarnation(
+            first, tmp_path, "grpo.max_num_steps=6", age_limit, *checkpointed
+        )
         await second.run()
     assert second.step == 6
     _, trained, dropped = settled(tmp_path)
@@ -252,7 +254,7 @@ async def test_lost_steps_are_retrained_from_exactly_the_groups_they_used(
         # The crash: nothing after step 10 was saved (the run's final save never happened).
         shutil.rmtree(tmp_path / "checkpoints" / "step_15")
         original = trained_by_step(tmp_path)
-        second = next_incarnation(first, tmp_path, *run)
+        second = await next_incarnation(first, tmp_path, *run)
         await second.run()
     assert second.step == 15
     retrained = trained_by_step(tmp_path)

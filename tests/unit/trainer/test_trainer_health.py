@@ -17,7 +17,7 @@ from dockyard.broker.typed import MessagePlane
 from dockyard.broker.weight_blobs.factory import create_weight_store
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.health import PipelineDiagnosis
-from dockyard.consumers.trainer.loop import TrainerLoop, TrainerStarved
+from dockyard.consumers.trainer.loop import TrainerLoop, TrainerStarved, open_trainer
 from dockyard.data.catalog import build_dataset
 from dockyard.models import build_character_tokenizer
 from dockyard.observability.status_files import STARTING, StatusFile
@@ -71,7 +71,9 @@ async def test_no_rollout_workers_ends_the_run_with_the_diagnosis(tmp_path):
             build_character_tokenizer(),
             run_id="starving",
         )
-        loop = TrainerLoop(config, messages, create_weight_store(plane), tmp_path, dispatcher)
+        loop = await open_trainer(
+            config, messages, create_weight_store(plane), tmp_path, dispatcher
+        )
         with pytest.raises(TrainerStarved, match="rollout workers") as error:
             await loop.run()
         assert "prompts waiting 4" in str(error.value)
@@ -90,7 +92,7 @@ async def trainer_in_a_fleet(
         dataset = build_dataset(config.data.train, config.data.default_env)
         dispatcher = Dispatcher(config, messages, dataset, build_character_tokenizer(), run_id="h")
         status = StatusFile(status_dir, "trainer", "0")
-        loop = TrainerLoop(
+        loop = await open_trainer(
             config, messages, create_weight_store(plane), run_dir, dispatcher, status=status
         )
         yield loop, messages, status_dir

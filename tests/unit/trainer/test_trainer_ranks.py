@@ -1,5 +1,6 @@
 """Two trainer ranks (real gloo processes under torchrun) led by rank 0 through TrainerRanks, as
-``dockyard trainer`` runs them: the step on the scattered batch equals one process's step on the
+``dockyard trainer`` runs them: the worker screen's verdict (``grpo.worker_trust``) on a tampered
+worker is one process's; the step on the scattered batch equals one process's step on the
 whole batch; the weights rank 0 gathers for the weight blob are the unsharded model's, byte for
 byte (same digest); a checkpoint written sharded resumes in one process and one written in one
 process resumes sharded, weights and optimizer state alike."""
@@ -14,7 +15,14 @@ from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.ranks import TrainerRanks
 from dockyard.consumers.trainer.trainer_checkpoint import read_checkpoint
-from tests.unit.trainer.ranks_check import checkpoint_of, optimizer_moments, run_two_ranks
+from tests.unit.trainer.ranks_check import (
+    HONEST,
+    TAMPERED,
+    checkpoint_of,
+    optimizer_moments,
+    run_two_ranks,
+    screen,
+)
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
 
 
@@ -29,6 +37,7 @@ def single(tmp_path_factory):
     out = tmp_path_factory.mktemp("ranks")
     ranks = one_process()
     digest = digest_of_bytes(tensors_to_bytes(ranks.model_state()))
+    screened = screen(ranks)
     outcome = ranks.step(on_policy(varied_batch(), "qwen2"))
     weights = {k: v.detach().clone() for k, v in ranks.model_state().items()}
     training = ranks.training_state()
@@ -36,6 +45,7 @@ def single(tmp_path_factory):
     return {
         "out": out,
         "digest": digest,
+        "screen": screened,
         "outcome": outcome,
         "weights": weights,
         "moments": optimizer_moments(training),
@@ -51,6 +61,22 @@ def sharded(single):
 
 def test_the_gathered_weights_are_the_unsharded_blob(single, sharded):
     assert sharded["initial_digest"] == single["digest"]
+
+
+def test_a_tampered_worker_is_flagged_across_ranks_as_in_one_process(single, sharded):
+    # grpo.worker_trust with two ranks: each measures its share, rank 0 judges on the rows it
+    # gathers; the verdict and every sample's agreement are the single process's.
+    one, two = single["screen"], sharded["screen"]
+    assert one["drops"] == {"g2": f"untrusted_worker:{TAMPERED}"}  # the check can tell them apart
+    assert two["drops"] == one["drops"]
+    torch.testing.assert_close(two["sums"], one["sums"], rtol=1e-5, atol=1e-6)
+    # One group for two ranks: the second measures a repeat that is not used.
+    torch.testing.assert_close(two["alone"], one["alone"], rtol=1e-5, atol=1e-6)
+    assert two["alone"].shape[0] == 4
+    for worker in (HONEST, TAMPERED):
+        for measure in ("token_mult_prob_error", "gen_kl", "flagged"):
+            key = f"workers/{worker}/{measure}"
+            assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-7)
 
 
 def test_the_scattered_step_equals_one_process(single, sharded):
