@@ -21,6 +21,7 @@ which a resumed trainer takes its adapter back.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,8 @@ ADAPTER_NAME = "default"
 _A, _B = ".lora_A.weight", ".lora_B.weight"
 #: PEFT's file of adapter weights in a directory written by ``PeftModel.save_pretrained``.
 PEFT_ADAPTER_FILE = "adapter_model.safetensors"
+#: What ``get_peft_model`` puts before the wrapped model's own parameter names.
+_PEFT_PREFIX = "base_model.model."
 
 
 def apply_lora(model: torch.nn.Module, config: LoRAConfig) -> PeftModel:
@@ -65,15 +68,28 @@ def lora_layers(model: torch.nn.Module) -> dict[str, LoraLayer]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
 
 
+def lora_scalings(model: torch.nn.Module) -> dict[str, float]:
+    """``{<module>: α/r}`` for every LoRA layer of ``model``."""
+    return {name: float(layer.scaling[ADAPTER_NAME]) for name, layer in lora_layers(model).items()}
+
+
+def adapter_from_state(
+    state: Mapping[str, torch.Tensor], scalings: Mapping[str, float]
+) -> dict[str, torch.Tensor]:
+    """The adapter as the engines receive it, from the LoRA model's state dict (whole tensors:
+    one process's own, or a sharded model's gathered): ``A`` and ``α/r``-scaled ``B``."""
+    adapter: dict[str, torch.Tensor] = {}
+    for module, scaling in scalings.items():
+        a = state[f"{module}.lora_A.{ADAPTER_NAME}.weight"]
+        b = state[f"{module}.lora_B.{ADAPTER_NAME}.weight"]
+        adapter[module + _A] = a.detach()
+        adapter[module + _B] = b.detach() * scaling
+    return adapter
+
+
 def adapter_for_engines(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter as the engines receive it: ``A`` and ``α/r``-scaled ``B`` by module name."""
-    state: dict[str, torch.Tensor] = {}
-    for name, layer in lora_layers(model).items():
-        a = layer.lora_A[ADAPTER_NAME].weight.detach()
-        b = layer.lora_B[ADAPTER_NAME].weight.detach()
-        state[name + _A] = a
-        state[name + _B] = b * layer.scaling[ADAPTER_NAME]
-    return state
+    return adapter_from_state(model.state_dict(), lora_scalings(model))
 
 
 def is_adapter(state: Mapping[str, torch.Tensor]) -> bool:
@@ -103,22 +119,74 @@ def merge_adapter(
     return merged
 
 
-def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model with its adapters merged, under the model's own (pre-LoRA) names."""
-    layers = lora_layers(model)
-    state: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
+def merged_from_state(
+    state: Mapping[str, torch.Tensor], scalings: Mapping[str, float]
+) -> dict[str, torch.Tensor]:
+    """The whole model with its adapters merged, under the model's own (pre-LoRA) names, from the
+    LoRA model's state dict (whole tensors)."""
+    merged: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
         if ".lora_" in name:
             continue
-        state[name.replace(".base_layer.", ".")] = tensor
-    base = {f"{name}.weight": layer.get_base_layer().weight for name, layer in layers.items()}
-    state.update(merge_adapter(base, adapter_for_engines(model)))
+        merged[name.replace(".base_layer.", ".")] = tensor
+    base = {f"{module}.weight": merged[f"{module}.weight"] for module in scalings}
+    merged.update(merge_adapter(base, adapter_from_state(state, scalings)))
+    return merged
+
+
+def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model with its adapters merged, under the model's own (pre-LoRA) names."""
+    return merged_from_state(model.state_dict(), lora_scalings(model))
+
+
+def peft_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The LoRA tensors of a LoRA model's state dict, named as in its ``PeftModel``'s (what
+    ``PeftModel.save_pretrained(state_dict=...)`` takes)."""
+    return {_PEFT_PREFIX + name: t for name, t in state.items() if ".lora_" in name}
+
+
+def save_peft_adapter(
+    peft_model: PeftModel, directory: Path, state: Mapping[str, torch.Tensor] | None = None
+) -> None:
+    """The adapter in PEFT's own format (for resuming, ``peft``, vLLM's ``enable_lora``).
+
+    ``state``: its whole tensors (:func:`peft_state`), for a sharded model whose parameters are
+    DTensors that only a collective of every rank could gather; default: the model's own."""
+    peft_model.save_pretrained(
+        directory, safe_serialization=True, state_dict=dict(state) if state is not None else None
+    )
+
+
+@dataclass(frozen=True)
+class PeftCheckpoint:
+    """What a checkpoint writes of a LoRA policy in PEFT's format: ``state`` as for
+    :func:`save_peft_adapter`."""
+
+    model: PeftModel
+    state: Mapping[str, torch.Tensor] | None = None
+
+    def save(self, directory: Path) -> None:
+        save_peft_adapter(self.model, directory, self.state)
+
+
+def adapter_tensors(peft_model: PeftModel, directory: Path) -> dict[str, torch.Tensor]:
+    """An adapter written by :func:`save_peft_adapter`, named as in the wrapped model's own state
+    dict (``<module>.lora_A.default.weight``); strict: exactly the model's LoRA tensors."""
+    from safetensors.torch import load_file
+
+    expected = {
+        name.removeprefix(_PEFT_PREFIX) for name in peft_model.state_dict() if ".lora_" in name
+    }
+    state = {}
+    for name, tensor in load_file(directory / PEFT_ADAPTER_FILE).items():
+        module, _, kind = name.removeprefix(_PEFT_PREFIX).rpartition(".lora_")
+        state[f"{module}.lora_{kind.removesuffix('.weight')}.{ADAPTER_NAME}.weight"] = tensor
+    if set(state) != expected:
+        raise ValueError(
+            f"{directory}: adapter does not match the model (missing "
+            f"{sorted(expected - set(state))[:3]}, unexpected {sorted(set(state) - expected)[:3]})"
+        )
     return state
-
-
-def save_peft_adapter(peft_model: PeftModel, directory: Path) -> None:
-    """The adapter in PEFT's own format (for resuming, ``peft``, vLLM's ``enable_lora``)."""
-    peft_model.save_pretrained(directory, safe_serialization=True)
 
 
 def load_peft_adapter(peft_model: PeftModel, directory: Path) -> None:

@@ -693,7 +693,7 @@ class TrainerLoop:
                 model_state=model_state,
                 training_state=training_state,
                 model_format=self.config.checkpointing.model_save_format,
-                adapter=self.trainer.peft,
+                adapter=self.ranks.adapter_checkpoint(),
             ),
             values,
         )

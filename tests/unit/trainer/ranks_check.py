@@ -13,7 +13,7 @@ import torch
 from dockyard.consumers.trainer.trainer_checkpoint import TrainerState, write_checkpoint
 
 if TYPE_CHECKING:
-    from peft import PeftModel
+    from dockyard.models.lora import PeftCheckpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -43,7 +43,7 @@ def checkpoint_of(
     weights: dict[str, torch.Tensor],
     training_state: dict[str, object],
     directory: Path,
-    adapter: PeftModel | None = None,
+    adapter: PeftCheckpoint | None = None,
 ) -> None:
     directory.mkdir(parents=True)
     state = TrainerState(step=1, weight_version=1, dispatcher={}, replay_from_seq=1, ledger={})

@@ -69,7 +69,11 @@ def test_a_checkpoint_holds_the_merged_model_and_resumes_the_adapter(tmp_path):
     ranks = TrainerRanks(trainer)
     directory = tmp_path / "step_1"
     checkpoint_of(
-        trainer.model, ranks.model_state(), ranks.training_state(), directory, trainer.peft
+        trainer.model,
+        ranks.model_state(),
+        ranks.training_state(),
+        directory,
+        ranks.adapter_checkpoint(),
     )
     # The model file: the plain architecture's names, the adapter merged in (export's input).
     plain = tiny_model("qwen2")
