@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
@@ -199,7 +200,9 @@ class PolicyTrainer:
             )
         self.varlen = has_varlen_attention(self.model)
         if self.tensor_mesh is not None:
-            parallelize_policy(self.model, self.tensor_mesh)
+            parallelize_policy(
+                self.model, self.tensor_mesh, sequence_parallel=dtensor.sequence_parallel
+            )
         if self.data_mesh is not None:
             shard_policy(self.model, self.data_mesh, cpu_offload=dtensor.cpu_offload)
         # After sharding: the optimizer holds (and its state follows) the sharded parameters.
@@ -214,6 +217,7 @@ class PolicyTrainer:
             master_weights="float32",
             data_parallel_ranks=self.data_mesh.size() if self.data_mesh is not None else 1,
             tensor_parallel_ranks=self.tensor_mesh.size() if self.tensor_mesh is not None else 1,
+            sequence_parallel=dtensor.sequence_parallel and self.tensor_mesh is not None,
             lora_rank=lora.rank if self.peft is not None else None,
             activation_checkpointing=dtensor.activation_checkpointing,
             cpu_offload=dtensor.cpu_offload,
@@ -411,7 +415,8 @@ class PolicyTrainer:
     def _whole_state(self) -> dict[str, torch.Tensor]:
         if self.mesh is None:
             return self.model.state_dict()
-        state = get_model_state_dict(self.model, options=_GATHERED)
+        # Model weights only: every value is a tensor (the ValueType union covers optimizers').
+        state = cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=_GATHERED))
         for name, owner in self.tied.items():
             if owner in state:
                 state[name] = state[owner]
@@ -446,11 +451,11 @@ class PolicyTrainer:
         if self.peft is not None:
             # The base is model_name's on every rank: the adapter alone (checked whole by
             # lora.adapter_tensors), so the base's names are absent by design.
-            set_model_state_dict(self.model, state, options=_ADAPTER_FROM_FIRST_RANK)
+            set_model_state_dict(self.model, dict(state), options=_ADAPTER_FROM_FIRST_RANK)
             return
         if state:
             state = {**{n: state[o] for n, o in self.tied.items() if o in state}, **state}
-        set_model_state_dict(self.model, state, options=_FROM_FIRST_RANK)
+        set_model_state_dict(self.model, dict(state), options=_FROM_FIRST_RANK)
 
     def state_dict(self) -> dict[str, object]:
         """Optimizer (by parameter name, whole tensors: the same in one process and sharded),
