@@ -33,6 +33,9 @@ def test_a_few_steps_with_the_vllm_engine(tmp_path, small_run, weights):
         "grpo.max_num_steps=3",
         "policy.generation.backend=vllm",
         *weights,
+        # On the CPU this is the share of the machine's memory vLLM reserves at start (it refuses
+        # to start when less is free); the tiny model needs little, and the machine is shared.
+        "policy.generation.vllm_cfg.gpu_memory_utilization=0.15",
         "checkpointing.enabled=false",
         "--run-dir",
         str(run_dir),
