@@ -68,8 +68,21 @@ def _dtensor_on(config: MasterConfig) -> bool:
     return config.policy.dtensor_cfg.enabled
 
 
-def _lora_beyond_torch_engine(config: MasterConfig) -> bool:
-    return config.policy.dtensor_cfg.enabled and config.policy.generation.backend != "torch"
+def _lora_beyond_adapter_engines(config: MasterConfig) -> bool:
+    """An engine that cannot refit from an adapter: SGLang, or a vLLM server you launched."""
+    generation = config.policy.generation
+    in_process = generation.backend == "torch" or (
+        generation.backend == "vllm" and generation.vllm_cfg.mode != "server"
+    )
+    return config.policy.dtensor_cfg.enabled and not in_process
+
+
+def _without_tensor_parallel(config: MasterConfig) -> bool:
+    return config.policy.dtensor_cfg.enabled and config.policy.dtensor_cfg.tensor_parallel_size == 1
+
+
+def _lora_with_tensor_parallel(config: MasterConfig) -> bool:
+    return config.policy.dtensor_cfg.enabled and config.policy.dtensor_cfg.tensor_parallel_size > 1
 
 
 def _megatron_on(config: MasterConfig) -> bool:
@@ -166,33 +179,55 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         )
         for name in ("sequence_packing", "dynamic_batching")
     ),
-    *(
-        Unsupported(
-            f"policy.dtensor_cfg.{name}",
-            "refused",
-            "context and expert parallelism are not implemented (tensor_parallel_size and FSDP2 "
-            "data parallelism are; set 1)",
-            TRAINER_AT_SCALE,
-            when=_dtensor_on,
-            triggered=_more_than_one,
-        )
-        for name in ("context_parallel_size", "expert_parallel_size")
+    Unsupported(
+        "policy.dtensor_cfg.context_parallel_size",
+        "refused",
+        "context parallelism (the sequence split over ranks for attention) is not implemented: "
+        "torch's context_parallel has no sharding rule for the CPU attention kernel "
+        "(aten._scaled_dot_product_flash_attention_for_cpu, torch 2.13), and an all-gather-KV "
+        "attention with the trainer's sequence-split loss is not written yet (tensor_parallel_"
+        "size, sequence_parallel and FSDP2 data parallelism are; set 1)",
+        TRAINER_AT_SCALE,
+        when=_dtensor_on,
+        triggered=_more_than_one,
+    ),
+    Unsupported(
+        "policy.dtensor_cfg.expert_parallel_size",
+        "refused",
+        "expert parallelism splits a mixture-of-experts layer's experts over ranks; the models "
+        "this trainer shards (the dense Qwen2 / Llama family) have no experts and no MoE model "
+        "is in this build (set 1)",
+        "not planned",
+        when=_dtensor_on,
+        triggered=_more_than_one,
     ),
     Unsupported(
         "policy.dtensor_cfg.lora_cfg.enabled",
         "refused",
-        "LoRA weight events carry the adapter alone, which only the torch engine merges yet "
-        "(policy.generation.backend=torch); vLLM's enable_lora is not wired",
+        "LoRA weight events carry the adapter alone, which the torch engine merges and the "
+        "in-process vLLM engine loads (enable_lora); SGLang and vllm_cfg.mode=server do not "
+        "refit from adapters here",
         TRAINER_AT_SCALE,
-        when=_lora_beyond_torch_engine,
+        when=_lora_beyond_adapter_engines,
+        condition=" with backend=sglang or vllm_cfg.mode=server",
+    ),
+    Unsupported(
+        "policy.dtensor_cfg.lora_cfg.enabled",
+        "refused",
+        "the tensor-parallel plan splits nn.Linear projections, which peft's LoRA layers "
+        "wrap (LoRA shards with FSDP2 data parallelism; set tensor_parallel_size=1)",
+        TRAINER_AT_SCALE,
+        when=_lora_with_tensor_parallel,
+        condition=" with tensor_parallel_size > 1",
     ),
     Unsupported(
         "policy.dtensor_cfg.sequence_parallel",
         "warned",
-        "sequence parallelism (the norms' activations split over the tensor-parallel ranks) "
-        "is not implemented; tensor parallelism runs without it",
-        TRAINER_AT_SCALE,
-        when=_dtensor_on,
+        "sequence parallelism splits the activations over the tensor-parallel ranks; with "
+        "tensor_parallel_size=1 there are none to split over",
+        "by design",
+        when=_without_tensor_parallel,
+        condition=" with tensor_parallel_size=1",
     ),
     Unsupported(
         "policy.generation.colocated.enabled",
@@ -309,17 +344,19 @@ def rules_for(path: str) -> list[Unsupported]:
     return [rule for rule in UNSUPPORTED if matches(rule.pattern, path)]
 
 
+def _handling(rule: Unsupported) -> str:
+    verb = "refused" if rule.handling == "refused" else "warns (speed/memory only)"
+    return f"{verb} when set{rule.condition}: {rule.why}; {rule.until}"
+
+
 def key_table(schema: type[BaseModel]) -> str:
     """Every key of ``schema`` (the ``MasterConfig``) and what this build does with it, as a
     Markdown table (what ``dockyard config keys`` prints and docs/configuration.md carries)."""
     rows = ["| key | handling |", "| --- | --- |"]
     for path in leaf_paths(schema):
         rules = rules_for(path)
-        if not rules:
-            handling = "takes effect"
-        else:
-            rule = rules[0]
-            verb = "refused" if rule.handling == "refused" else "warns (speed/memory only)"
-            handling = f"{verb} when set{rule.condition}: {rule.why}; {rule.until}"
+        # The first pattern naming a key speaks for it; it may hold under several conditions.
+        own = [rule for rule in rules if rules and rule.pattern == rules[0].pattern]
+        handling = " / ".join(_handling(rule) for rule in own) or "takes effect"
         rows.append(f"| `{path}` | {handling} |")
     return "\n".join(rows) + "\n"

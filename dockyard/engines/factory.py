@@ -49,6 +49,7 @@ def create_engine(
     from dockyard.engines.vllm_engine import VllmEngine
     from dockyard.models import materialize_model_dir
 
+    lora = policy.dtensor_cfg.lora_cfg  # weight events carry adapters: vLLM's enable_lora
     return VllmEngine(
         materialize_model_dir(policy.model_name, cache_dir),
         vllm_cfg,
@@ -56,4 +57,5 @@ def create_engine(
         max_model_len=policy.max_total_sequence_length,
         initial_version=initial_version,
         staging_dir=staging_dir,
+        lora_rank=lora.rank if lora.enabled else None,
     )

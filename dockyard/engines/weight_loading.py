@@ -41,6 +41,19 @@ def read_state_dict(source: WeightSource) -> dict[str, torch.Tensor]:
     return state
 
 
+def tensor_names(source: WeightSource) -> list[str]:
+    """The tensor names of a refit source, without reading the tensors of a file."""
+    if isinstance(source, Mapping):
+        return list(source)
+    from safetensors import safe_open
+
+    names: list[str] = []
+    for file in safetensors_files(source):
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            names.extend(handle.keys())
+    return names
+
+
 def load_into_module(
     module: torch.nn.Module, state: Mapping[str, torch.Tensor], *, dry_run: bool = False
 ) -> None:

@@ -99,12 +99,6 @@ def check_ranks_can_run(config: MasterConfig, world_size: int) -> None:
             "sharded: start more ranks (cluster.gpus_per_node, --trainer-ranks, torchrun) than "
             "tensor_parallel_size, or set it false",
         )
-    if world_size > 1 and dtensor.lora_cfg.enabled:
-        raise LaunchRefused(
-            "policy.dtensor_cfg.lora_cfg.enabled",
-            f"LoRA trains in one process here; {world_size} data-parallel ranks with adapters "
-            "are not implemented",
-        )
     sft = config.sft
     if world_size > 1 and sft is not None and sft.enabled and sft.max_num_steps > 0:
         raise LaunchRefused(

@@ -132,7 +132,7 @@ class Checkpointing:
                 model_state=model_state,
                 training_state=training_state,
                 model_format=self.config.checkpointing.model_save_format,
-                adapter=parts.ranks.trainer.peft,
+                adapter=parts.ranks.adapter_checkpoint(),
             ),
             values,
         )

@@ -52,11 +52,13 @@ def shard_policy(
     return model
 
 
-def broadcast_from_first_rank(model: torch.nn.Module) -> None:
+def broadcast_from_first_rank(model: torch.nn.Module, containing: str = "") -> None:
     """Every rank starts from rank 0's weights: ranks that each loaded or initialised the model
-    could differ (a random initialisation, a file changed between reads)."""
-    for tensor in model.state_dict().values():
-        dist.broadcast(tensor, src=0)
+    could differ (a random initialisation, a file changed between reads). ``containing``: only
+    the tensors whose name contains it (LoRA's adapters, initialised at random on each rank)."""
+    for name, tensor in model.state_dict().items():
+        if containing in name:
+            dist.broadcast(tensor, src=0)
 
 
 def gradient_scale(mesh: DeviceMesh | None) -> float:

@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
@@ -55,7 +56,14 @@ from dockyard.consumers.trainer.tensor_parallel import (
     parallelize_policy,
 )
 from dockyard.models.devices import compute_precision, grad_scaler, training_device
-from dockyard.models.lora import adapter_for_engines, apply_lora, merged_weights
+from dockyard.models.lora import (
+    PeftCheckpoint,
+    adapter_from_state,
+    apply_lora,
+    lora_scalings,
+    merged_from_state,
+    peft_state,
+)
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -64,6 +72,9 @@ log = get_logger(__name__)
 _GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)
 #: Whole tensors held by rank 0, sharded out to every rank.
 _FROM_FIRST_RANK = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+_ADAPTER_FROM_FIRST_RANK = StateDictOptions(
+    full_state_dict=True, broadcast_from_rank0=True, strict=False
+)
 
 
 def token_logprobs(
@@ -151,9 +162,19 @@ class PolicyTrainer:
         # train; self.model stays the same object and its forward goes through them.
         lora = policy.dtensor_cfg.lora_cfg
         self.peft = apply_lora(self.model, lora) if lora.enabled else None
+        self.lora_scalings = lora_scalings(self.model) if self.peft is not None else {}
         if self.peft is not None and mesh is not None:
-            raise ValueError("LoRA with several data-parallel ranks is not implemented")
+            broadcast_from_first_rank(self.model, containing=".lora_")
+        #: Under LoRA, the adapter's whole tensors as of the last :meth:`model_state` (PEFT's
+        #: names): what a checkpoint writes in PEFT's format (see :meth:`adapter_checkpoint`).
+        self.adapter_snapshot: dict[str, torch.Tensor] = {}
         dtensor = policy.dtensor_cfg
+        if self.peft is not None and dtensor.tensor_parallel_size > 1:
+            raise ValueError(
+                "policy.dtensor_cfg.lora_cfg.enabled with tensor_parallel_size > 1: the "
+                "tensor-parallel plan splits nn.Linear projections, which peft's LoRA layers wrap "
+                "(LoRA shards with FSDP2 data parallelism; set tensor_parallel_size=1)"
+            )
         if dtensor.activation_checkpointing:
             # Each decoder layer keeps only its input; its activations are recomputed in
             # backward. Non-reentrant: works with frozen base weights (LoRA) and FSDP2.
@@ -179,7 +200,9 @@ class PolicyTrainer:
             )
         self.varlen = has_varlen_attention(self.model)
         if self.tensor_mesh is not None:
-            parallelize_policy(self.model, self.tensor_mesh)
+            parallelize_policy(
+                self.model, self.tensor_mesh, sequence_parallel=dtensor.sequence_parallel
+            )
         if self.data_mesh is not None:
             shard_policy(self.model, self.data_mesh, cpu_offload=dtensor.cpu_offload)
         # After sharding: the optimizer holds (and its state follows) the sharded parameters.
@@ -194,6 +217,7 @@ class PolicyTrainer:
             master_weights="float32",
             data_parallel_ranks=self.data_mesh.size() if self.data_mesh is not None else 1,
             tensor_parallel_ranks=self.tensor_mesh.size() if self.tensor_mesh is not None else 1,
+            sequence_parallel=dtensor.sequence_parallel and self.tensor_mesh is not None,
             lora_rank=lora.rank if self.peft is not None else None,
             activation_checkpointing=dtensor.activation_checkpointing,
             cpu_offload=dtensor.cpu_offload,
@@ -382,11 +406,17 @@ class PolicyTrainer:
         sharded, gathered to rank 0's CPU (empty on the other ranks). Tied names share one
         tensor either way, so both serialise alike. Under LoRA: the adapters merged, under the
         model's own names (what checkpoints and exports hold)."""
-        if self.peft is not None:
-            return merged_weights(self.model)
+        state = self._whole_state()
+        if self.peft is None or not state:
+            return state
+        self.adapter_snapshot = peft_state(state)
+        return merged_from_state(state, self.lora_scalings)
+
+    def _whole_state(self) -> dict[str, torch.Tensor]:
         if self.mesh is None:
             return self.model.state_dict()
-        state = get_model_state_dict(self.model, options=_GATHERED)
+        # Model weights only: every value is a tensor (the ValueType union covers optimizers').
+        state = cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=_GATHERED))
         for name, owner in self.tied.items():
             if owner in state:
                 state[name] = state[owner]
@@ -394,18 +424,38 @@ class PolicyTrainer:
 
     def engine_weights(self) -> dict[str, torch.Tensor]:
         """What a weight event carries: the adapter alone under LoRA
-        (:func:`~dockyard.models.lora.adapter_for_engines`), else :meth:`model_state`."""
-        if self.peft is not None:
-            return adapter_for_engines(self.model)
-        return self.model_state()
+        (:func:`~dockyard.models.lora.adapter_from_state`), else :meth:`model_state`. Sharded
+        under LoRA, only the adapter's parameters are gathered (a collective: every rank calls
+        it), the same whole tensors on every rank."""
+        if self.peft is None:
+            return self.model_state()
+        adapter = {
+            name: whole_tensor(parameter)
+            for name, parameter in self.model.named_parameters()
+            if ".lora_" in name
+        }
+        return adapter_from_state(adapter, self.lora_scalings)
+
+    def adapter_checkpoint(self) -> PeftCheckpoint | None:
+        """Under LoRA, what a checkpoint writes in PEFT's format: the model, and when sharded
+        the whole adapter gathered by the last :meth:`model_state` (a rank writing alone cannot
+        gather DTensors)."""
+        if self.peft is None:
+            return None
+        return PeftCheckpoint(self.peft, self.adapter_snapshot if self.mesh is not None else None)
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         """Sharded: rank 0's whole weights (tied duplicates may be absent) out to every rank;
         the other ranks pass ``{}``. Strict: a name missing or unexpected is refused."""
         assert self.mesh is not None, "one process loads with trainer_checkpoint.load_weights"
+        if self.peft is not None:
+            # The base is model_name's on every rank: the adapter alone (checked whole by
+            # lora.adapter_tensors), so the base's names are absent by design.
+            set_model_state_dict(self.model, dict(state), options=_ADAPTER_FROM_FIRST_RANK)
+            return
         if state:
             state = {**{n: state[o] for n, o in self.tied.items() if o in state}, **state}
-        set_model_state_dict(self.model, state, options=_FROM_FIRST_RANK)
+        set_model_state_dict(self.model, dict(state), options=_FROM_FIRST_RANK)
 
     def state_dict(self) -> dict[str, object]:
         """Optimizer (by parameter name, whole tensors: the same in one process and sharded),
@@ -465,6 +515,11 @@ class PolicyTrainer:
             group["lr"] = base * multiplier(position)
         # What get_last_lr reports; torch keeps it in a private attribute with no setter.
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+
+def whole_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (a collective over its mesh), a tensor itself; detached."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
 
 
 def _larger_than_one(mesh: DeviceMesh) -> DeviceMesh | None:

@@ -53,12 +53,14 @@ from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
 from dockyard.consumers.trainer.tensor_parallel import DP, TP
 from dockyard.consumers.trainer.trainer_checkpoint import ADAPTER_DIR, load_weights
 from dockyard.models.devices import training_device
-from dockyard.models.lora import load_peft_adapter
+from dockyard.models.lora import PeftCheckpoint, adapter_tensors, load_peft_adapter
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
 
-CommandKind = Literal["step", "agreement", "model_state", "training_state", "load", "stop"]
+CommandKind = Literal[
+    "step", "agreement", "model_state", "engine_weights", "training_state", "load", "stop"
+]
 
 
 @dataclass(frozen=True)
@@ -189,8 +191,15 @@ class TrainerRanks:
     def engine_weights(self) -> dict[str, torch.Tensor]:
         """What a weight event carries (:meth:`PolicyTrainer.engine_weights`)."""
         if self.mesh is not None:
-            self._announce("model_state")
+            self._announce("engine_weights")
         return self.trainer.engine_weights()
+
+    def adapter_checkpoint(self) -> PeftCheckpoint | None:
+        """Under LoRA, the adapter a checkpoint writes (after :meth:`model_state`, which gathers
+        it when sharded); None otherwise, and for a trainer backend without LoRA."""
+        if not isinstance(self.trainer, PolicyTrainer):
+            return None
+        return self.trainer.adapter_checkpoint()
 
     def training_state(self) -> dict[str, object]:
         """Optimizer, scheduler and loss-scaler state (:meth:`PolicyTrainer.state_dict`)."""
@@ -205,11 +214,14 @@ class TrainerRanks:
         where: Path,
     ) -> None:
         """A checkpoint's whole weights (and training state) into every rank."""
-        if self.trainer.peft is not None:  # the base is model_name's: only the adapter trained
-            load_peft_adapter(self.trainer.peft, where / ADAPTER_DIR)
+        peft = self.trainer.peft
+        if peft is not None and self.mesh is None:  # the base is model_name's: the adapter alone
+            load_peft_adapter(peft, where / ADAPTER_DIR)
             if training_state is not None:
                 self.trainer.load_state_dict(training_state)
             return
+        if peft is not None:  # sharded: rank 0's adapter out to every rank's shards
+            weights = adapter_tensors(peft, where / ADAPTER_DIR)
         if self.mesh is None:
             load_weights(self.trainer.model, weights, where)
             if training_state is not None:
@@ -252,6 +264,8 @@ def follow(trainer: PolicyTrainer) -> None:
             dist.gather_object(measure_agreement(trainer, share[0]), None, dst=0)
         elif command.kind == "model_state":
             trainer.model_state()
+        elif command.kind == "engine_weights":
+            trainer.engine_weights()
         elif command.kind == "training_state":
             trainer.state_dict()
         elif command.kind == "load":

@@ -8,6 +8,18 @@ are summed by an all-reduce). Attention then runs on each rank's own heads: Tran
 Llama attention reshapes to ``(-1, head_dim)``, so it takes whatever number of heads its rank
 holds. Embeddings, norms and the LM head stay whole on every rank.
 
+Sequence parallelism (``policy.dtensor_cfg.sequence_parallel``), as torch's tensor-parallel
+tutorial does it for Llama: between the attention and MLP blocks the activations are split over
+the ``tp`` ranks by sequence position (``Shard(1)``) instead of held whole, so the norms
+(``SequenceParallel``: replicated weights, gradients summed over the ranks) and the residual
+adds run on each rank's own positions. Each block's input is all-gathered
+(``PrepareModuleInput``: ``Shard(1)`` → ``Replicate``) and o_proj / down_proj reduce-scatter
+their partial sums back to ``Shard(1)`` (what the plain plan all-reduces). Transformers builds
+the causal mask and the rotary embeddings from the embedding output's length, so the embedding
+output stays whole; the first layer takes its own slice of it, and the final norm gathers the
+sequence back for the LM head. Shards are even: the model's input is padded at the end to a
+multiple of the ``tp`` size (positions no real token attends to) and the logits trimmed back.
+
 Ranks form a 2-D mesh ``("dp", "tp")``: the ``tp`` ranks of one data-parallel group see the same
 batch; FSDP2 shards over ``dp`` (:mod:`.data_parallel`).
 """
@@ -15,14 +27,18 @@ batch; FSDP2 shards over ``dp`` (:mod:`.data_parallel`).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
+    PrepareModuleInput,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 
@@ -39,6 +55,37 @@ LAYER_PLAN: dict[str, type[ParallelStyle]] = {
 }
 
 
+#: Activations split by sequence position (``[batch, position, hidden]``).
+_SEQUENCE = Shard(1)
+
+
+def _gather_sequence(**kwargs: Any) -> PrepareModuleInput:
+    return PrepareModuleInput(
+        desired_input_layouts=(Replicate(),) if "input_layouts" in kwargs else None,
+        desired_input_kwarg_layouts=(
+            {"hidden_states": Replicate()} if "input_kwarg_layouts" in kwargs else None
+        ),
+        use_local_output=True,
+        **kwargs,
+    )
+
+
+def sequence_parallel_layer_plan() -> dict[str, ParallelStyle]:
+    """:data:`LAYER_PLAN` with the activations between blocks split by sequence position."""
+    plan: dict[str, ParallelStyle] = {name: style() for name, style in LAYER_PLAN.items()}
+    plan.update(
+        {
+            "input_layernorm": SequenceParallel(),
+            "self_attn": _gather_sequence(input_kwarg_layouts={"hidden_states": _SEQUENCE}),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=_SEQUENCE),
+            "post_attention_layernorm": SequenceParallel(),
+            "mlp": _gather_sequence(input_layouts=(_SEQUENCE,)),
+            "mlp.down_proj": RowwiseParallel(output_layouts=_SEQUENCE),
+        }
+    )
+    return plan
+
+
 def check_divisible(config: object, size: int) -> None:
     """Heads and MLP width must split evenly over ``size`` ranks."""
     for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
@@ -50,19 +97,75 @@ def check_divisible(config: object, size: int) -> None:
             )
 
 
-def parallelize_policy(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
-    """Apply :data:`LAYER_PLAN` to every decoder layer over the 1-D ``mesh`` (the ``tp`` ranks)."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
+def parallelize_policy(
+    model: torch.nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool = False
+) -> torch.nn.Module:
+    """Apply :data:`LAYER_PLAN` to every decoder layer over the 1-D ``mesh`` (the ``tp`` ranks);
+    with ``sequence_parallel``, :func:`sequence_parallel_layer_plan` (see the module's doc)."""
+    decoder = getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    if decoder is None or layers is None:
         raise ValueError(
             f"{type(model).__name__} has no .model.layers: the tensor-parallel plan here is for "
             "the Hugging Face decoder-only layout (Qwen2, Llama, ...)"
         )
-    check_divisible(model.config, mesh.size())  # type: ignore[attr-defined]
-    plan = {name: style() for name, style in LAYER_PLAN.items()}
+    check_divisible(model.config, mesh.size())
+    if not sequence_parallel:
+        plan = {name: style() for name, style in LAYER_PLAN.items()}
+        for layer in layers:
+            parallelize_module(layer, mesh, plan)
+        return model
     for layer in layers:
-        parallelize_module(layer, mesh, plan)  # type: ignore[arg-type]
+        parallelize_module(layer, mesh, sequence_parallel_layer_plan())
+    first_and_norm: dict[str, ParallelStyle] = {
+        # The whole embedding output in, this rank's positions out: a slice, no communication.
+        "layers.0": PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(_SEQUENCE,), use_local_output=True
+        ),
+        "norm": _gather_sequence(input_layouts=(_SEQUENCE,)),
+    }
+    parallelize_module(decoder, mesh, first_and_norm)
+    multiple = mesh.size()
+    model.register_forward_pre_hook(_padding_hook(multiple), with_kwargs=True)
+    model.register_forward_hook(_trimming_hook, with_kwargs=True)
     return model
+
+
+def _padding_hook(multiple: int) -> Any:
+    """Pads ``input_ids`` and its mask or position ids at the end to a multiple of ``multiple``
+    (the sequence splits evenly). Padded positions come after every real token, so under the
+    causal mask no real token attends to them; their mask is 0, or they restart positions at 0
+    (a packed sequence of their own)."""
+
+    def pad(
+        module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        input_ids = kwargs.get("input_ids")
+        if args or input_ids is None:
+            raise ValueError("sequence parallelism: call the policy with input_ids=... only")
+        length = input_ids.shape[1]
+        extra = -length % multiple
+        module._dockyard_sequence_length = length  # for the trim
+        if extra == 0:
+            return args, kwargs
+        kwargs = dict(kwargs, input_ids=F.pad(input_ids, (0, extra)))
+        if kwargs.get("attention_mask") is not None:
+            kwargs["attention_mask"] = F.pad(kwargs["attention_mask"], (0, extra))
+        positions = kwargs.get("position_ids")
+        if positions is not None:
+            restart = torch.arange(extra, device=positions.device).expand(positions.shape[0], -1)
+            kwargs["position_ids"] = torch.cat([positions, restart.to(positions.dtype)], dim=1)
+        return args, kwargs
+
+    return pad
+
+
+def _trimming_hook(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+) -> Any:
+    length = module._dockyard_sequence_length
+    output.logits = output.logits[:, :length]
+    return output
 
 
 def clip_mixed_gradients(

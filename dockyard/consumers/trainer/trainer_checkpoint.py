@@ -17,16 +17,12 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from peft import PeftModel
-
 from dockyard.checkpoints.model_files import load_checkpoint_state_dict, save_model_checkpoint
-from dockyard.models.lora import save_peft_adapter
+from dockyard.models.lora import PeftCheckpoint
 
 OPTIMIZER_FILE = "optimizer.pt"
 #: Under LoRA: the adapter in PEFT's format (the model file holds the merged weights).
@@ -55,7 +51,7 @@ def write_checkpoint(
     model_state: dict[str, torch.Tensor],
     training_state: dict[str, object] | None,
     model_format: str = "safetensors",
-    adapter: PeftModel | None = None,
+    adapter: PeftCheckpoint | None = None,
 ) -> None:
     """``model_state``: the whole weights (``PolicyTrainer.model_state``); ``model`` gives the
     HF config. ``training_state`` (``PolicyTrainer.state_dict``): None = not saved."""
@@ -67,7 +63,7 @@ def write_checkpoint(
         state_dict=model_state,
     )
     if adapter is not None:
-        save_peft_adapter(adapter, directory / ADAPTER_DIR)
+        adapter.save(directory / ADAPTER_DIR)
     if training_state is not None:
         torch.save(training_state, directory / OPTIMIZER_FILE)
     torch.save(

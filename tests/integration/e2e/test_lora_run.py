@@ -13,7 +13,10 @@ from tests.integration.e2e.test_end_to_end import assert_checkpoint_exports_to_h
 pytestmark = pytest.mark.slow
 
 
-def test_a_lora_run_refits_the_workers_from_adapters(tmp_path, small_run):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_lora_run_refits_the_workers_from_adapters(tmp_path, small_run, ranks):
+    """With two trainer ranks (FSDP2 over the peft model), rank 0 gathers the adapter for each
+    weight event and the whole state for the checkpoint; the other rank joins both."""
     run_dir = tmp_path / "run"
     result = run_dockyard(
         "run",
@@ -22,18 +25,20 @@ def test_a_lora_run_refits_the_workers_from_adapters(tmp_path, small_run):
         *small_run,
         "grpo.max_num_steps=2",
         "policy.dtensor_cfg.lora_cfg.enabled=true",
+        *(["--trainer-ranks", str(ranks)] if ranks > 1 else []),
         "--run-dir",
         str(run_dir),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert metric_steps(run_dir) == [1, 2]
     assert len(assert_exactly_once(run_dir)) == 2 * 4
-    placement = next(
+    placements = [
         e
         for e in json_events(run_dir / "logs" / "trainer.log")
         if e["event"] == "trainer.placement"
-    )
-    assert placement["lora_rank"] == 8
+    ]
+    assert [e["lora_rank"] for e in placements] == [8] * ranks
+    assert all(e["data_parallel_ranks"] == ranks for e in placements)
     refits = [
         e for e in json_events(run_dir / "logs" / "rollout-0.log") if e["event"] == "refit.done"
     ]

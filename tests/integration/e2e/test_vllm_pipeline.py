@@ -16,7 +16,14 @@ pytestmark = pytest.mark.slow
 ensure_vllm()
 
 
-def test_a_few_steps_with_the_vllm_engine(tmp_path, small_run):
+@pytest.mark.parametrize(
+    "weights",
+    [[], ["policy.dtensor_cfg.lora_cfg.enabled=true"]],
+    ids=["full_weights", "lora_adapters"],
+)
+def test_a_few_steps_with_the_vllm_engine(tmp_path, small_run, weights):
+    """With LoRA, weight events carry adapters and vLLM (enable_lora) serves each as a
+    LoRARequest: its log-probs agree with the trainer's LoRA policy as closely."""
     run_dir = tmp_path / "run"
     result = run_dockyard(
         "run",
@@ -25,6 +32,10 @@ def test_a_few_steps_with_the_vllm_engine(tmp_path, small_run):
         *small_run,
         "grpo.max_num_steps=3",
         "policy.generation.backend=vllm",
+        *weights,
+        # On the CPU this is the share of the machine's memory vLLM reserves at start (it refuses
+        # to start when less is free); the tiny model needs little, and the machine is shared.
+        "policy.generation.vllm_cfg.gpu_memory_utilization=0.15",
         "checkpointing.enabled=false",
         "--run-dir",
         str(run_dir),

@@ -135,7 +135,8 @@ def test_ignored_speed_settings_only_warn(tmp_path):
         ["++policy.dtensor_cfg.sequence_parallel=true", "++policy.dtensor_cfg.cpu_offload=true"],
     )
     assert not_implemented(config) == []
-    # cpu_offload takes effect (FSDP2's CPUOffloadPolicy); sequence parallelism is only warned about
+    # cpu_offload takes effect (FSDP2's CPUOffloadPolicy); sequence parallelism is warned about
+    # with tensor_parallel_size=1 (nothing to split over)
     assert [issue.path for issue in ignored(config)] == ["policy.dtensor_cfg.sequence_parallel"]
     packed = load_config("configs/quickstart.yaml", ["policy.sequence_packing.enabled=true"])
     assert ignored(packed) == [] and not_implemented(packed) == []  # it takes effect

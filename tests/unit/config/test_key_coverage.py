@@ -78,6 +78,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "grpo.worker_trust.enabled": ("consumers/trainer/loop.py",),
     "policy.scheduler.*": ("consumers/trainer/optim.py",),
     "policy.dtensor_cfg.enabled": ("config/capabilities.py",),
+    "policy.dtensor_cfg.sequence_parallel": ("consumers/trainer/policy_trainer.py",),
     "policy.jax_cfg.*": ("consumers/trainer/backend.py", "consumers/trainer/jax_backend/mesh.py"),
     # The budgets are resolved by PolicyConfig.token_budget, which micro_batches.py calls.
     "policy.sequence_packing.*": (

@@ -40,6 +40,18 @@ def test_engine_kwargs_map_precision_and_refit_hooks():
     assert fp8["max_model_len"] == 32 and "seed" not in fp8
 
 
+def test_lora_starts_vllm_with_the_smallest_allowed_rank_that_holds_the_adapters():
+    """vLLM 0.32 accepts max_lora_rank in {1, 8, 16, 32, 64, 128, 256, 320, 512}."""
+    cfg = VllmConfig(precision="float32")
+    assert "enable_lora" not in vllm_engine_kwargs(cfg, seed=None, max_model_len=None)
+    for rank, allowed in ((1, 1), (4, 8), (8, 8), (9, 16), (300, 320), (512, 512)):
+        kwargs = vllm_engine_kwargs(cfg, seed=None, max_model_len=None, lora_rank=rank)
+        assert kwargs["enable_lora"] is True
+        assert (kwargs["max_lora_rank"], kwargs["max_loras"]) == (allowed, 1)
+    with pytest.raises(ValueError, match=r"lora_cfg\.rank=513: vLLM serves LoRA ranks up to 512"):
+        vllm_engine_kwargs(cfg, seed=None, max_model_len=None, lora_rank=513)
+
+
 def test_sampling_kwargs_forward_every_validated_field():
     params = make_sampling_params(
         max_new_tokens=9,

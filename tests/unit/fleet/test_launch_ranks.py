@@ -80,13 +80,18 @@ def test_several_ranks_refuse_the_supervised_warm_start(capsys, tmp_path, monkey
     assert "sft.enabled: the supervised warm start runs in one process" in capsys.readouterr().err
 
 
-def test_several_ranks_refuse_lora(capsys, tmp_path, monkeypatch):
+def test_lora_runs_on_data_parallel_ranks_but_not_tensor_parallel_ones(
+    capsys, tmp_path, monkeypatch
+):
+    lora = "policy.dtensor_cfg.lora_cfg.enabled=true"
+    # FSDP2 shards the peft model (the quickstart's supervised warm start runs in one process)
+    check_ranks_can_run(load_config(QUICKSTART, [lora, "sft.enabled=false"]), 2)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    lora = "policy.dtensor_cfg.lora_cfg.enabled=true"
-    code = main(["trainer", "--config", QUICKSTART, lora, "--run-dir", str(tmp_path)])
+    tensor = "policy.dtensor_cfg.tensor_parallel_size=2"
+    code = main(["trainer", "--config", QUICKSTART, lora, tensor, "--run-dir", str(tmp_path)])
     assert code == 2
-    assert "policy.dtensor_cfg.lora_cfg.enabled: LoRA trains in one process" in (
+    assert "policy.dtensor_cfg.lora_cfg.enabled: the tensor-parallel plan splits nn.Linear" in (
         capsys.readouterr().err
     )
 

@@ -21,7 +21,7 @@ from dockyard.schemas import ScoredRollout
 from tests.unit.trainer.test_packing import PAD, tiny_model, varied_groups
 
 if TYPE_CHECKING:
-    from peft import PeftModel
+    from dockyard.models.lora import PeftCheckpoint
 
 HONEST, TAMPERED = "w-honest", "w-tampered"
 
@@ -53,7 +53,7 @@ def checkpoint_of(
     weights: dict[str, torch.Tensor],
     training_state: dict[str, object],
     directory: Path,
-    adapter: PeftModel | None = None,
+    adapter: PeftCheckpoint | None = None,
 ) -> None:
     directory.mkdir(parents=True)
     state = TrainerState(step=1, weight_version=1, dispatcher={}, replay_from_seq=1, ledger={})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 
 from dockyard.broker.weight_blobs.base import tensors_to_bytes
@@ -69,7 +70,11 @@ def test_a_checkpoint_holds_the_merged_model_and_resumes_the_adapter(tmp_path):
     ranks = TrainerRanks(trainer)
     directory = tmp_path / "step_1"
     checkpoint_of(
-        trainer.model, ranks.model_state(), ranks.training_state(), directory, trainer.peft
+        trainer.model,
+        ranks.model_state(),
+        ranks.training_state(),
+        directory,
+        ranks.adapter_checkpoint(),
     )
     # The model file: the plain architecture's names, the adapter merged in (export's input).
     plain = tiny_model("qwen2")
@@ -87,12 +92,34 @@ def test_a_checkpoint_holds_the_merged_model_and_resumes_the_adapter(tmp_path):
     assert all(torch.equal(moments[n], saved[n]) for n in saved)
 
 
-def test_lora_is_refused_only_where_an_engine_cannot_merge_adapters():
+def test_lora_is_refused_only_where_an_engine_cannot_refit_from_adapters():
+    """The torch engine merges adapters and the in-process vLLM engine loads them; SGLang and a
+    vLLM server launched by the user do not; the tensor-parallel plan cannot split peft's
+    layers."""
     from dockyard.config.capabilities import not_implemented
 
-    torch_engine = load_config("configs/quickstart.yaml", LORA)
-    assert not_implemented(torch_engine) == []
-    vllm = load_config("configs/quickstart.yaml", [*LORA, "policy.generation.backend=vllm"])
-    assert [issue.path for issue in not_implemented(vllm)] == [
-        "policy.dtensor_cfg.lora_cfg.enabled"
+    def refused(*overrides: str) -> list[str]:
+        config = load_config("configs/quickstart.yaml", [*LORA, *overrides])
+        return [issue.path for issue in not_implemented(config)]
+
+    assert refused() == []
+    assert refused("policy.generation.backend=vllm") == []
+    lora = ["policy.dtensor_cfg.lora_cfg.enabled"]
+    url = "[http://127.0.0.1:8000]"
+    sglang = ["policy.generation.backend=sglang", f"policy.generation.sglang_cfg.server_urls={url}"]
+    assert refused(*sglang) == lora
+    server = [
+        "policy.generation.backend=vllm",
+        "policy.generation.vllm_cfg.mode=server",
+        f"policy.generation.vllm_cfg.server_urls={url}",
     ]
+    assert "policy.dtensor_cfg.lora_cfg.enabled" in refused(*server)
+    assert refused("policy.dtensor_cfg.tensor_parallel_size=2") == lora
+
+
+def test_lora_under_tensor_parallelism_is_refused_by_the_trainer_too():
+    config = load_config(
+        "configs/quickstart.yaml", BASE + LORA + ["policy.dtensor_cfg.tensor_parallel_size=2"]
+    )
+    with pytest.raises(ValueError, match=r"lora_cfg\.enabled with tensor_parallel_size > 1"):
+        PolicyTrainer(tiny_model("qwen2"), config, torch.device("cpu"))

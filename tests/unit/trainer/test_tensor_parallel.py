@@ -1,7 +1,9 @@
-"""Tensor parallelism (``policy.dtensor_cfg.tensor_parallel_size=2``): two gloo ranks under
-torchrun (real processes) split each decoder layer's projections; the loss, the whole gradients,
-the grad norm and the parameters after one AdamW step equal the single-process trainer's on the
-same batch (float32), and the gathered weights are the unsharded blob, byte for byte."""
+"""Tensor parallelism (``policy.dtensor_cfg.tensor_parallel_size=2``), with and without sequence
+parallelism: two gloo ranks under torchrun (real processes) split each decoder layer's
+projections (and, sequence parallel, the activations between blocks by position); the loss, the
+whole gradients, the grad norm and the parameters after one AdamW step equal the single-process
+trainer's on the same batch (float32), and the gathered weights are the unsharded blob, byte
+for byte."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.tensor_parallel import check_divisible
 from tests.unit.trainer.ranks_check import run_two_ranks
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
-from tests.unit.trainer.tp_worker import LAYOUTS, TP2
+from tests.unit.trainer.tp_worker import LAYOUTS, SP, TP2
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,10 @@ def ranks(tmp_path_factory):
 def test_two_tensor_parallel_ranks_equal_one_process(ranks, layout):
     batch = on_policy(varied_batch(), "qwen2")
     model = tiny_model("qwen2")
-    config = load_config("configs/quickstart.yaml", BASE + LAYOUTS[layout])
+    # One process runs without sequence parallelism (it splits nothing there): the split step
+    # must equal the plain one.
+    one_process = [o for o in LAYOUTS[layout] if o not in SP]
+    config = load_config("configs/quickstart.yaml", BASE + one_process)
     trainer = PolicyTrainer(model, config, torch.device("cpu"))
     digest = digest_of_bytes(tensors_to_bytes(trainer.model_state()))
     single = trainer.gradients(batch)
@@ -37,6 +42,7 @@ def test_two_tensor_parallel_ranks_equal_one_process(ranks, layout):
 
     split = ranks[layout]
     assert split["sharded"]  # q_proj's weight is a DTensor: the plan was applied
+    assert split["norm_replicated"] == layout.endswith("_sp")
     assert split["digest"] == digest
     assert split["loss"] == pytest.approx(single.loss.loss, rel=1e-5, abs=1e-7)
     for name, grad in grads.items():

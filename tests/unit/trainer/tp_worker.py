@@ -24,14 +24,13 @@ from dockyard.consumers.trainer.ranks import World, join_ranks, leave_ranks
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
 
 TP2 = ["policy.dtensor_cfg.tensor_parallel_size=2"]
-LAYOUTS = {
-    "padded": [],
-    "packed": [
-        "policy.sequence_packing.enabled=true",
-        "policy.sequence_packing.train_mb_tokens=32",
-        "policy.sequence_packing.logprob_mb_tokens=40",
-    ],
-}
+PACKED = [
+    "policy.sequence_packing.enabled=true",
+    "policy.sequence_packing.train_mb_tokens=32",
+    "policy.sequence_packing.logprob_mb_tokens=40",
+]
+SP = ["policy.dtensor_cfg.sequence_parallel=true"]
+LAYOUTS = {"padded": [], "packed": PACKED, "padded_sp": SP, "packed_sp": PACKED + SP}
 
 
 def whole(tensors) -> dict[str, torch.Tensor]:
@@ -64,6 +63,10 @@ def main() -> None:
                     "grad_norm": outcome.grad_norm,
                     "params": params,
                     "sharded": isinstance(model.model.layers[0].self_attn.q_proj.weight, DTensor),
+                    # Sequence parallel: the norms hold replicated DTensors.
+                    "norm_replicated": isinstance(
+                        model.model.layers[0].input_layernorm.weight, DTensor
+                    ),
                 },
                 out / f"{name}.pt",
             )
