@@ -112,6 +112,14 @@ class Toolbox(abc.ABC):
         """The episode's session; ``task`` is its group's ``extra`` (a setup script, say).
         Raises :class:`TaskRefused` for a task that cannot be set up."""
 
+    @classmethod
+    def tool_schemas(cls) -> list[dict[str, Any]]:
+        """The tools a session offers, as chat templates take them (OpenAI function schemas,
+        ``tokenizer.apply_chat_template(tools=...)``): what the prompt tells the model. A
+        class method: prompts are rendered where no toolbox is built (the dispatcher). None
+        by default (a toolbox whose prompts describe their tools themselves)."""
+        return []
+
     async def aclose(self) -> None:  # noqa: B027 - optional: most toolboxes hold nothing
         """Release held resources (connections)."""
 
@@ -123,6 +131,7 @@ _BUILTIN_MODULES = {
     "calculator": "dockyard.environments.tools.calculator",
     "arithmetic": "dockyard.environments.tools.calculator",
     "terminal_bench": "dockyard.environments.tools.terminal",
+    "gdpval": "dockyard.environments.tools.gdpval",
 }
 _ToolboxClass = TypeVar("_ToolboxClass", bound=type[Toolbox])
 
