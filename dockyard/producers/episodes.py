@@ -51,7 +51,7 @@ from dockyard.environments.tools.toolbox import (
     run_tool_call,
     toolbox_class,
 )
-from dockyard.schemas import FinishReason, PromptGroup, Segment, ToolCall
+from dockyard.schemas import FinishReason, PromptGroup, Segment, ToolCall, ToolCallError
 from dockyard.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -169,6 +169,14 @@ class Episode:
         self.segments.append(Segment(role="tool", start=start, end=len(self.token_ids)))
         if len(kept) < len(token_ids) or self.remaining == 0:
             self.finish(FinishReason.LENGTH)
+
+
+def wire_error(failure: ToolFailure | None) -> str | None:
+    """The ``ToolCall.error`` code of a run call's failure (the wire's codes are the toolbox's;
+    a malformed call is never recorded as a call: it has no name)."""
+    if failure is None:
+        return None
+    return ToolCallError(failure.value).value
 
 
 def render_observation(fmt: ToolCallFormat, results: Sequence[tuple[str, str]]) -> str:
@@ -335,6 +343,7 @@ class EpisodeRunner:
                     arguments_json=call.arguments_json,
                     result=outcome.text,
                     segment_index=segment,
+                    error=wire_error(outcome.failure),
                 )
             )
             observed.append((call_id, outcome.text))

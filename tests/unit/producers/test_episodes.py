@@ -215,3 +215,24 @@ def test_an_unreachable_tool_service_fails_the_episode():
     assert episode.finish_reason is FinishReason.ERROR
     assert episode.failure == "tool service unavailable: connection refused"
     assert [s.role for s in episode.segments] == ["assistant"]
+
+
+def test_every_call_records_on_the_wire_why_its_result_is_an_error():
+    # ToolCall.error (rollout 3.1): the failure of each run call, None for an answer.
+    turn = call("echo", text="a") + call("nope") + call("crash") + call("echo", text="b")
+    limits = ToolLimits(timeout_s=5.0)
+    episode, _ = run([turn, "done"], MisbehavingSession(), per_turn=3, limits=limits)
+    assert [(c.name, c.error) for c in episode.tool_calls] == [
+        ("echo", None),
+        ("nope", "unknown_tool"),
+        ("crash", "raised"),
+        ("echo", "too_many_calls"),
+    ]
+    assert [c.invalid for c in episode.tool_calls] == [False, True, False, True]
+
+
+def test_a_call_the_tool_refuses_records_bad_arguments():
+    bad = '<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>'
+    episode, _ = run([bad, "done"])
+    [recorded] = episode.tool_calls
+    assert recorded.error == "bad_arguments" and recorded.invalid
