@@ -24,7 +24,6 @@ import pytest
 
 from dockyard.config.capabilities import not_implemented
 from dockyard.config.loader import load_config
-from dockyard.environments.tools.toolbox import available_toolboxes
 from dockyard.fleet.recipe import plan_recipe
 from dockyard.observability.status_files import read_statuses
 from tests.integration.e2e.conftest import QUICKSTART, ROOT, SMALL_RUN, run_dockyard
@@ -77,6 +76,14 @@ RUNS: dict[str, CpuRun] = {
     "grpo_gdpval.yaml": CpuRun(
         PRESETS / "grpo_gdpval.yaml", "gdpval", judge=True, allowed_dead_letters=("judge_refused",)
     ),
+    # Multi-turn gdpval (issue #23): episodes with the gdpval file tools in the sandbox; the
+    # scorer replays their file-changing calls, then the same tiny judge grades.
+    "grpo_gdpval_agentic.yaml": CpuRun(
+        PRESETS / "grpo_gdpval_agentic.yaml",
+        "gdpval",
+        judge=True,
+        allowed_dead_letters=("judge_refused",),
+    ),
     # Multi-turn tool use (issue #23): episodes with the calculator toolbox, CPU-sized as is.
     "multiturn_tools.yaml": CpuRun(
         CONFIGS / "multiturn_tools.yaml", "arithmetic", tuple(SMALL_RUN)
@@ -105,11 +112,6 @@ EXCLUDED: dict[str, Exclusion] = {
     "grpo_swe_sglang.yaml": Exclusion(
         "SGLang servers do not run on this machine (no sglang installed; GPU servers)",
         lambda: importlib.util.find_spec("sglang") is None and shutil.which("sglang") is None,
-    ),
-    "grpo_gdpval_agentic.yaml": Exclusion(
-        "multi-turn works (issue #23) but gdpval has no toolbox yet (file tools in the sandbox), "
-        "so the file is refused at launch",
-        lambda: "gdpval" not in available_toolboxes(),
     ),
     "grpo_osworld.yaml": Exclusion(
         "multi-turn computer use is built elsewhere (issue #23); the desktop simulator is "
