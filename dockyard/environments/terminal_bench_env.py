@@ -22,7 +22,6 @@ check's on the final state, never the worker's word.
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import threading
@@ -44,7 +43,7 @@ from dockyard.environments.base import (
 from dockyard.environments.code_env import score_samples_in_thread
 from dockyard.environments.registry import register_environment
 from dockyard.environments.sandbox import Sandbox, SandboxResult, SandboxSession
-from dockyard.environments.tools.toolbox import NOT_RUN_PREFIX, ToolArgumentError
+from dockyard.environments.tools.toolbox import ToolArgumentError, ran_calls
 
 #: The multi-turn tool's name, and what runs ahead of each of its commands: stderr into stdout,
 #: so the model reads them interleaved as on a terminal (the replay runs the same script).
@@ -140,16 +139,10 @@ def replayed_commands(
     calls of another name, with arguments it refused, and calls not run (the turn limit, past
     the calls allowed per turn)."""
     scripts = []
-    for call in calls:
-        if call.name != BASH_TOOL or call.result is None:
-            continue
-        if call.result.startswith(NOT_RUN_PREFIX):
-            continue
+    for _, arguments in ran_calls(calls, {BASH_TOOL}):
         try:
-            arguments = json.loads(call.arguments_json)
-            if isinstance(arguments, dict):
-                scripts.append(MERGE_STDERR + command_of(arguments, settings))
-        except (ValueError, ToolArgumentError):
+            scripts.append(MERGE_STDERR + command_of(arguments, settings))
+        except ToolArgumentError:
             continue
     return scripts
 

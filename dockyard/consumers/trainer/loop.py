@@ -59,6 +59,7 @@ from dockyard.consumers.trainer.worker_trust import WorkerScreen
 from dockyard.data.chat import build_prompt_dataset
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
+from dockyard.environments.tools.prompting import tool_prompts
 from dockyard.observability.metrics import MetricsLogger
 from dockyard.observability.metrics.gpu_monitor import start_gpu_monitor
 from dockyard.observability.metrics.jsonl_backend import METRICS_FILE
@@ -179,14 +180,17 @@ class TrainerLoop:
             self.evaluation_model.to(self.trainer.device)
         self.publish_dtype = precision_dtype(cfg.policy.precision)
         default_env = cfg.data.default_env
+        # Rendered as the dispatcher's prompts are (the tools described where episodes call
+        # them): the warm start and the validation see what the rollouts see.
+        tools = tool_prompts(cfg)
         self.train_data = build_prompt_dataset(
-            cfg.data.train, cfg.data, cfg.policy.tokenizer, self.tokenizer
+            cfg.data.train, cfg.data, cfg.policy.tokenizer, self.tokenizer, tools
         )
         context = EnvironmentContext(env=cfg.env, distillation=cfg.on_policy_distillation)
         self.evaluator: Evaluator | None = None
         if cfg.data.validation is not None:
             validation = build_prompt_dataset(
-                cfg.data.validation, cfg.data, cfg.policy.tokenizer, self.tokenizer
+                cfg.data.validation, cfg.data, cfg.policy.tokenizer, self.tokenizer, tools
             )
             env_name = cfg.data.validation.env or default_env
             self.evaluator = Evaluator(

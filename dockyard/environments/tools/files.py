@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dockyard.config.sections.env import SandboxLimits
 from dockyard.environments.sandbox import SandboxResult, SandboxSession
-from dockyard.environments.tools.toolbox import NOT_RUN_PREFIX, ToolArgumentError
+from dockyard.environments.tools.toolbox import ToolArgumentError, ran_calls
 
 BASH = "bash"
 READ_FILE = "read_file"
@@ -275,19 +276,27 @@ def run_prepared(
     )
 
 
-def render(call: PreparedCall, result: SandboxResult, max_output_bytes: int) -> str:
-    """What the model reads: the output, then how the call ended (a file operation's refusal
-    is its reason alone)."""
+def render_shell(result: SandboxResult, limits: SandboxLimits) -> str:
+    """What the model reads of a command: the output as a terminal shows it (bytes that are not
+    UTF-8 escaped, not refused: a binary file's ``cat`` is the command's doing), then how it
+    ended."""
     text = result.stdout.decode("utf-8", errors="backslashreplace")
     if text and not text.endswith("\n"):
         text += "\n"
     if result.output_limit_exceeded:
-        return text + f"[output over {max_output_bytes} bytes: cut, killed]"
+        return text + f"[output over {limits.max_output_bytes} bytes: cut, killed]"
     if result.timed_out:
-        return text + "[killed: over the time limit]"
-    if not call.is_shell:
-        return text if result.returncode == 0 else f"error: {text.strip()}"
+        return text + f"[killed: over the {limits.wall_time_s:g}s limit]"
     return text + f"[exit {result.returncode}]"
+
+
+def render(call: PreparedCall, result: SandboxResult, limits: SandboxLimits) -> str:
+    """What the model reads of a call: a command as :func:`render_shell`; a file operation's
+    output, or its refusal's reason alone."""
+    if call.is_shell or result.output_limit_exceeded or result.timed_out:
+        return render_shell(result, limits)
+    text = result.stdout.decode("utf-8", errors="backslashreplace")
+    return text if result.returncode == 0 else f"error: {text.strip()}"
 
 
 def apply_call(
@@ -302,25 +311,19 @@ def apply_call(
     """Validate and run one call; the observation text (ToolArgumentError for bad arguments)."""
     prepared = prepare(name, arguments, settings)
     result = run_prepared(session, prepared, settings, cwd, deadline, cancel)
-    return render(prepared, result, session.sandbox.limits.max_output_bytes)
+    return render(prepared, result, session.sandbox.limits)
 
 
 def replayed_calls(
     calls: Sequence[Any], tools: frozenset[str], settings: FileToolSettings
 ) -> list[PreparedCall]:
-    """The mutating calls of an episode (``ToolCallRecord``-like: name, arguments_json,
-    result), validated as the tool did, in order. Left out as the tool left them: tools not
-    offered, read-only tools, refused arguments, calls not run."""
+    """The mutating calls of an episode that ran, validated as the tool did, in order. Left
+    out as the tool left them: tools not offered, read-only tools, refused arguments, calls
+    not run (:func:`~dockyard.environments.tools.toolbox.ran_calls`)."""
     replay: list[PreparedCall] = []
-    for call in calls:
-        if call.name not in tools or call.name not in MUTATING or call.result is None:
-            continue
-        if call.result.startswith(NOT_RUN_PREFIX):
-            continue
+    for name, arguments in ran_calls(calls, tools & MUTATING):
         try:
-            arguments = json.loads(call.arguments_json)
-            if isinstance(arguments, dict):
-                replay.append(prepare(call.name, arguments, settings))
-        except (ValueError, ToolArgumentError):
+            replay.append(prepare(name, arguments, settings))
+        except ToolArgumentError:
             continue
     return replay

@@ -10,13 +10,11 @@ worker's sandbox.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from dockyard.config.sections.env import EnvConfig, GdpvalEnvConfig
 from dockyard.environments.gdpval_env import GDPVAL_TOOLS, file_tool_settings
-from dockyard.environments.sandbox import SandboxSession
 from dockyard.environments.tools.files import FILE_TOOLS, FileToolSettings, apply_call
 from dockyard.environments.tools.sandboxed import (
     SandboxedToolSession,
@@ -26,16 +24,7 @@ from dockyard.environments.tools.sandboxed import (
 from dockyard.environments.tools.toolbox import NO_TASK, Toolbox, ToolSession, register_toolbox
 
 
-class GdpvalSession(SandboxedToolSession):
-    def __init__(
-        self,
-        settings: FileToolSettings,
-        context: contextlib.AbstractContextManager[SandboxSession],
-        session: SandboxSession,
-    ) -> None:
-        super().__init__(context, session)
-        self.settings = settings
-
+class GdpvalSession(SandboxedToolSession[FileToolSettings]):
     @property
     def tool_names(self) -> frozenset[str]:
         return frozenset(GDPVAL_TOOLS)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from dockyard.config.sections.env import SandboxLimits
 from dockyard.environments.base import InvalidScoringInput
@@ -22,14 +22,19 @@ from dockyard.environments.terminal_bench_env import run_setup
 from dockyard.environments.tools.toolbox import TaskRefused, ToolLimits, ToolSession
 
 _Result = TypeVar("_Result")
+_Settings = TypeVar("_Settings")
 
 
-class SandboxedToolSession(ToolSession):
+class SandboxedToolSession(ToolSession, Generic[_Settings]):
+    """``settings``: the toolbox's (its environment's section, or the file tools' rules)."""
+
     def __init__(
         self,
+        settings: _Settings,
         context: contextlib.AbstractContextManager[SandboxSession],
         session: SandboxSession,
     ) -> None:
+        self.settings = settings
         self.context = context
         self.session = session
         self.lock = asyncio.Lock()

@@ -15,19 +15,18 @@ calls this tool ran (``terminal_bench_env.replayed_commands``) in a fresh sessio
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from dockyard.config.sections.env import EnvConfig, TerminalBenchEnvConfig
-from dockyard.environments.sandbox import SandboxResult, SandboxSession
+from dockyard.environments.sandbox import SandboxResult
 from dockyard.environments.terminal_bench_env import (
     BASH_TOOL,
     MERGE_STDERR,
     command_of,
     run_script,
 )
-from dockyard.environments.tools.files import FILE_TOOLS
+from dockyard.environments.tools.files import FILE_TOOLS, render_shell
 from dockyard.environments.tools.sandboxed import (
     SandboxedToolSession,
     episode_sandbox,
@@ -42,28 +41,10 @@ from dockyard.environments.tools.toolbox import (
 
 
 def render_result(result: SandboxResult, settings: TerminalBenchEnvConfig) -> str:
-    """What the model reads: the output as the terminal shows it (bytes that are not UTF-8
-    escaped, not refused: a binary file's ``cat`` is the command's doing), then how it ended."""
-    text = result.stdout.decode("utf-8", errors="backslashreplace")
-    if text and not text.endswith("\n"):
-        text += "\n"
-    if result.output_limit_exceeded:
-        return text + f"[output over {settings.limits.max_output_bytes} bytes: cut, killed]"
-    if result.timed_out:
-        return text + f"[killed: over the {settings.limits.wall_time_s:g}s limit]"
-    return text + f"[exit {result.returncode}]"
+    return render_shell(result, settings.limits)
 
 
-class TerminalSession(SandboxedToolSession):
-    def __init__(
-        self,
-        settings: TerminalBenchEnvConfig,
-        context: contextlib.AbstractContextManager[SandboxSession],
-        session: SandboxSession,
-    ) -> None:
-        super().__init__(context, session)
-        self.settings = settings
-
+class TerminalSession(SandboxedToolSession[TerminalBenchEnvConfig]):
     @property
     def tool_names(self) -> frozenset[str]:
         return frozenset({BASH_TOOL})

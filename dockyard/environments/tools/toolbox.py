@@ -17,7 +17,8 @@ import abc
 import asyncio
 import enum
 import importlib
-from collections.abc import Mapping
+import json
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
@@ -161,6 +162,37 @@ def toolbox_class(name: str) -> type[Toolbox]:
     except KeyError:
         known = ", ".join(available_toolboxes())
         raise UnknownToolboxError(f"no toolbox for environment {name!r} (known: {known})") from None
+
+
+def ran_calls(calls: Iterable[Any], names: Collection[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(name, arguments)`` of the recorded calls (``ToolCallRecord``-like: name,
+    arguments_json, result) of ``names`` that ran, in order — what a scorer replays. Left out:
+    calls recorded but not run (the turn limit; past the calls allowed per turn) and arguments
+    that are not a JSON object. The caller applies the tool's own argument rules."""
+    for call in calls:
+        if call.name not in names or call.result is None:
+            continue
+        if call.result.startswith(NOT_RUN_PREFIX):
+            continue
+        try:
+            arguments = json.loads(call.arguments_json)
+        except ValueError:
+            continue
+        if isinstance(arguments, dict):
+            yield call.name, arguments
+
+
+def described_tools(
+    describe: bool, environments: Iterable[str]
+) -> dict[str, tuple[Mapping[str, Any], ...]]:
+    """The tools each environment's prompts describe (``grpo.structured_tool_use
+    .describe_tools``): its toolbox's schemas, or none when ``describe`` is off. Every
+    environment is one whose episodes call tools. UnknownToolboxError: an environment whose
+    toolbox is not in this build (served elsewhere) cannot have its tools described."""
+    return {
+        environment: tuple(toolbox_class(environment).tool_schemas()) if describe else ()
+        for environment in sorted(set(environments))
+    }
 
 
 def _cut_utf8(data: bytes, limit: int) -> bytes:

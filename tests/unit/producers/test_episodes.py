@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dockyard.data.tool_turns import TemplatedObservations
 from dockyard.engines.base import SamplingParams
 from dockyard.environments.tools.calculator import CalculatorToolbox
 from dockyard.environments.tools.toolbox import (
@@ -236,3 +237,37 @@ def test_a_call_the_tool_refuses_records_bad_arguments():
     episode, _ = run([bad, "done"])
     [recorded] = episode.tool_calls
     assert recorded.error == "bad_arguments" and recorded.invalid
+
+
+# The assistant's turn ends with the EOS the policy stops on; other turns are bracketed.
+TOOL_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}{{ m.content }}<eos>"
+    "{% else %}[{{ m.role }}] {{ m.content }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+def test_with_a_chat_template_the_observation_is_a_tool_message_through_it():
+    engine, tok = scripted_engine([CALC, "The answer is 42."])
+    settings = EpisodeSettings(
+        max_turns=4,
+        tool_call_format="hermes",
+        max_tool_calls_per_turn=8,
+        max_total_sequence_length=4096,
+    )
+    observations = TemplatedObservations(tok, TOOL_TEMPLATE)
+    runner = EpisodeRunner(
+        engine, SamplingParams(max_new_tokens=512), settings, tok, observations=observations
+    )
+    prompt = tok.encode(PROMPT, add_special_tokens=False)
+
+    async def episode():
+        session = await CalculatorToolbox().open_session("e0")
+        [result] = await runner.run([EpisodeStart("e0", prompt, session)])
+        return result
+
+    episode = asyncio.run(episode())
+    assert texts(episode, tok)[1] == ("tool", "[tool] 42\n[assistant] ")
+    tool = episode.segments[1]
+    assert episode.loss_mask[tool.start : tool.end] == [0] * (tool.end - tool.start)
+    assert episode.finish_reason is FinishReason.STOP
