@@ -89,7 +89,7 @@ def to_scoring_group(rollout: Rollout, tokenizer: object) -> ScoringGroup:
             finish_reason=str(sample.finish_reason),
             # An episode has segments (one per turn and observation); a single turn has none.
             tool_calls=[
-                ToolCallRecord(call.name, call.arguments_json, call.result)
+                ToolCallRecord(call.name, call.arguments_json, call.result, call.error)
                 for call in sample.tool_calls
             ]
             if sample.segments

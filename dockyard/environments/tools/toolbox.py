@@ -133,6 +133,7 @@ _BUILTIN_MODULES = {
     "arithmetic": "dockyard.environments.tools.calculator",
     "terminal_bench": "dockyard.environments.tools.terminal",
     "gdpval": "dockyard.environments.tools.gdpval",
+    "swe": "dockyard.environments.tools.swe",
 }
 _ToolboxClass = TypeVar("_ToolboxClass", bound=type[Toolbox])
 
