@@ -41,6 +41,7 @@ from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.sft import sft_batch
 from dockyard.data.base import PromptRecord
 from dockyard.data.catalog import build_dataset
+from dockyard.data.tool_turns import PlainObservations, ToolResult
 from dockyard.engines.base import SamplingParams
 from dockyard.engines.torch_engine import TorchEngine
 from dockyard.environments.arithmetic_env import score_arithmetic_sample
@@ -52,7 +53,6 @@ from dockyard.producers.episodes import (
     EpisodeRunner,
     EpisodeSettings,
     EpisodeStart,
-    render_observation,
 )
 from dockyard.producers.rollout_assembly import build_episode_rollout
 from dockyard.schemas import (
@@ -90,11 +90,8 @@ def demonstration(record: PromptRecord, tok, with_tool: bool) -> tuple[list[int]
     expression = record.prompt.rstrip("=")
     call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}'
     call = tok.encode(call + "</tool_call>", add_special_tokens=False) + eos
-    observation = tok.encode(
-        render_observation("hermes", [("c", record.ground_truth)]),
-        add_special_tokens=False,
-        split_special_tokens=True,
-    )
+    result = ToolResult("c", "calculator", record.ground_truth)
+    observation = PlainObservations(tok, "hermes").token_ids([result])
     tokens = call + observation + answer
     return tokens, [1] * len(call) + [0] * len(observation) + [1] * len(answer)
 

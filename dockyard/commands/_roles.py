@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from dockyard.consumers.trainer.loop import TrainerSummary
     from dockyard.consumers.trainer.role import TrainerRole
     from dockyard.data.base import Dataset
+    from dockyard.data.tool_turns import Observations
     from dockyard.engines.base import GenerationEngine, SamplingParams
     from dockyard.observability.prometheus import MetricsServer
     from dockyard.observability.status_files import StatusFile
@@ -142,8 +143,14 @@ def prepare_trainer(config: MasterConfig) -> TrainerInputs:
         )
     _refuse_environments_without_tools(config)
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
+    from dockyard.environments.tools.prompting import tool_prompts
+
     try:
-        fmt = PromptFormat.from_config(config.data, config.policy.tokenizer)
+        tools = tool_prompts(config)
+    except ValueError as error:
+        raise CliError(str(error), exit_code=EXIT_INVALID_CONFIG) from None
+    try:
+        fmt = PromptFormat.from_config(config.data, config.policy.tokenizer, tools)
         # Formatting renders a first record: the launch check of every dataset.
         formatted = {key: format_dataset(data, fmt, tokenizer) for key, data in built.items()}
     except PromptFormatError as error:
@@ -373,7 +380,9 @@ def build_episode_runner(
 
     settings = EpisodeSettings.from_config(config.grpo, config.policy.max_total_sequence_length)
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
-    runner = EpisodeRunner(engine, params, settings, tokenizer, config.env)
+    runner = EpisodeRunner(
+        engine, params, settings, tokenizer, config.env, _observations(config, tokenizer)
+    )
     served = tool_services(config)
     if served:
         from dockyard.broker.jetstream import JetStreamPlane
@@ -393,6 +402,23 @@ def build_episode_runner(
                 request_timeout_s=tools.tool_service_timeout_s,
             )
     return runner
+
+
+def _observations(config: MasterConfig, tokenizer: object) -> Observations | None:
+    """Tool messages through the chat template when there is one (the tool environments'
+    prompts are rendered with it too, data/chat.py); None: the plain convention."""
+    from dockyard.data.chat import CHAT_TEMPLATE_KEY, resolve_chat_template
+    from dockyard.data.tool_turns import ChatTemplateError, TemplatedObservations
+
+    template = resolve_chat_template(config.policy.tokenizer.chat_template) or getattr(
+        tokenizer, "chat_template", None
+    )
+    if not template:
+        return None
+    try:
+        return TemplatedObservations(tokenizer, template)
+    except ChatTemplateError as error:
+        raise CliError(f"{CHAT_TEMPLATE_KEY}: {error}", exit_code=EXIT_INVALID_CONFIG) from None
 
 
 def output_checks(config: MasterConfig) -> OutputChecks:

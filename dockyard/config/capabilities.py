@@ -287,6 +287,14 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         condition=_WITHOUT_TOOL_USE,
     ),
     Unsupported(
+        "grpo.structured_tool_use.describe_tools",
+        "refused",
+        "tools are described in the prompts of episodes only (grpo.structured_tool_use.enabled)",
+        "by design",
+        when=_no_tool_use,
+        condition=_WITHOUT_TOOL_USE,
+    ),
+    Unsupported(
         "grpo.async_grpo.in_flight_weight_updates",
         "refused",
         "single-turn generation: policy.generation.inflight_refit_policy decides what a refit "

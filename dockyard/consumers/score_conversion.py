@@ -23,7 +23,9 @@ class OutputChecks:
     ones ``grpo.invalid_tool_call_advantage`` and ``grpo.malformed_thinking_advantage`` act on.
 
     ``tool_call_format``: set with ``grpo.structured_tool_use.enabled``; a turn holding a call
-    that cannot be read is flagged ``invalid_tool_call``. ``thinking``: a turn whose
+    that cannot be read, or a call the episode recorded as invalid (``ToolCall.error``: an
+    unknown tool, arguments the tool refused, past the calls allowed per turn), is flagged
+    ``invalid_tool_call``. ``thinking``: a turn whose
     ``<think>`` block is broken (:func:`thinking_problem`) is flagged ``malformed_thinking``.
     """
 
@@ -51,6 +53,8 @@ def output_flags(
     sample: RolloutSample, tokenizer: object, checks: OutputChecks
 ) -> frozenset[ScoreFlag]:
     flags: set[ScoreFlag] = set()
+    if checks.tool_call_format is not None and any(call.invalid for call in sample.tool_calls):
+        flags.add(ScoreFlag.INVALID_TOOL_CALL)
     for text in turn_texts(sample, tokenizer):
         fmt = checks.tool_call_format
         if fmt is not None and parse_tool_calls(text, fmt).malformed:
@@ -85,7 +89,7 @@ def to_scoring_group(rollout: Rollout, tokenizer: object) -> ScoringGroup:
             finish_reason=str(sample.finish_reason),
             # An episode has segments (one per turn and observation); a single turn has none.
             tool_calls=[
-                ToolCallRecord(call.name, call.arguments_json, call.result)
+                ToolCallRecord(call.name, call.arguments_json, call.result, call.error)
                 for call in sample.tool_calls
             ]
             if sample.segments

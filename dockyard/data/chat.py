@@ -7,6 +7,10 @@ add_generation_prompt=True)`` — when the dataset writes its prompts as a chat
 (the quickstart's ``a+b=``). ``policy.tokenizer.chat_template`` overrides the tokenizer's own
 template: a built-in name (:data:`BUILTIN_TEMPLATES`) or a Jinja string.
 
+With structured tool use, the prompts of an environment that has a toolbox go through the chat
+template whenever there is one, with the toolbox's tools described
+(``grpo.structured_tool_use.describe_tools``): see :mod:`dockyard.data.tool_turns`.
+
 The invariant every consumer relies on: ``tokenizer(record.prompt)["input_ids"]`` is the prompt's
 tokens. Templates usually write the BOS token themselves, so when the tokenizer adds one too the
 rendered text drops its own (as ``apply_chat_template(tokenize=True)`` does by tokenizing
@@ -21,6 +25,7 @@ from dockyard.config.sections.data import DataConfig, DatasetConfig
 from dockyard.config.sections.policy import TokenizerConfig
 from dockyard.data.base import ChatMessage, Dataset, MappedDataset, PromptRecord
 from dockyard.data.catalog import build_dataset
+from dockyard.data.tool_turns import ToolPrompts, ToolSchemas, plain_tool_block
 
 CHATML = (
     "{% for message in messages %}"
@@ -46,10 +51,16 @@ class PromptFormat:
     system_prompt: str | None = None
     # Jinja source overriding the tokenizer's template; None = the tokenizer's own.
     chat_template: str | None = None
+    tool_prompts: ToolPrompts | None = None
 
     @classmethod
-    def from_config(cls, data: DataConfig, tokenizer: TokenizerConfig) -> PromptFormat:
-        return cls(data.system_prompt, resolve_chat_template(tokenizer.chat_template))
+    def from_config(
+        cls, data: DataConfig, tokenizer: TokenizerConfig, tool_prompts: ToolPrompts | None = None
+    ) -> PromptFormat:
+        return cls(data.system_prompt, resolve_chat_template(tokenizer.chat_template), tool_prompts)
+
+    def uses_tools(self, record: PromptRecord) -> bool:
+        return self.tool_prompts is not None and record.env in self.tool_prompts.tools
 
     def renders(self, record: PromptRecord) -> bool:
         return bool(record.messages) or self.system_prompt is not None or bool(self.chat_template)
@@ -87,9 +98,22 @@ def conversation(record: PromptRecord, system_prompt: str | None) -> list[dict[s
 
 def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) -> str:
     """The text the model is given for ``record`` (see the module's invariant)."""
-    if not fmt.renders(record):
-        return record.prompt
     template = fmt.chat_template or getattr(tokenizer, "chat_template", None)
+    tools: ToolSchemas = ()
+    if fmt.uses_tools(record):
+        assert fmt.tool_prompts is not None
+        tools = fmt.tool_prompts.tools[record.env]
+        if not template:  # a tokenizer without a template: the documented plain-text fallback
+            block = plain_tool_block(tools, fmt.tool_prompts.tool_call_format) if tools else ""
+            if record.messages or fmt.system_prompt is not None:
+                raise PromptFormatError(
+                    CHAT_TEMPLATE_KEY,
+                    "the prompts need a chat template (a chat dataset or data.system_prompt) "
+                    f"and the tokenizer has none: set {CHAT_TEMPLATE_KEY} (e.g. chatml)",
+                )
+            return block + record.prompt
+    elif not fmt.renders(record):
+        return record.prompt
     if not template:
         raise PromptFormatError(
             CHAT_TEMPLATE_KEY,
@@ -97,12 +121,15 @@ def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) ->
             f"tokenizer has none: set {CHAT_TEMPLATE_KEY} (e.g. chatml)",
         )
     try:
-        text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            conversation(record, fmt.system_prompt),
-            chat_template=template,
-            add_generation_prompt=True,
-            tokenize=False,
-        )
+        messages = conversation(record, fmt.system_prompt)
+        text = _apply(tokenizer, messages, template, tools)
+        if tools and text == _apply(tokenizer, messages, template, ()):
+            # The template ignores tools=: the plain-text block opens the first user message.
+            assert fmt.tool_prompts is not None
+            block = plain_tool_block(tools, fmt.tool_prompts.tool_call_format)
+            first = next(i for i, m in enumerate(messages) if m["role"] != "system")
+            messages[first] = {**messages[first], "content": block + messages[first]["content"]}
+            text = _apply(tokenizer, messages, template, ())
     except PromptFormatError:
         raise
     except Exception as error:  # jinja2 raises template and undefined errors of many types
@@ -110,6 +137,19 @@ def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) ->
             CHAT_TEMPLATE_KEY, f"the chat template failed on record {record.index}: {error}"
         ) from None
     return _without_duplicate_bos(str(text), tokenizer)
+
+
+def _apply(
+    tokenizer: object, messages: list[dict[str, str]], template: str, tools: ToolSchemas
+) -> str:
+    text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+        messages,
+        tools=[dict(tool) for tool in tools] or None,
+        chat_template=template,
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    return str(text)
 
 
 def _without_duplicate_bos(text: str, tokenizer: object) -> str:
@@ -133,8 +173,13 @@ def format_dataset(dataset: Dataset, fmt: PromptFormat, tokenizer: object) -> Da
 
 
 def build_prompt_dataset(
-    section: DatasetConfig, data: DataConfig, tokenizer_config: TokenizerConfig, tokenizer: object
+    section: DatasetConfig,
+    data: DataConfig,
+    tokenizer_config: TokenizerConfig,
+    tokenizer: object,
+    tool_prompts: ToolPrompts | None = None,
 ) -> Dataset:
     """A ``data.*`` / ``sft.dev_dataset`` entry as the model sees it (built, then formatted)."""
     dataset = build_dataset(section, data.default_env, data.default_processor)
-    return format_dataset(dataset, PromptFormat.from_config(data, tokenizer_config), tokenizer)
+    fmt = PromptFormat.from_config(data, tokenizer_config, tool_prompts)
+    return format_dataset(dataset, fmt, tokenizer)

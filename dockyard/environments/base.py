@@ -78,6 +78,8 @@ class ToolCallRecord:
     arguments_json: str
     #: The observation the model read; None for a call recorded but not run (the turn limit).
     result: str | None
+    #: Why ``result`` is an error (the wire's ``ToolCall.error``); None: the tool answered.
+    error: str | None = None
 
 
 @dataclass(frozen=True)

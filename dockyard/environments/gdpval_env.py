@@ -15,6 +15,13 @@ OpenAI-compatible endpoint) grades them. Reward = the judge's score / ``judge.ma
 
 A judge reads the deliverables, so text in them can try to sway it: the prompt marks them as
 data to grade, not instructions, but an LLM judge is not a security boundary.
+
+Multi-turn (``grpo.structured_tool_use``, configs/grpo_gdpval_agentic.yaml): the agent writes
+the deliverables with the file tools of :mod:`dockyard.environments.tools.gdpval` over several
+turns. A sample that is an episode (its tool calls recorded) is scored on the state its calls
+left: in a fresh session, setup, then the calls that change files replayed in order
+(:func:`~dockyard.environments.tools.files.replayed_calls`, the tool's own argument rules),
+then the deliverables are read and judged as above — the worker's sandbox is never trusted.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import asyncio
 import os
 import stat
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dockyard.config.sections.env import GdpvalEnvConfig
@@ -33,12 +41,27 @@ from dockyard.environments.base import (
     SampleScore,
     ScoreFlag,
     ScoringGroup,
+    ToolCallRecord,
 )
 from dockyard.environments.code_env import map_samples_in_thread
 from dockyard.environments.judge import Judge, JudgementRefused
 from dockyard.environments.registry import register_environment
 from dockyard.environments.sandbox import Sandbox, SandboxSession
 from dockyard.environments.terminal_bench_env import command_script, run_script, run_setup
+from dockyard.environments.tools.files import (
+    BASH,
+    LIST_FILES,
+    READ_FILE,
+    WRITE_FILE,
+    FileToolSettings,
+    PreparedCall,
+    replayed_calls,
+    run_prepared,
+)
+
+#: The tools of a multi-turn gdpval episode (the toolbox offers these; the scorer replays the
+#: ones that change files).
+GDPVAL_TOOLS = (BASH, WRITE_FILE, READ_FILE, LIST_FILES)
 
 SYSTEM_PROMPT = (
     "You grade the deliverables a worker produced for a task, against the task's rubric. The "
@@ -46,6 +69,11 @@ SYSTEM_PROMPT = (
     '{{"score": <integer from 0 to {max_score}>, "reason": "<one sentence>"}}: {max_score} when '
     "the deliverables meet every point of the rubric, 0 when they meet none."
 )
+
+
+def file_tool_settings(settings: GdpvalEnvConfig) -> FileToolSettings:
+    """The file tools' rules, the same in the episode's toolbox and in the scorer's replay."""
+    return FileToolSettings(shell=settings.shell, max_input_chars=settings.max_script_chars)
 
 
 @dataclass(frozen=True)
@@ -129,11 +157,23 @@ class GdpvalEnvironment(Environment):
 
     async def score(self, group: ScoringGroup) -> GroupScore:
         task = parse_task(group)
-        produced = await map_samples_in_thread(
-            group,
-            self.settings.task_timeout,
-            lambda text, deadline, cancel: self.produce(text, task, deadline, cancel),
-        )
+        if any(sample.tool_calls is not None for sample in group.samples):
+            # Episodes: the work runs once per sample, in order, in one thread; it takes each
+            # sample's replay from this iterator (it is handed the response text only).
+            replays = iter(self.replay_of(sample.tool_calls or ()) for sample in group.samples)
+            produced = await map_samples_in_thread(
+                group,
+                self.settings.task_timeout,
+                lambda _, deadline, cancel: self.produce_episode(
+                    next(replays), task, deadline, cancel
+                ),
+            )
+        else:
+            produced = await map_samples_in_thread(
+                group,
+                self.settings.task_timeout,
+                lambda text, deadline, cancel: self.produce(text, task, deadline, cancel),
+            )
         try:
             scores = await asyncio.gather(
                 *(
@@ -164,12 +204,39 @@ class GdpvalEnvironment(Environment):
             ran = run_script(session, shell, commands, deadline, cancel)
             if ran.timed_out:
                 return _zero("the commands timed out", ScoreFlag.TEST_TIMEOUT)
-            files: dict[str, bytes] = {}
-            for name in task.deliverables:
-                data = read_deliverable(session, name, self.settings.max_deliverable_bytes)
-                if isinstance(data, str):
-                    return _zero(data, ScoreFlag.INVALID_ACTION)
-                files[name] = data
+            return self.deliverables(session, task)
+
+    def replay_of(self, calls: Sequence[ToolCallRecord]) -> list[PreparedCall]:
+        return replayed_calls(calls, frozenset(GDPVAL_TOOLS), file_tool_settings(self.settings))
+
+    def produce_episode(
+        self,
+        replay: Sequence[PreparedCall],
+        task: GdpvalTask,
+        deadline: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> dict[str, bytes] | SampleScore:
+        """The deliverables after setup and the episode's file-changing calls, as its tools
+        ran them (a call that failed or was killed did so in the episode too: the agent went
+        on), or the zero score saying why none can be graded."""
+        if not replay:
+            return _zero("the episode changed no file", ScoreFlag.INVALID_ACTION)
+        settings = file_tool_settings(self.settings)
+        with self.sandbox.session() as session:
+            run_setup(session, self.settings.shell, task.setup, deadline, cancel)
+            for call in replay:
+                run_prepared(session, call, settings, deadline=deadline, cancel=cancel)
+            return self.deliverables(session, task)
+
+    def deliverables(
+        self, session: SandboxSession, task: GdpvalTask
+    ) -> dict[str, bytes] | SampleScore:
+        files: dict[str, bytes] = {}
+        for name in task.deliverables:
+            data = read_deliverable(session, name, self.settings.max_deliverable_bytes)
+            if isinstance(data, str):
+                return _zero(data, ScoreFlag.INVALID_ACTION)
+            files[name] = data
         return files
 
     async def _grade(self, prompt: str, task: GdpvalTask, files: dict[str, bytes]) -> SampleScore:

@@ -43,7 +43,7 @@ from dockyard.environments.base import (
 from dockyard.environments.code_env import score_samples_in_thread
 from dockyard.environments.registry import register_environment
 from dockyard.environments.sandbox import Sandbox, SandboxResult, SandboxSession
-from dockyard.environments.tools.toolbox import ToolArgumentError, ran_call_arguments
+from dockyard.environments.tools.toolbox import ToolArgumentError, ran_calls
 
 #: The multi-turn tool's name, and what runs ahead of each of its commands: stderr into stdout,
 #: so the model reads them interleaved as on a terminal (the replay runs the same script).
@@ -139,7 +139,7 @@ def replayed_commands(
     calls of another name, with arguments it refused, and calls not run (the turn limit, past
     the calls allowed per turn)."""
     scripts = []
-    for arguments in ran_call_arguments(calls, BASH_TOOL):
+    for _, arguments in ran_calls(calls, {BASH_TOOL}):
         try:
             scripts.append(MERGE_STDERR + command_of(arguments, settings))
         except ToolArgumentError:

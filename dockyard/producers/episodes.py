@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dockyard.config.sections.env import EnvConfig
+from dockyard.data.tool_turns import Observations, PlainObservations, ToolResult
 from dockyard.engines.base import GenerationEngine, GenerationRequest, GenerationResult
 from dockyard.engines.base import SamplingParams as EngineSamplingParams
 from dockyard.environments.tools.calls import (
@@ -51,7 +51,7 @@ from dockyard.environments.tools.toolbox import (
     run_tool_call,
     toolbox_class,
 )
-from dockyard.schemas import FinishReason, PromptGroup, Segment, ToolCall
+from dockyard.schemas import FinishReason, PromptGroup, Segment, ToolCall, ToolCallError
 from dockyard.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -171,15 +171,12 @@ class Episode:
             self.finish(FinishReason.LENGTH)
 
 
-def render_observation(fmt: ToolCallFormat, results: Sequence[tuple[str, str]]) -> str:
-    """The text appended after a turn for its ``(call_id, observation)`` pairs, in the format's
-    own convention: Hermes ``<tool_response>`` blocks, or OpenAI ``tool`` messages as JSON."""
-    if fmt == "hermes":
-        return "".join(f"<tool_response>\n{text}\n</tool_response>\n" for _, text in results)
-    return "".join(
-        json.dumps({"role": "tool", "tool_call_id": call_id, "content": text}) + "\n"
-        for call_id, text in results
-    )
+def wire_error(failure: ToolFailure | None) -> str | None:
+    """The ``ToolCall.error`` code of a run call's failure (the wire's codes are the toolbox's;
+    a malformed call is never recorded as a call: it has no name)."""
+    if failure is None:
+        return None
+    return ToolCallError(failure.value).value
 
 
 class EpisodeRunner:
@@ -190,11 +187,15 @@ class EpisodeRunner:
         settings: EpisodeSettings,
         codec: TextCodec,
         env: EnvConfig | None = None,
+        observations: Observations | None = None,
     ) -> None:
         self.engine = engine
         self.params = params
         self.settings = settings
         self.codec = codec
+        #: How a turn's results become tokens: tool messages through the chat template where
+        #: the prompts have one, else the call format's plain convention (data/tool_turns.py).
+        self.observations = observations or PlainObservations(codec, settings.tool_call_format)
         #: The run's ``env`` section: the toolboxes' settings (the terminal's sandbox limits).
         self.env = env or EnvConfig()
         self.toolboxes: dict[str, Toolbox] = {}
@@ -316,9 +317,10 @@ class EpisodeRunner:
         segment = len(episode.segments) - 1
         limits = self.settings.tool_limits
         allowed = self.settings.max_tool_calls_per_turn
-        observed: list[tuple[str, str]] = []
+        observed: list[ToolResult] = []
         for malformed in parsed.malformed:
-            observed.append(("malformed", f"error: malformed tool call: {malformed.reason}"))
+            text = f"error: malformed tool call: {malformed.reason}"
+            observed.append(ToolResult("malformed", "malformed", text))
             episode.tool_failures.append(ToolFailure.MALFORMED_CALL)
         for index, (call, call_id) in enumerate(
             zip(parsed.calls, self.call_ids(episode, parsed), strict=True)
@@ -335,13 +337,15 @@ class EpisodeRunner:
                     arguments_json=call.arguments_json,
                     result=outcome.text,
                     segment_index=segment,
+                    error=wire_error(outcome.failure),
                 )
             )
-            observed.append((call_id, outcome.text))
-        text = render_observation(self.settings.tool_call_format, observed)
-        # Tool output is untrusted: a literal "<|im_end|>" in it must stay text, never become
-        # the special token (a tool could otherwise end the turn or forge one of the model's).
-        ids = self.codec.encode(text, add_special_tokens=False, split_special_tokens=True)
+            observed.append(ToolResult(call_id, call.name, outcome.text))
+        # Tool output is untrusted: a literal "<|im_end|>" in it stays text, never becomes the
+        # special token (a tool could otherwise end the turn or forge one of the model's).
+        turn = episode.last_turn_ids()
+        closed = bool(turn) and turn[-1] == getattr(self.codec, "eos_token_id", None)
+        ids = self.observations.token_ids(observed, turn_closed=closed)
         episode.add_observation(ids, self.engine.current_version)
 
     async def outcome(

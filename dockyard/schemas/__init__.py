@@ -16,6 +16,7 @@ from dockyard.schemas.codec import (
 from dockyard.schemas.errors import CodecError, ReasonCode
 from dockyard.schemas.limits import DEFAULT_LIMITS, DecodeLimits
 from dockyard.schemas.messages import (
+    INVALID_CALL_ERRORS,
     MESSAGE_TYPES,
     ChatMessage,
     DatasetPosition,
@@ -32,6 +33,7 @@ from dockyard.schemas.messages import (
     ScoredRollout,
     Segment,
     ToolCall,
+    ToolCallError,
     WeightVersion,
     WireModel,
 )
@@ -43,6 +45,7 @@ __all__ = [
     "HEADER_MSG_ID",
     "HEADER_SCHEMA",
     "HEADER_SCHEMA_VERSION",
+    "INVALID_CALL_ERRORS",
     "MESSAGE_TYPES",
     "ChatMessage",
     "CodecError",
@@ -63,6 +66,7 @@ __all__ = [
     "ScoredRollout",
     "Segment",
     "ToolCall",
+    "ToolCallError",
     "WeightVersion",
     "WireModel",
     "decode",

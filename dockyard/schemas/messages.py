@@ -6,6 +6,7 @@ from dockyard.schemas.base import Message, WireModel
 from dockyard.schemas.dead_letter import DeadLetter
 from dockyard.schemas.prompt import ChatMessage, DatasetPosition, PromptGroup
 from dockyard.schemas.rollout import (
+    INVALID_CALL_ERRORS,
     EngineInfo,
     FinishReason,
     Rollout,
@@ -14,6 +15,7 @@ from dockyard.schemas.rollout import (
     SamplingParams,
     Segment,
     ToolCall,
+    ToolCallError,
 )
 from dockyard.schemas.scored import SampleScore, ScoredRollout
 from dockyard.schemas.weight_version import WeightVersion
@@ -24,6 +26,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 }
 
 __all__ = [
+    "INVALID_CALL_ERRORS",
     "MESSAGE_TYPES",
     "ChatMessage",
     "DatasetPosition",
@@ -40,6 +43,7 @@ __all__ = [
     "ScoredRollout",
     "Segment",
     "ToolCall",
+    "ToolCallError",
     "WeightVersion",
     "WireModel",
 ]

@@ -93,12 +93,46 @@ class Segment(WireModel, kw_only=True):
             raise WireError(ReasonCode.INVALID_FIELD, "segment end < start")
 
 
+class ToolCallError(StrEnum):
+    """Why a recorded call's ``result`` is an error text, not the tool's answer (``rollout`` 3.1).
+
+    The first three are the model's doing — they earn ``grpo.invalid_tool_call_advantage``
+    (:data:`INVALID_CALL_ERRORS`); the others are the tool's or the sandbox's. A call that
+    cannot be read at all has no name to record: it is found in the turn's text by the scorer."""
+
+    UNKNOWN_TOOL = "unknown_tool"  # no tool of that name in the episode's toolbox
+    BAD_ARGUMENTS = "bad_arguments"  # the tool refused its arguments
+    TOO_MANY_CALLS = "too_many_calls"  # past max_tool_calls_per_turn: not run
+    TIMEOUT = "timeout"
+    RAISED = "raised"  # the tool failed
+    OUTPUT_TOO_LARGE = "output_too_large"  # the result is cut
+    INVALID_UTF8 = "invalid_utf8"
+
+
+#: The errors that make a call invalid: the model asked for something no tool could run.
+INVALID_CALL_ERRORS = frozenset(
+    {ToolCallError.UNKNOWN_TOOL, ToolCallError.BAD_ARGUMENTS, ToolCallError.TOO_MANY_CALLS}
+)
+#: An error code on the wire: a snake_case identifier. Codes this build does not know (a newer
+#: minor's) are read, and count as the tool's failures, not invalid calls.
+TOOL_CALL_ERROR_PATTERN = r"^[a-z][a-z0-9_]{0,63}\Z"
+ToolCallErrorCode = Annotated[str, msgspec.Meta(pattern=TOOL_CALL_ERROR_PATTERN)]
+
+
 class ToolCall(WireModel, kw_only=True):
     call_id: NonEmpty
     name: NonEmpty
     arguments_json: str  # the arguments as the model wrote them (JSON text)
     result: str | None = None  # tool output fed back to the model
     segment_index: Count | None = None  # the assistant segment
+    #: Why ``result`` is an error (a :class:`ToolCallError` value); None: the tool answered, or
+    #: the call was recorded but not run (``result`` None). Added in ``rollout`` 3.1.
+    error: ToolCallErrorCode | None = None
+
+    @property
+    def invalid(self) -> bool:
+        """The model's call was invalid (an unknown tool, refused arguments, over the limit)."""
+        return self.error in INVALID_CALL_ERRORS
 
 
 class RolloutSample(WireModel, kw_only=True):
@@ -318,7 +352,8 @@ class Rollout(Message, kw_only=True):
     SCHEMA_NAME: ClassVar[str] = "rollout"
     #: 3.0: the samples travel as columns (docs/wire-format.md); the first released version
     #: (the pre-release 1.x and 2.x are not read).
-    SCHEMA_VERSION: ClassVar[str] = "3.0"
+    #: 3.1 adds ``ToolCall.error`` (a minor: a field with a default; 3.0 messages still read).
+    SCHEMA_VERSION: ClassVar[str] = "3.1"
     FINITE: ClassVar[dict[str, float | None]] = {"created_at_unix_s": 0.0}
 
     group: PromptGroup

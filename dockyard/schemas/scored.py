@@ -170,7 +170,8 @@ class ScoredRollout(Message, kw_only=True):
     SCHEMA_NAME: ClassVar[str] = "scored_rollout"
     #: 3.0 writes samples and scores field by field; the first released version (the
     #: pre-release 1.x and 2.x are not read).
-    SCHEMA_VERSION: ClassVar[str] = "3.0"
+    #: 3.1: the rollout's ``ToolCall.error`` (a minor: 3.0 messages still read).
+    SCHEMA_VERSION: ClassVar[str] = "3.1"
     FINITE: ClassVar[dict[str, float | None]] = {"scored_at_unix_s": 0.0}
 
     rollout: Rollout

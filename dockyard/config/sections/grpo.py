@@ -129,6 +129,12 @@ class StructuredToolUseConfig(Section):
         "hermes", description="hermes (<tool_call> JSON blocks) | openai (tool_calls message)"
     )
     max_tool_calls_per_turn: PositiveInt = 8
+    describe_tools: bool = Field(
+        True,
+        description="each prompt of an environment with a toolbox describes its tools: the "
+        "chat template's tools= (or a plain-text block without a template); off: the prompts "
+        "say it themselves",
+    )
     tool_services: list[str] = Field(
         default_factory=list,
         description="environments whose toolbox is reached as a tool service over the data "

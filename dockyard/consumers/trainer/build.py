@@ -22,6 +22,7 @@ from dockyard.data.base import Dataset
 from dockyard.data.chat import build_prompt_dataset
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
+from dockyard.environments.tools.prompting import tool_prompts
 from dockyard.models import precision_dtype
 from dockyard.observability.metrics import MetricsLogger
 from dockyard.observability.metrics.gpu_monitor import GpuMonitor, start_gpu_monitor
@@ -67,10 +68,15 @@ def build_parts(
     if evaluation_model is not None:
         evaluation_model.to(trainer.device)
     data = config.data
-    train_data = build_prompt_dataset(data.train, data, config.policy.tokenizer, tokenizer)
+    # Rendered as the dispatcher's prompts are (the tools described where episodes call them):
+    # the warm start and the validation see what the rollouts see.
+    tools = tool_prompts(config)
+    train_data = build_prompt_dataset(data.train, data, config.policy.tokenizer, tokenizer, tools)
     evaluator = None
     if data.validation is not None:
-        validation = build_prompt_dataset(data.validation, data, config.policy.tokenizer, tokenizer)
+        validation = build_prompt_dataset(
+            data.validation, data, config.policy.tokenizer, tokenizer, tools
+        )
         context = EnvironmentContext(env=config.env, distillation=config.on_policy_distillation)
         evaluator = Evaluator(
             evaluation_model or model,

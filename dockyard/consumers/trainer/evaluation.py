@@ -204,7 +204,8 @@ class Evaluator:
                 response_text=self._decode(episode.token_ids),
                 finish_reason=str(episode.finish_reason),
                 tool_calls=[
-                    ToolCallRecord(c.name, c.arguments_json, c.result) for c in episode.tool_calls
+                    ToolCallRecord(c.name, c.arguments_json, c.result, c.error)
+                    for c in episode.tool_calls
                 ],
             )
             for episode in episodes

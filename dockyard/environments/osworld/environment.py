@@ -41,13 +41,13 @@ from dockyard.environments.osworld.session import (
 )
 from dockyard.environments.osworld.tasks import DesktopTask, TaskError, parse_task
 from dockyard.environments.registry import register_environment
-from dockyard.environments.tools.toolbox import ToolArgumentError, ran_call_arguments
+from dockyard.environments.tools.toolbox import ToolArgumentError, ran_calls
 
 
 def replayed_actions(calls: Sequence[ToolCallRecord]) -> list[str]:
     """The action codes of the episode's ``computer`` calls that ran, in order."""
     codes = []
-    for arguments in ran_call_arguments(calls, COMPUTER_TOOL):
+    for _, arguments in ran_calls(calls, {COMPUTER_TOOL}):
         try:
             codes.append(action_of(arguments))
         except ToolArgumentError:

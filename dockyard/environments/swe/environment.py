@@ -33,6 +33,7 @@ from dockyard.environments.base import (
     Environment,
     GroupScore,
     InvalidScoringInput,
+    SampleInput,
     SampleScore,
     ScoreFlag,
     ScoringGroup,
@@ -47,6 +48,8 @@ from dockyard.utils.logging import get_logger
 logger = get_logger(__name__)
 
 _RETRYABLE_STATUS = {502, 503, 504}
+#: The multi-turn tool whose answer is the checkout's diff (tools/swe.py).
+SUBMIT_TOOL = "submit"
 _DIFF_FENCE = re.compile(r"```(?:diff|patch)[ \t]*\n(.*?)```", re.DOTALL)
 _BACKOFF_BASE_S = 0.1
 _CONNECT_TIMEOUT_S = 5.0
@@ -92,6 +95,53 @@ def _job_fields(group: ScoringGroup) -> Mapping[str, object]:
     return fields
 
 
+def _no_patch(detail: str) -> SampleScore:
+    return SampleScore(0.0, {"tests_passed": 0.0}, frozenset({ScoreFlag.INVALID_ACTION}), detail)
+
+
+def submission_of(sample: SampleInput) -> str | SampleScore:
+    """The patch a sample submits, or its zero score saying why there is none: a single turn's
+    diff in its text; an episode's (multi-turn, ``tool_calls`` recorded) last ``submit`` that
+    answered — the checkout's diff the sandbox service returned, scored like any patch."""
+    if sample.tool_calls is None:
+        patch = extract_patch(sample.response_text)
+        return _no_patch("no diff") if patch is None else patch
+    submitted = [
+        call for call in sample.tool_calls if call.name == SUBMIT_TOOL and call.result is not None
+    ]
+    if not submitted:
+        return _no_patch("the episode submitted nothing")
+    last = submitted[-1]
+    if last.error is not None or last.result is None:
+        return _no_patch(f"the last submission failed ({last.error})")
+    if not last.result.strip():
+        return _no_patch("the submitted checkout has no change")
+    return last.result
+
+
+def service_access(settings: SWEEnvConfig) -> tuple[dict[str, str], ssl.SSLContext | bool]:
+    """The headers (the bearer token) and TLS verification of requests to the sandbox
+    services; ValueError naming the ``env.swe`` key that is wrong."""
+    try:
+        token = read_token(settings.sandbox_token_file)
+    except TokenError as error:
+        raise ValueError(f"env.swe.sandbox_token_file: {error}") from None
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers[AUTH_HEADER] = f"Bearer {token.decode()}"
+    tls: ssl.SSLContext | bool = True  # httpx's default: the system's CAs
+    if any(url.startswith("https://") for url in settings.sandbox_urls):
+        try:
+            tls = client_context(
+                settings.sandbox_ca_file,
+                settings.sandbox_client_cert_file,
+                settings.sandbox_client_key_file,
+            )
+        except TLSSetupError as error:
+            raise ValueError(f"env.swe TLS settings: {error}") from None
+    return headers, tls
+
+
 @register_environment
 class SWEEnvironment(Environment):
     name = "swe"
@@ -100,23 +150,7 @@ class SWEEnvironment(Environment):
     def __init__(self, settings: SWEEnvConfig) -> None:
         super().__init__(settings)
         self._client: httpx.AsyncClient | None = None
-        try:
-            token = read_token(settings.sandbox_token_file)
-        except TokenError as error:
-            raise ValueError(f"env.swe.sandbox_token_file: {error}") from None
-        self._headers = {"Content-Type": "application/json"}
-        if token is not None:
-            self._headers[AUTH_HEADER] = f"Bearer {token.decode()}"
-        self._tls: ssl.SSLContext | bool = True  # httpx's default: the system's CAs
-        if any(url.startswith("https://") for url in settings.sandbox_urls):
-            try:
-                self._tls = client_context(
-                    settings.sandbox_ca_file,
-                    settings.sandbox_client_cert_file,
-                    settings.sandbox_client_key_file,
-                )
-            except TLSSetupError as error:
-                raise ValueError(f"env.swe TLS settings: {error}") from None
+        self._headers, self._tls = service_access(settings)
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -135,7 +169,7 @@ class SWEEnvironment(Environment):
         deadline = time.monotonic() + self.settings.task_timeout
         scores = await asyncio.gather(
             *(
-                self._score_sample(group, index, sample.response_text, fields, deadline)
+                self._score_sample(group, index, submission_of(sample), fields, deadline)
                 for index, sample in enumerate(group.samples)
             )
         )
@@ -145,15 +179,13 @@ class SWEEnvironment(Environment):
         self,
         group: ScoringGroup,
         index: int,
-        response: str,
+        submission: str | SampleScore,
         fields: Mapping[str, object],
         deadline: float,
     ) -> SampleScore:
-        patch = extract_patch(response)
-        if patch is None:
-            return SampleScore(
-                0.0, {"tests_passed": 0.0}, frozenset({ScoreFlag.INVALID_ACTION}), "no diff"
-            )
+        if isinstance(submission, SampleScore):
+            return submission
+        patch = submission
         protected = [*self.settings.protected_paths, *fields.get("protected_paths", [])]
         if self.settings.integrity_check:
             problems = integrity_problems(patch, [*DEFAULT_PROTECTED_PATHS, *protected])

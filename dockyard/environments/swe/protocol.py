@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
@@ -38,3 +38,33 @@ class SWEJobResult(BaseModel):
     exit_code: int | None = None
     detail: str = ""
     output_tail: str = ""
+
+
+# -- episode sessions (multi-turn SWE: docs/multiturn.md, "swe") -------------------------------
+#: ``POST`` with a :class:`SessionOpen`: a checkout of the repository for one episode, answered
+#: with a :class:`SessionOpened`. The other paths take a :class:`SessionRequest`.
+SESSIONS_PATH = "/v1/sessions"
+SESSION_CALL_PATH = "/v1/sessions/call"  # a tool call in the checkout → {"output": str}
+SESSION_DIFF_PATH = "/v1/sessions/diff"  # the checkout's changes as a unified diff → {"patch"}
+SESSION_CLOSE_PATH = "/v1/sessions/close"  # discard the checkout → {}
+#: The answer's ``kind`` when a call's arguments are refused (HTTP 400): the model's mistake.
+BAD_ARGUMENTS = "bad_arguments"
+
+
+class SessionOpen(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    repo: str = Field(description="a snapshot directory name under the service's --repos")
+
+
+class SessionOpened(BaseModel):
+    session_id: str
+    tools: list[str]
+
+
+class SessionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str = Field(min_length=1, max_length=128)
+    name: str | None = Field(None, description="the tool (call only)")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="its arguments (call)")

@@ -51,13 +51,23 @@ from dockyard.environments.swe.integrity import (
 from dockyard.environments.swe.policy import RepoPolicy, ServicePolicy
 from dockyard.environments.swe.protocol import (
     AUTH_HEADER,
+    BAD_ARGUMENTS,
     HEALTH_PATH,
     JOBS_PATH,
     POLICY_FIELDS,
+    SESSION_CALL_PATH,
+    SESSION_CLOSE_PATH,
+    SESSION_DIFF_PATH,
+    SESSIONS_PATH,
+    SessionOpen,
+    SessionOpened,
+    SessionRequest,
     SWEJobRequest,
     SWEJobResult,
 )
+from dockyard.environments.swe.sessions import SESSION_TOOLS, EpisodeCheckouts, SessionError
 from dockyard.environments.swe.test_report import ReportError, Verdict, judge, read_outcomes
+from dockyard.environments.tools.toolbox import ToolArgumentError
 from dockyard.utils.logging import get_logger
 
 logger = get_logger(__name__)
@@ -67,6 +77,7 @@ _OUTPUT_TAIL_CHARS = 2000
 # A client must finish the TLS handshake within this; a stalled one costs a thread, not the service.
 _TLS_HANDSHAKE_TIMEOUT_S = 10.0
 _CHECKOUT = "repo"
+_SESSION_PATHS = (SESSIONS_PATH, SESSION_CALL_PATH, SESSION_DIFF_PATH, SESSION_CLOSE_PATH)
 _RUNNER = Path(__file__).with_name("_suite_runner.py")
 _REPORT = "outcomes.json"
 # The canary is an ordinary-looking unittest case (pytest collects those too) whose only
@@ -318,7 +329,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         if not self._authorized():
             return
-        if self.path != JOBS_PATH:
+        if self.path != JOBS_PATH and self.path not in _SESSION_PATHS:
             self._send_json(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
             return
         length = int(self.headers.get("Content-Length") or 0)
@@ -334,6 +345,9 @@ class _Handler(BaseHTTPRequestHandler):
             fields = json.loads(body)
         except ValueError as error:
             self._send_json(HTTPStatus.BAD_REQUEST, {"error": f"body is not JSON: {error}"})
+            return
+        if self.path in _SESSION_PATHS:
+            self._session_request(fields)
             return
         policy = sorted(set(fields) & set(POLICY_FIELDS)) if isinstance(fields, dict) else []
         if policy:
@@ -357,6 +371,34 @@ class _Handler(BaseHTTPRequestHandler):
             seconds=round(time.monotonic() - started, 3),
         )
         self._send_json(HTTPStatus.OK, result.model_dump(mode="json"))
+
+    def _session_request(self, fields: Any) -> None:
+        """An episode session's request (multi-turn SWE, :mod:`.sessions`)."""
+        checkouts = self.server.checkouts
+        try:
+            if self.path == SESSIONS_PATH:
+                repo = SessionOpen.model_validate(fields).repo
+                session_id = checkouts.open(repo, self.server.runner.repositories())
+                opened = SessionOpened(session_id=session_id, tools=list(SESSION_TOOLS))
+                self._send_json(HTTPStatus.OK, opened.model_dump())
+                return
+            request = SessionRequest.model_validate(fields)
+            if self.path == SESSION_CALL_PATH:
+                if request.name is None:
+                    raise ToolArgumentError("a call names its tool")
+                output = checkouts.call(request.session_id, request.name, request.arguments)
+                self._send_json(HTTPStatus.OK, {"output": output})
+            elif self.path == SESSION_DIFF_PATH:
+                self._send_json(HTTPStatus.OK, {"patch": checkouts.diff(request.session_id)})
+            else:
+                checkouts.close(request.session_id)
+                self._send_json(HTTPStatus.OK, {})
+        except ValidationError as error:
+            self._send_json(HTTPStatus.BAD_REQUEST, {"error": str(error)})
+        except ToolArgumentError as error:
+            self._send_json(HTTPStatus.BAD_REQUEST, {"error": str(error), "kind": BAD_ARGUMENTS})
+        except SessionError as error:
+            self._send_json(HTTPStatus(error.status), {"error": str(error)})
 
 
 class SandboxHTTPServer(ThreadingHTTPServer):
@@ -390,6 +432,7 @@ class SandboxHTTPServer(ThreadingHTTPServer):
                 )
         super().__init__(address, _Handler)
         self.runner = runner
+        self.checkouts = EpisodeCheckouts(runner.sandbox, runner.repos_dir, runner.git)
         self.job_slots = threading.BoundedSemaphore(max_jobs)
         self.token = token
         self.tls = tls
@@ -399,6 +442,10 @@ class SandboxHTTPServer(ThreadingHTTPServer):
             self.socket = tls.wrap_socket(
                 self.socket, server_side=True, do_handshake_on_connect=False
             )
+
+    def server_close(self) -> None:
+        self.checkouts.close_all()  # the episodes' sandboxes go with the service
+        super().server_close()
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         if self.tls is not None:

@@ -56,6 +56,21 @@ def _value(node: ast.expr) -> int:
     return result
 
 
+CALCULATOR_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate integer arithmetic exactly: + - * // %, parentheses.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
 class CalculatorSession(ToolSession):
     @property
     def tool_names(self) -> frozenset[str]:
@@ -71,6 +86,10 @@ class CalculatorSession(ToolSession):
 @register_toolbox
 class CalculatorToolbox(Toolbox):
     name = "calculator"
+
+    @classmethod
+    def tool_schemas(cls) -> list[dict[str, Any]]:
+        return [CALCULATOR_SCHEMA]
 
     async def open_session(self, episode_id: str, task: Mapping[str, Any] = NO_TASK) -> ToolSession:
         return CalculatorSession()  # stateless: nothing of one episode can reach another

@@ -18,7 +18,7 @@ import asyncio
 import enum
 import importlib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -63,22 +63,6 @@ class TaskRefused(ValueError):
 #: The start of the observation of a call that was parsed but not run (past
 #: ``max_tool_calls_per_turn``): a scorer that replays an episode's calls skips these.
 NOT_RUN_PREFIX = "error: not run: "
-
-
-def ran_call_arguments(calls: Iterable[CallRecord], name: str) -> Iterator[dict[str, Any]]:
-    """The arguments of the recorded calls of tool ``name`` that ran, in order — what a scorer
-    replays. Left out as the episode left them: calls of another name, calls recorded but not
-    run (the turn limit, past the calls allowed per turn), arguments that are not a JSON
-    object. The replay then refuses, by the tool's own rule, what the tool refused."""
-    for call in calls:
-        if call.name != name or call.result is None or call.result.startswith(NOT_RUN_PREFIX):
-            continue
-        try:
-            arguments = json.loads(call.arguments_json)
-        except ValueError:
-            continue
-        if isinstance(arguments, dict):
-            yield arguments
 
 
 class CallRecord(Protocol):
@@ -142,6 +126,14 @@ class Toolbox(abc.ABC):
         """The episode's session; ``task`` is its group's ``extra`` (a setup script, say).
         Raises :class:`TaskRefused` for a task that cannot be set up."""
 
+    @classmethod
+    def tool_schemas(cls) -> list[dict[str, Any]]:
+        """The tools a session offers, as chat templates take them (OpenAI function schemas,
+        ``tokenizer.apply_chat_template(tools=...)``): what the prompt tells the model. A
+        class method: prompts are rendered where no toolbox is built (the dispatcher). None
+        by default (a toolbox whose prompts describe their tools themselves)."""
+        return []
+
     async def aclose(self) -> None:  # noqa: B027 - optional: most toolboxes hold nothing
         """Release held resources (connections)."""
 
@@ -154,6 +146,8 @@ _BUILTIN_MODULES = {
     "arithmetic": "dockyard.environments.tools.calculator",
     "terminal_bench": "dockyard.environments.tools.terminal",
     "osworld": "dockyard.environments.tools.desktop",
+    "gdpval": "dockyard.environments.tools.gdpval",
+    "swe": "dockyard.environments.tools.swe",
 }
 _ToolboxClass = TypeVar("_ToolboxClass", bound=type[Toolbox])
 
@@ -183,6 +177,40 @@ def toolbox_class(name: str) -> type[Toolbox]:
     except KeyError:
         known = ", ".join(available_toolboxes())
         raise UnknownToolboxError(f"no toolbox for environment {name!r} (known: {known})") from None
+
+
+def ran_calls(
+    calls: Iterable[CallRecord], names: Collection[str]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(name, arguments)`` of the recorded calls of the tools ``names`` that ran, in order —
+    what a scorer replays. Left out as the episode left them: calls of another name, calls
+    recorded but not run (the turn limit; past the calls allowed per turn), arguments that are
+    not a JSON object. The replay then refuses, by the tool's own rule, what the tool
+    refused."""
+    for call in calls:
+        if call.name not in names or call.result is None:
+            continue
+        if call.result.startswith(NOT_RUN_PREFIX):
+            continue
+        try:
+            arguments = json.loads(call.arguments_json)
+        except ValueError:
+            continue
+        if isinstance(arguments, dict):
+            yield call.name, arguments
+
+
+def described_tools(
+    describe: bool, environments: Iterable[str]
+) -> dict[str, tuple[Mapping[str, Any], ...]]:
+    """The tools each environment's prompts describe (``grpo.structured_tool_use
+    .describe_tools``): its toolbox's schemas, or none when ``describe`` is off. Every
+    environment is one whose episodes call tools. UnknownToolboxError: an environment whose
+    toolbox is not in this build (served elsewhere) cannot have its tools described."""
+    return {
+        environment: tuple(toolbox_class(environment).tool_schemas()) if describe else ()
+        for environment in sorted(set(environments))
+    }
 
 
 def _cut_utf8(data: bytes, limit: int) -> bytes:

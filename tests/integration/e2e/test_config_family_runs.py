@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.environments.tools.toolbox import available_toolboxes
 from dockyard.fleet.recipe import plan_recipe
 from dockyard.observability.status_files import read_statuses
 from tests.integration.e2e.conftest import QUICKSTART, ROOT, SMALL_RUN, run_dockyard
@@ -79,6 +78,14 @@ RUNS: dict[str, CpuRun] = {
     ),
     # Computer use (issue #22): episodes drive simulated desktops (a stand-in for OSWorld VMs).
     "grpo_osworld.yaml": CpuRun(PRESETS / "grpo_osworld.yaml", "osworld", desktops=True),
+    # Multi-turn gdpval (issue #23): episodes with the gdpval file tools in the sandbox; the
+    # scorer replays their file-changing calls, then the same tiny judge grades.
+    "grpo_gdpval_agentic.yaml": CpuRun(
+        PRESETS / "grpo_gdpval_agentic.yaml",
+        "gdpval",
+        judge=True,
+        allowed_dead_letters=("judge_refused",),
+    ),
     # Multi-turn tool use (issue #23): episodes with the calculator toolbox, CPU-sized as is.
     "multiturn_tools.yaml": CpuRun(
         CONFIGS / "multiturn_tools.yaml", "arithmetic", tuple(SMALL_RUN)
@@ -102,11 +109,6 @@ EXCLUDED: dict[str, Exclusion] = {
     "grpo_swe_sglang.yaml": Exclusion(
         "SGLang servers do not run on this machine (no sglang installed; GPU servers)",
         lambda: importlib.util.find_spec("sglang") is None and shutil.which("sglang") is None,
-    ),
-    "grpo_gdpval_agentic.yaml": Exclusion(
-        "multi-turn works (issue #23) but gdpval has no toolbox yet (file tools in the sandbox), "
-        "so the file is refused at launch",
-        lambda: "gdpval" not in available_toolboxes(),
     ),
 }
 

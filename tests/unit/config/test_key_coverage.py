@@ -169,6 +169,10 @@ def test_every_unsupported_entry_names_keys_of_the_schema(rule):
             "grpo.async_grpo.in_flight_weight_updates",
         ),
         ("grpo.async_grpo.max_generation_failures=3", "grpo.async_grpo.max_generation_failures"),
+        (
+            "grpo.structured_tool_use.describe_tools=false",
+            "grpo.structured_tool_use.describe_tools",
+        ),
         # cluster.* takes effect now: tests/unit/fleet/test_launch_ranks.py.
         # data.*.path, data.system_prompt and policy.tokenizer.chat_template take effect now:
         # tests/unit/data/test_file_datasets.py and test_chat_prompts.py show it.

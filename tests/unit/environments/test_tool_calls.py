@@ -15,7 +15,14 @@ from dockyard.environments.tools.calls import (
     thinking_problem,
 )
 from dockyard.models.tokenizers import DEFAULT_CORPUS, train_bpe_tokenizer
-from dockyard.schemas import EngineInfo, RolloutSample, SampleTimings, SamplingParams, Segment
+from dockyard.schemas import (
+    EngineInfo,
+    RolloutSample,
+    SampleTimings,
+    SamplingParams,
+    Segment,
+    ToolCall,
+)
 
 
 def test_hermes_blocks_are_read_in_order_with_the_text_around_them_ignored():
@@ -75,7 +82,7 @@ def test_thinking_blocks(text, problem):
     assert thinking_problem(text) is problem
 
 
-def sample(tok, turns: list[tuple[str, str]]) -> RolloutSample:
+def sample(tok, turns: list[tuple[str, str]], calls: list[ToolCall] | None = None) -> RolloutSample:
     ids: list[int] = []
     segments = []
     for role, text in turns:
@@ -96,6 +103,7 @@ def sample(tok, turns: list[tuple[str, str]]) -> RolloutSample:
         worker_id="w",
         timings=SampleTimings(started_at_unix_s=0.0, finished_at_unix_s=0.0),
         segments=segments,
+        tool_calls=calls or [],
     )
 
 
@@ -110,3 +118,26 @@ def test_the_scorer_flags_the_turns_of_the_model_only():
     thinking = sample(tok, [("assistant", "<think>never closed")])
     assert output_flags(thinking, tok, checks) == {ScoreFlag.MALFORMED_THINKING}
     assert output_flags(thinking, tok, OutputChecks()) == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("error", "flagged"),
+    [
+        ("unknown_tool", True),
+        ("bad_arguments", True),
+        ("too_many_calls", True),
+        ("timeout", False),
+        ("raised", False),
+        (None, False),
+    ],
+)
+def test_the_scorer_flags_calls_the_episode_recorded_as_invalid(error, flagged):
+    # A well-formed call of a tool that does not exist, or with arguments the tool refused,
+    # reads fine in the turn's text: only the recorded ToolCall.error says it was invalid.
+    tok = train_bpe_tokenizer(DEFAULT_CORPUS, vocab_size=512, style="qwen2")
+    text = '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
+    recorded = ToolCall(call_id="c", name="nope", arguments_json="{}", result="e", error=error)
+    turns = sample(tok, [("assistant", text), ("tool", "e")], [recorded])
+    expected = {ScoreFlag.INVALID_TOOL_CALL} if flagged else set()
+    assert output_flags(turns, tok, OutputChecks(tool_call_format="hermes")) == expected
+    assert output_flags(turns, tok, OutputChecks()) == frozenset()  # tools off: no check

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dockyard.data.tool_turns import TemplatedObservations
 from dockyard.engines.base import SamplingParams
 from dockyard.environments.tools.calculator import CalculatorToolbox
 from dockyard.environments.tools.toolbox import (
@@ -215,3 +216,58 @@ def test_an_unreachable_tool_service_fails_the_episode():
     assert episode.finish_reason is FinishReason.ERROR
     assert episode.failure == "tool service unavailable: connection refused"
     assert [s.role for s in episode.segments] == ["assistant"]
+
+
+def test_every_call_records_on_the_wire_why_its_result_is_an_error():
+    # ToolCall.error (rollout 3.1): the failure of each run call, None for an answer.
+    turn = call("echo", text="a") + call("nope") + call("crash") + call("echo", text="b")
+    limits = ToolLimits(timeout_s=5.0)
+    episode, _ = run([turn, "done"], MisbehavingSession(), per_turn=3, limits=limits)
+    assert [(c.name, c.error) for c in episode.tool_calls] == [
+        ("echo", None),
+        ("nope", "unknown_tool"),
+        ("crash", "raised"),
+        ("echo", "too_many_calls"),
+    ]
+    assert [c.invalid for c in episode.tool_calls] == [False, True, False, True]
+
+
+def test_a_call_the_tool_refuses_records_bad_arguments():
+    bad = '<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>'
+    episode, _ = run([bad, "done"])
+    [recorded] = episode.tool_calls
+    assert recorded.error == "bad_arguments" and recorded.invalid
+
+
+# The assistant's turn ends with the EOS the policy stops on; other turns are bracketed.
+TOOL_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}{{ m.content }}<eos>"
+    "{% else %}[{{ m.role }}] {{ m.content }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+def test_with_a_chat_template_the_observation_is_a_tool_message_through_it():
+    engine, tok = scripted_engine([CALC, "The answer is 42."])
+    settings = EpisodeSettings(
+        max_turns=4,
+        tool_call_format="hermes",
+        max_tool_calls_per_turn=8,
+        max_total_sequence_length=4096,
+    )
+    observations = TemplatedObservations(tok, TOOL_TEMPLATE)
+    runner = EpisodeRunner(
+        engine, SamplingParams(max_new_tokens=512), settings, tok, observations=observations
+    )
+    prompt = tok.encode(PROMPT, add_special_tokens=False)
+
+    async def episode():
+        session = await CalculatorToolbox().open_session("e0")
+        [result] = await runner.run([EpisodeStart("e0", prompt, session)])
+        return result
+
+    episode = asyncio.run(episode())
+    assert texts(episode, tok)[1] == ("tool", "[tool] 42\n[assistant] ")
+    tool = episode.segments[1]
+    assert episode.loss_mask[tool.start : tool.end] == [0] * (tool.end - tool.start)
+    assert episode.finish_reason is FinishReason.STOP

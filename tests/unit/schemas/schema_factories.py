@@ -24,6 +24,7 @@ from dockyard.schemas import (
     ScoredRollout,
     Segment,
     ToolCall,
+    ToolCallError,
     WeightVersion,
 )
 
@@ -228,6 +229,7 @@ def rollout_samples(draw: st.DrawFn, index: int) -> RolloutSample:
                     name=identifiers,
                     arguments_json=st.just('{"x": 1}'),
                     result=st.none() | short_text,
+                    error=st.none() | st.sampled_from([e.value for e in ToolCallError]),
                 ),
                 max_size=2,
             )
