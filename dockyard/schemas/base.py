@@ -83,10 +83,13 @@ def check_finite(value: float | None, what: str, minimum: float | None = None) -
 def check_finite_all(values: list[float | None], what: str, minimum: float | None) -> None:
     """:func:`check_finite` for every entry of a column (``what.index``): one pass in C for
     a column that passes (the common case), entry by entry only to name a refused one."""
-    present = [value for value in values if value is not None] if None in values else values
-    if all(map(math.isfinite, present)) and (  # type: ignore[arg-type]
-        minimum is None or not present or min(present) >= minimum  # type: ignore[type-var]
-    ):
+    present: list[float] = values  # type: ignore[assignment]  # a None entry: TypeError below
+    try:
+        finite = all(map(math.isfinite, present))
+    except TypeError:  # a None entry (an optional field left out): the others are checked
+        present = [value for value in values if value is not None]
+        finite = all(map(math.isfinite, present))
+    if finite and (minimum is None or not present or min(present) >= minimum):
         return
     for index, value in enumerate(values):
         check_finite(value, f"{what}.{index}", minimum)

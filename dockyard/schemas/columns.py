@@ -129,13 +129,14 @@ def check_counts(columns: WireModel, count: int, what: str) -> None:
     """
     for name in _list_fields(type(columns)):
         value = getattr(columns, name)
-        if value is None and isinstance(columns, PlainColumns):
+        if type(value) is list:  # nearly every column: one test, then its length
+            if len(value) != count:
+                raise WireError(
+                    ReasonCode.LENGTH_MISMATCH,
+                    f"{what}.{name} has {len(value)} entries for {count} samples",
+                )
+        elif value is None and isinstance(columns, PlainColumns):
             msgspec.structs.force_setattr(columns, name, _defaults(columns.ROW, name, count))
-        elif type(value) is list and len(value) != count:
-            raise WireError(
-                ReasonCode.LENGTH_MISMATCH,
-                f"{what}.{name} has {len(value)} entries for {count} samples",
-            )
     for name in _nested_columns(type(columns)):
         check_counts(getattr(columns, name), count, f"{what}.{name}")
 

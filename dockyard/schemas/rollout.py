@@ -245,10 +245,12 @@ class SampleColumns(RowColumns, kw_only=True):
         else:
             check_total(self.prompt_token_ids, self.prompt_lengths, "prompt_token_ids", "tokens")
             self._share_identical_prompts()
+        if not any(self.segments):  # most groups have none (no multi-turn structure)
+            return
         for index, (segments, length) in enumerate(
             zip(self.segments, self.response_lengths, strict=True)
         ):
-            for segment in segments:  # most samples have none (no multi-turn structure)
+            for segment in segments:
                 if segment.end > length:
                     raise WireError(
                         ReasonCode.LENGTH_MISMATCH,

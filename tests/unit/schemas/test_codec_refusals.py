@@ -327,6 +327,17 @@ def _descriptor(field: str, **changes: Any) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def _renamed_key(field: str, key: str, new_key: Any) -> Callable[[dict[str, Any]], None]:
+    """The descriptor with one of its three keys replaced: still three entries (the decoder
+    may not count keys alone)."""
+
+    def change(envelope: dict[str, Any]) -> None:
+        descriptor = sample_columns(envelope)[field]
+        descriptor[new_key] = descriptor.pop(key)
+
+    return change
+
+
 def _shortened(field: str) -> Callable[[dict[str, Any]], None]:
     """The field's array cut to its first element (its own bytes: still a valid array)."""
 
@@ -351,6 +362,8 @@ def _shortened(field: str) -> Callable[[dict[str, Any]], None]:
         (_descriptor("behaviour_logprobs", data=[0, 31]), ReasonCode.BAD_ARRAY),
         (_descriptor("behaviour_logprobs", data=[1 << 40, 32]), ReasonCode.BAD_ARRAY),
         (_descriptor("behaviour_logprobs", extra_key=1), ReasonCode.BAD_ARRAY),
+        (_renamed_key("behaviour_logprobs", "data", "range"), ReasonCode.BAD_ARRAY),
+        (_renamed_key("response_token_ids", "shape", 1), ReasonCode.BAD_ARRAY),
         (_descriptor("loss_mask", dtype="int16", data=[0, 32]), ReasonCode.BAD_ARRAY),
         (
             _descriptor("behaviour_logprobs", shape=[10**9], data=[0, 4 * 10**9]),
@@ -375,6 +388,8 @@ def _shortened(field: str) -> Callable[[dict[str, Any]], None]:
         "nbytes-disagrees",
         "range-outside-section",
         "unknown-descriptor-key",
+        "renamed-descriptor-key",
+        "int-descriptor-key",
         "int16-mask",
         "billion-elements",
         "overflowing-shape",
