@@ -225,7 +225,7 @@ def deterministic_algorithms() -> Iterator[None]:
 
 
 def step_metrics(outcome: StepOutcome, batch: TrainingBatch) -> dict[str, float]:
-    """The step's own numbers, by the formulas of ``TrainerLoop._train_step`` (so that the two
+    """The step's own numbers, by the formulas of ``TrainStep._metrics`` (trainer/step.py; so that the two
     compare): the loss and optimizer metrics and the batch's rewards and lengths."""
     metrics = {
         name: value
@@ -240,7 +240,8 @@ def step_metrics(outcome: StepOutcome, batch: TrainingBatch) -> dict[str, float]
 
 def weights_digest(model: torch.nn.Module, precision: str) -> str:
     """The digest the trainer names a weight version by: its state in ``policy.precision`` on
-    the CPU, as safetensors bytes (``TrainerLoop._publish_weights`` and the blob store)."""
+    the CPU, as safetensors bytes (``WeightPublisher.publish``, trainer/weight_publisher.py, and the blob
+    store)."""
     from dockyard.models import precision_dtype
 
     dtype = precision_dtype(precision)
@@ -257,7 +258,7 @@ class _Retraining:
         self.plan, self.digests = plan, digests
         self.report = RetrainReport(plan, out_dir)
         config = plan.config
-        # As the trainer builds itself (TrainerLoop._build), then as it resumes.
+        # As the trainer builds itself (trainer/build.py, build_parts), then as it resumes.
         torch.manual_seed(config.grpo.seed)
         model, self.tokenizer = load_policy(
             config.policy.model_name, "float32", tokenizer_name=config.policy.tokenizer.name

@@ -16,7 +16,7 @@ What it models, each with the rule of the code it stands for:
   trainer (one link per site, one direction each way, transfers in series at the link's rate
   plus its latency);
 - the trainer drops a group whose age (its version to the trainer's) exceeds ``max_age`` when it
-  comes in and again after every step (``consumers/trainer/loop.py``), trains ``groups per step``
+  comes in and again after every step (``consumers/trainer/intake.py``), trains ``groups per step``
   groups in ``train_step_s``, publishes the next version in ``publish_s`` and does its
   bookkeeping in ``step_overhead_s``; every pass through the broker costs ``hop_s``;
 - each version crosses each site's link once (a full snapshot, or with patches a patch of
