@@ -225,8 +225,8 @@ def deterministic_algorithms() -> Iterator[None]:
 
 
 def step_metrics(outcome: StepOutcome, batch: TrainingBatch) -> dict[str, float]:
-    """The step's own numbers, by the formulas of ``TrainStep._metrics`` (trainer/step.py; so that the two
-    compare): the loss and optimizer metrics and the batch's rewards and lengths."""
+    """The step's own numbers, by the formulas of ``TrainStep._metrics`` (trainer/step.py; so
+    that the two compare): the loss and optimizer metrics and the batch's rewards and lengths."""
     metrics = {
         name: value
         for name, value in outcome.as_metrics().items()
@@ -240,8 +240,8 @@ def step_metrics(outcome: StepOutcome, batch: TrainingBatch) -> dict[str, float]
 
 def weights_digest(model: torch.nn.Module, precision: str) -> str:
     """The digest the trainer names a weight version by: its state in ``policy.precision`` on
-    the CPU, as safetensors bytes (``WeightPublisher.publish``, trainer/weight_publisher.py, and the blob
-    store)."""
+    the CPU, as safetensors bytes (``WeightPublisher.publish`` in trainer/weight_publisher.py,
+    and the blob store)."""
     from dockyard.models import precision_dtype
 
     dtype = precision_dtype(precision)
