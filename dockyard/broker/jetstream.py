@@ -251,10 +251,10 @@ class JetStreamPlane(AdminPlane):
             )
             self._known_consumers.add(consumer.durable)
         for domain in self.config.site.rollout_domains:
-            spec = prompt_source_consumer(self.names, domain)
-            wanted = prompt_source_consumer_config(self.names, domain)
-            outcomes.append(await ensure_consumer(self.js, spec, wanted))
-            self._known_consumers.add(spec.durable)  # never to be made a pull consumer
+            source = prompt_source_consumer(self.names, domain)
+            source_config = prompt_source_consumer_config(self.names, domain)
+            outcomes.append(await ensure_consumer(self.js, source, source_config))
+            self._known_consumers.add(source.durable)  # never to be made a pull consumer
         return ProvisionReport(
             created=tuple(o.name for o in outcomes if o.action == "created"),
             updated=tuple(o.name for o in outcomes if o.action == "updated"),
@@ -358,9 +358,8 @@ class JetStreamPlane(AdminPlane):
             )
         )
         try:
-            done, _ = await asyncio.wait(
-                {publishing, denied, dropped}, return_when=asyncio.FIRST_COMPLETED
-            )
+            racing: set[asyncio.Future[Any]] = {publishing, denied, dropped}
+            done, _ = await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
             if denied in done:
                 if not publishing.cancel() and not publishing.cancelled():
                     # It ended at the same moment; its outcome is moot next to the denial, but
@@ -550,7 +549,7 @@ class JetStreamPlane(AdminPlane):
         """The delivery as published, or None when it was refused: its headers are input like
         its payload, and one the plane cannot read (malformed, or chunks gone) is dead-lettered
         with its reason here (``chunking.read``), so no consumer ever fails on it."""
-        headers = user_headers(msg.headers)
+        headers: Mapping[str, str] = user_headers(msg.headers)
         try:
             headers, data = await chunking.read(headers, msg.data, self._chunk)
         except PayloadError as error:
