@@ -127,7 +127,8 @@ def _record(row: object, number: int, fields: FieldMapping, env: str, path: Path
             f"{where}: field {fields.answer!r} is a {type(answer).__name__}; the ground truth "
             "must be a string or a number",
         )
-    prompt, messages = "", ()
+    prompt = ""
+    messages: tuple[ChatMessage, ...] = ()
     if fields.prompt_field is not None:
         text = get("prompt", fields.prompt_field)
         if not isinstance(text, str) or not text:

@@ -78,7 +78,9 @@ class ProceduralDataset:
         self.task = task
         self._options = json.dumps(options, sort_keys=True)
         self._items = items
-        self._size = int(options["size"])  # type: ignore[call-overload]
+        size = options["size"]
+        assert isinstance(size, int), "build_procedural stores the item count as an int"
+        self._size = size
         self.env = env
 
     def __len__(self) -> int:

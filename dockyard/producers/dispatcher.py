@@ -89,7 +89,7 @@ class Dispatcher:
     async def top_up(self, in_flight: int, weight_version: int) -> list[str]:
         """Publish up to the budget; returns the group ids dispatched."""
         count = self.budget(in_flight)
-        groups = []
+        groups: list[PromptGroup] = []
         cap = self.config.data.max_input_seq_length
         while len(groups) < count and not self.exhausted:
             index = self._order[self.state.position]
