@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -38,6 +38,13 @@ _A, _B = ".lora_A.weight", ".lora_B.weight"
 PEFT_ADAPTER_FILE = "adapter_model.safetensors"
 
 
+class _LoadResult(Protocol):
+    """What ``load_state_dict`` (and peft's wrapper of it) reports."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
 def apply_lora(model: torch.nn.Module, config: LoRAConfig) -> PeftModel:
     """Inject LoRA layers into ``model`` (in place; the base weights are frozen). Refuses target
     modules the model does not have (peft would silently match nothing for some)."""
@@ -45,7 +52,7 @@ def apply_lora(model: torch.nn.Module, config: LoRAConfig) -> PeftModel:
 
     peft_config = LoraConfig(
         r=config.rank,
-        lora_alpha=config.alpha,
+        lora_alpha=config.alpha,  # type: ignore[arg-type]  # peft says int; it divides a float
         lora_dropout=config.dropout,
         target_modules=list(config.target_modules),
     )
@@ -56,7 +63,7 @@ def apply_lora(model: torch.nn.Module, config: LoRAConfig) -> PeftModel:
             f"policy.dtensor_cfg.lora_cfg.target_modules: {type(model).__name__} has no module "
             f"named {', '.join(missing)}"
         )
-    return get_peft_model(model, peft_config, adapter_name=ADAPTER_NAME)  # type: ignore[arg-type]
+    return get_peft_model(model, peft_config, adapter_name=ADAPTER_NAME)
 
 
 def lora_layers(model: torch.nn.Module) -> dict[str, LoraLayer]:
@@ -69,11 +76,21 @@ def adapter_for_engines(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter as the engines receive it: ``A`` and ``α/r``-scaled ``B`` by module name."""
     state: dict[str, torch.Tensor] = {}
     for name, layer in lora_layers(model).items():
-        a = layer.lora_A[ADAPTER_NAME].weight.detach()
-        b = layer.lora_B[ADAPTER_NAME].weight.detach()
+        a = _weight(layer.lora_A[ADAPTER_NAME]).detach()
+        b = _weight(layer.lora_B[ADAPTER_NAME]).detach()
         state[name + _A] = a
         state[name + _B] = b * layer.scaling[ADAPTER_NAME]
     return state
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    """``module.weight``, which torch types as a tensor or a submodule."""
+    weight = module.weight
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(
+            f"{type(module).__name__}.weight is a {type(weight).__name__}, not a tensor"
+        )
+    return weight
 
 
 def is_adapter(state: Mapping[str, torch.Tensor]) -> bool:
@@ -111,14 +128,14 @@ def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if ".lora_" in name:
             continue
         state[name.replace(".base_layer.", ".")] = tensor
-    base = {f"{name}.weight": layer.get_base_layer().weight for name, layer in layers.items()}
+    base = {f"{name}.weight": _weight(layer.get_base_layer()) for name, layer in layers.items()}
     state.update(merge_adapter(base, adapter_for_engines(model)))
     return state
 
 
 def save_peft_adapter(peft_model: PeftModel, directory: Path) -> None:
     """The adapter in PEFT's own format (for resuming, ``peft``, vLLM's ``enable_lora``)."""
-    peft_model.save_pretrained(directory, safe_serialization=True)
+    peft_model.save_pretrained(str(directory), safe_serialization=True)
 
 
 def load_peft_adapter(peft_model: PeftModel, directory: Path) -> None:
@@ -127,7 +144,8 @@ def load_peft_adapter(peft_model: PeftModel, directory: Path) -> None:
     from safetensors.torch import load_file
 
     state = load_file(directory / PEFT_ADAPTER_FILE)
-    result = set_peft_model_state_dict(peft_model, state, adapter_name=ADAPTER_NAME)
+    # peft annotates the result as `namedtuple` (a function): name the fields read here.
+    result: _LoadResult = set_peft_model_state_dict(peft_model, state, adapter_name=ADAPTER_NAME)
     lora_missing = [name for name in result.missing_keys if ".lora_" in name]
     if lora_missing or result.unexpected_keys:
         raise ValueError(
