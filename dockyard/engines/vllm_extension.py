@@ -52,12 +52,14 @@ class DockyardWorkerExtension:
         return True
 
     def _dockyard_cpu_reload(self, path: str) -> None:
+        import torch
         from vllm.model_executor.layers.linear import WEIGHT_LOADER_V2_SUPPORTED, LinearBase
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
         model = self.model_runner.model  # type: ignore[attr-defined]
         for layer in model.modules():
-            if not isinstance(layer, LinearBase) or layer.weight.numel() > 0:
+            weight = layer.weight if isinstance(layer, LinearBase) else None
+            if not isinstance(weight, torch.Tensor) or weight.numel() > 0:
                 continue
             del layer._parameters["weight"]  # the empty placeholder left by packing
             method = layer.quant_method
