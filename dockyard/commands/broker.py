@@ -14,9 +14,13 @@ import asyncio
 import signal
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
 from dockyard.commands._plane_args import add_plane_arguments, plane_config
+
+if TYPE_CHECKING:  # imported lazily at run time
+    from dockyard.broker.embedded import ServerAccount
 
 DEFAULT_PORT = 4222
 EXIT_SERVER_FAILED = 3
@@ -34,7 +38,7 @@ def _up(args: argparse.Namespace) -> int:
     config = plane_config(args)
     store = Path(args.store or config.embedded.store_dir or "dockyard-nats-store").resolve()
     names = PlaneNames(config.namespace)
-    accounts = ()
+    accounts: tuple[ServerAccount, ...] = ()
     credential_files: dict[str, Path] = {}
     if args.secure:
         generated = generate_credentials(names, store / "credentials")

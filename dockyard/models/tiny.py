@@ -19,6 +19,7 @@ from transformers import (
     LlamaConfig,
     PretrainedConfig,
     PreTrainedModel,
+    PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
@@ -188,7 +189,7 @@ def build_tiny_recipe(
 
 
 def save_policy(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
 ) -> Path:
     """Write an HF directory (safetensors + config + tokenizer.json)."""
     out = Path(out_dir)
