@@ -15,6 +15,7 @@ from dockyard.environments.base import (
 )
 from dockyard.environments.tools.calls import ToolCallFormat, parse_tool_calls, thinking_problem
 from dockyard.schemas import Rollout, RolloutSample, SampleScore, ScoredRollout
+from dockyard.schemas.scored import ScoreColumns
 
 
 @dataclass(frozen=True)
@@ -129,5 +130,8 @@ def to_scored_rollout(rollout: Rollout, score: GroupScore, scorer_id: str) -> Sc
         for index, sample_score in enumerate(score.samples)
     ]
     return ScoredRollout(
-        rollout=rollout, scores=scores, scorer_id=scorer_id, scored_at_unix_s=time.time()
+        rollout=rollout,
+        scores=ScoreColumns.from_rows(scores),
+        scorer_id=scorer_id,
+        scored_at_unix_s=time.time(),
     )

@@ -718,7 +718,10 @@ def generation_timeline(groups: Iterable[ScoredRollout]) -> dict[str, list[tuple
         samples = group.rollout.samples
         timings = samples.timings
         for worker, started, finished in zip(
-            samples.worker_id, timings.started_at_unix_s, timings.finished_at_unix_s, strict=True
+            samples.worker_id,
+            timings.started_at_unix_s,  # type: ignore[attr-defined]  # a defstruct class (schemas/rollout.py): mypy cannot see its fields
+            timings.finished_at_unix_s,  # type: ignore[attr-defined]  # as above
+            strict=True,
         ):
             timeline.setdefault(worker, []).append((started, finished))
     return timeline

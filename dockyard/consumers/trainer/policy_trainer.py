@@ -157,7 +157,7 @@ class PolicyTrainer:
         if dtensor.activation_checkpointing:
             # Each decoder layer keeps only its input; its activations are recomputed in
             # backward. Non-reentrant: works with frozen base weights (LoRA) and FSDP2.
-            self.model.gradient_checkpointing_enable(
+            self.model.gradient_checkpointing_enable(  # type: ignore[operator]  # a transformers method; torch types unknown attributes as Tensor | Module
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.mesh = mesh
@@ -297,7 +297,7 @@ class PolicyTrainer:
             if micro is None:  # a zero-weight pass, only to match the other ranks' collectives
                 first = plans[0]
                 assert first is not None  # every rank has at least one group
-                self.forward_logprobs(self.model, first).sum().mul(0.0).backward()
+                self.forward_logprobs(self.model, first).sum().mul(0.0).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
                 continue
             rows, columns = micro.indices, micro.columns
             part = batch.take(rows, columns)
@@ -312,7 +312,7 @@ class PolicyTrainer:
                 rewards=part.rewards,
             )
             loss, metrics = self.loss(inputs, counts)
-            self.scaler.scale(loss * gradient_scale(self.data_mesh)).backward()
+            self.scaler.scale(loss * gradient_scale(self.data_mesh)).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
             parts.append(metrics)
         return parts
 
@@ -390,7 +390,7 @@ class PolicyTrainer:
         for name, owner in self.tied.items():
             if owner in state:
                 state[name] = state[owner]
-        return state
+        return state  # type: ignore[return-value]  # a model's state: tensors only (torch's type covers optimizer state too)
 
     def engine_weights(self) -> dict[str, torch.Tensor]:
         """What a weight event carries: the adapter alone under LoRA
@@ -405,7 +405,7 @@ class PolicyTrainer:
         assert self.mesh is not None, "one process loads with trainer_checkpoint.load_weights"
         if state:
             state = {**{n: state[o] for n, o in self.tied.items() if o in state}, **state}
-        set_model_state_dict(self.model, state, options=_FROM_FIRST_RANK)
+        set_model_state_dict(self.model, state, options=_FROM_FIRST_RANK)  # type: ignore[arg-type]  # dict is invariant; its ValueType includes Tensor
 
     def state_dict(self) -> dict[str, object]:
         """Optimizer (by parameter name, whole tensors: the same in one process and sharded),
@@ -439,7 +439,9 @@ class PolicyTrainer:
             self.scaler.load_state_dict(state["grad_scaler"])  # type: ignore[arg-type]
         self._apply_hyperparameters(*configured)
 
-    def _configured_hyperparameters(self) -> tuple[list[dict[str, object]], list[float]]:
+    def _configured_hyperparameters(
+        self,
+    ) -> tuple[list[dict[str, object]], list[float | torch.Tensor]]:
         """Each param group's settings (lr, betas, weight decay, ...) and the schedule's base
         rates as the config built them, before a checkpoint's state replaces them."""
         groups = [
@@ -448,7 +450,7 @@ class PolicyTrainer:
         return groups, list(self.scheduler.base_lrs)
 
     def _apply_hyperparameters(
-        self, groups: list[dict[str, object]], base_lrs: list[float]
+        self, groups: list[dict[str, object]], base_lrs: list[float | torch.Tensor]
     ) -> None:
         """The config's optimizer and schedule settings over a loaded checkpoint's: loading an
         optimizer's state restores its param groups' settings and the scheduler's base rates,
@@ -485,5 +487,5 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
 def by_index(optimizer_state: dict[str, object]) -> bool:
     """``torch.optim.Optimizer.state_dict()``'s layout (integer keys), not the by-name one."""
     groups = optimizer_state.get("param_groups") or [{}]
-    params = groups[0].get("params", []) if isinstance(groups, list) else []  # type: ignore[union-attr]
+    params = groups[0].get("params", []) if isinstance(groups, list) else []
     return any(isinstance(p, int) for p in params)

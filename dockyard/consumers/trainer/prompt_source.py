@@ -7,7 +7,17 @@ from __future__ import annotations
 from typing import Protocol
 
 
+class PromptSourceCounts(Protocol):
+    @property
+    def skipped_too_long(self) -> int:
+        """Prompts over ``data.max_input_seq_length``, never dispatched."""
+
+
 class PromptSource(Protocol):
+    @property
+    def state(self) -> PromptSourceCounts:
+        """The dispatcher's counters (the trainer reports them in its metrics)."""
+
     @property
     def exhausted(self) -> bool:
         """Every epoch has been dispatched."""

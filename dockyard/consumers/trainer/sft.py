@@ -82,7 +82,7 @@ def run_sft(
         ).view_as(target_mask)
         loss = (losses * target_mask).sum() / target_mask.sum()
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         optimizer.step()
         if step % config.val_period == 0:
             model.eval()

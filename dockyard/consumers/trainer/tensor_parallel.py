@@ -58,10 +58,10 @@ def parallelize_policy(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Mod
             f"{type(model).__name__} has no .model.layers: the tensor-parallel plan here is for "
             "the Hugging Face decoder-only layout (Qwen2, Llama, ...)"
         )
-    check_divisible(model.config, mesh.size())  # type: ignore[attr-defined]
+    check_divisible(model.config, mesh.size())
     plan = {name: style() for name, style in LAYER_PLAN.items()}
     for layer in layers:
-        parallelize_module(layer, mesh, plan)  # type: ignore[arg-type]
+        parallelize_module(layer, mesh, plan)
     return model
 
 

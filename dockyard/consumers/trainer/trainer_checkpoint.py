@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
 from dockyard.checkpoints.model_files import load_checkpoint_state_dict, save_model_checkpoint
+from dockyard.consumers.trainer.ledger import LedgerSnapshot
 from dockyard.models.lora import save_peft_adapter
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -41,7 +42,7 @@ class TrainerState:
     weight_version: int
     dispatcher: dict[str, int]
     replay_from_seq: int  # first scored-stream sequence not covered by the ledger
-    ledger: dict[str, object]
+    ledger: LedgerSnapshot
     #: ``VersionLineage.to_dict()``; None in checkpoints written before it existed.
     lineage: dict[str, list[list[int]]] | None = None
 

@@ -20,17 +20,16 @@ import jax
 import jax.numpy as jnp
 import optax
 import torch
-from flax import nnx
 
-from dockyard.consumers.trainer.jax_backend.weights import load_named
+from dockyard.consumers.trainer.jax_backend.weights import ParamState, load_named
 
 
 def optax_state_from_torch(
     opt_state: Any,
     torch_optimizer: dict[str, Any],
     model: torch.nn.Module,
-    template: nnx.State,
-    place: Callable[[nnx.State], nnx.State],
+    template: ParamState,
+    place: Callable[[ParamState], ParamState],
 ) -> Any:
     """``opt_state`` with its Adam moments and count taken from a torch optimizer state dict
     (unchanged when the torch optimizer had not stepped, or keeps no moments)."""
@@ -53,7 +52,7 @@ def optax_state_from_torch(
     if "exp_avg" not in first:
         return opt_state  # SGD without momentum: no per-parameter state to carry
 
-    def moments(key: str) -> nnx.State:
+    def moments(key: str) -> ParamState:
         arrays = {name: state[key].detach().float().numpy() for name, state in by_name.items()}
         return place(load_named(template, arrays, tied=False, where=f"optimizer.pt ({key})"))
 

@@ -148,7 +148,8 @@ class Attention(nnx.Module):
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(s.head_dim)
         causal = jnp.tril(jnp.ones((length, length), dtype=bool))
         allowed = causal[None, None] & key_mask[:, None, None, :].astype(bool)
-        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+        lowest = jnp.finfo(jnp.float32).min  # type: ignore[no-untyped-call]  # unannotated in jax
+        scores = jnp.where(allowed, scores, lowest)
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, length, -1)
         return self.o_proj(out)
