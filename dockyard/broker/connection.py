@@ -89,7 +89,7 @@ class DockyardClient(NatsClient):
 
 async def _open(options: dict[str, object]) -> DockyardClient:
     client = DockyardClient()
-    await client.connect(**options)  # type: ignore[arg-type]
+    await client.connect(**options)  # type: ignore[arg-type]  # options: nats connect's keyword arguments, of many types
     return client
 
 

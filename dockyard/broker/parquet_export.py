@@ -214,12 +214,12 @@ def record_batch(groups: list[GroupColumns]) -> pa.RecordBatch:
     for column in SCHEMA:
         parts = [group[column.name] for group in groups]
         if parts and isinstance(parts[0], _Flat):
-            flat: list[_Flat] = parts  # type: ignore[assignment]
+            flat: list[_Flat] = parts  # type: ignore[assignment]  # the first part is a _Flat: so is every group's
             values = np.concatenate([part.values for part in flat])
             lengths = [n for part in flat for n in part.lengths]
             arrays.append(_list_column(values, lengths, column.type.value_type))
         else:
-            rows = [value for part in parts for value in part]  # type: ignore[union-attr]
+            rows = [value for part in parts for value in part]  # type: ignore[union-attr]  # not _Flat: every part is a list
             arrays.append(pa.array(rows, type=column.type))
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
 
