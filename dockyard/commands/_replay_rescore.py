@@ -39,7 +39,6 @@ PUBLISH_BATCH = 64
 def _rescore(
     args: argparse.Namespace, open_plane: OpenPlane, run_sync: RunSync, selection: Selection
 ) -> int:
-    from dockyard.broker.admin import AdminPlane
     from dockyard.broker.names import PlaneNames
     from dockyard.consumers.rescore import (
         RescoreRefusal,

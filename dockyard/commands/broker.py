@@ -21,6 +21,7 @@ from dockyard.commands._plane_args import add_plane_arguments, plane_config
 
 if TYPE_CHECKING:  # imported lazily at run time
     from dockyard.broker.embedded import ServerAccount
+    from dockyard.config.sections.data_plane import DataPlaneConfig
 
 DEFAULT_PORT = 4222
 EXIT_SERVER_FAILED = 3
@@ -74,7 +75,7 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _provision(config, admin_credentials: Path | None) -> None:  # type: ignore[no-untyped-def]
+def _provision(config: DataPlaneConfig, admin_credentials: Path | None) -> None:
     import yaml
 
     from dockyard.broker.jetstream import JetStreamPlane

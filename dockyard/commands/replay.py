@@ -20,8 +20,9 @@ import asyncio
 import json
 import sys
 from collections.abc import Coroutine
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
 from dockyard.commands._plane_args import add_plane_arguments, open_running_plane
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # imported lazily at run time: each subcommand loads only wha
     from dockyard.broker.inspect import MessageSummary
     from dockyard.broker.jetstream import JetStreamPlane
     from dockyard.broker.messages import PublishAck
+    from dockyard.broker.names import PlaneNames
     from dockyard.broker.parquet_export import ExportResult
     from dockyard.broker.plane import StreamState
     from dockyard.broker.requeue import Requeue, Skipped
@@ -97,7 +99,15 @@ def _ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _selection(args: argparse.Namespace, names):  # type: ignore[no-untyped-def]
+class _Selection(TypedDict):
+    """Which stored messages to read: ``DataPlane.replay``'s keyword arguments."""
+
+    from_seq: int | None
+    since: datetime | None
+    limit: int | None
+
+
+def _selection(args: argparse.Namespace, names: PlaneNames) -> tuple[str, _Selection]:
     from dockyard.broker.inspect import parse_since, resolve_subject
 
     if args.from_seq is not None and args.since is not None:
