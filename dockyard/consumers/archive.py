@@ -60,7 +60,7 @@ class LedgerFates:
             if kind == "dispatched":
                 dispatched.add(group)
             elif kind == "trained":
-                trained[group] = int(event["step"])  # type: ignore[call-overload]
+                trained[group] = int(event["step"])  # type: ignore[call-overload]  # a ledger event's JSON value
                 settled.add(group)
             else:  # dropped, open_at_end: the run will not train it
                 settled.add(group)

@@ -43,7 +43,7 @@ def turn_texts(sample: RolloutSample, tokenizer: object) -> list[str]:
     if not sample.segments:
         spans = [(0, len(tokens))]
     return [
-        tokenizer.decode(tokens[start:end], skip_special_tokens=True)  # type: ignore[attr-defined]
+        tokenizer.decode(tokens[start:end], skip_special_tokens=True)  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in consumers)
         for start, end in spans
     ]
 
@@ -81,7 +81,7 @@ def to_scoring_group(rollout: Rollout, tokenizer: object) -> ScoringGroup:
     group = rollout.group
     samples = [
         SampleInput(
-            response_text=tokenizer.decode(sample.response_token_ids, skip_special_tokens=False),  # type: ignore[attr-defined]
+            response_text=tokenizer.decode(sample.response_token_ids, skip_special_tokens=False),  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in consumers)
             response_token_ids=sample.response_token_ids,
             finish_reason=str(sample.finish_reason),
             # An episode has segments (one per turn and observation); a single turn has none.

@@ -212,7 +212,7 @@ class TrainerLoop:
             WorkerScreen(
                 trust,
                 lambda batch: self.trainer.batch_logprobs(self.trainer.model, batch),
-                self.tokenizer.pad_token_id,  # type: ignore[attr-defined]
+                self.tokenizer.pad_token_id,  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in consumers)
                 self.plane,
                 lambda: self.ledger,
             )
@@ -532,7 +532,7 @@ class TrainerLoop:
     async def _train_step(self, groups: list[Pending], wait_s: float) -> None:
         cfg = self.config
         scored = [p.scored for p in groups]
-        batch = build_batch(scored, self.tokenizer.pad_token_id)  # type: ignore[attr-defined]
+        batch = build_batch(scored, self.tokenizer.pad_token_id)  # type: ignore[attr-defined]  # tokenizer: object here
         ages = torch.tensor(
             [self.lineage.age(int(v), self.weight_version) for v in batch.min_weight_versions],
             dtype=torch.float32,

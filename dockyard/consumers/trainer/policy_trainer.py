@@ -164,7 +164,7 @@ class PolicyTrainer:
         self.tensor_mesh = mesh[TP] if mesh is not None and mesh.ndim == 2 else None
         #: The data-parallel ranks (None: not sharded by FSDP2).
         self.data_mesh = (
-            mesh if self.tensor_mesh is None else _larger_than_one(mesh[DP])  # type: ignore[index]
+            mesh if self.tensor_mesh is None else _larger_than_one(mesh[DP])  # type: ignore[index]  # tensor_mesh is set only with a 2-D mesh
         )
         tensor_ranks = self.tensor_mesh.size() if self.tensor_mesh is not None else 1
         if dtensor.tensor_parallel_size != tensor_ranks:
@@ -434,9 +434,9 @@ class PolicyTrainer:
         else:
             options = _FROM_FIRST_RANK if self.mesh is not None else None
             set_optimizer_state_dict(self.model, self.optimizer, optimizer, options=options)
-        self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
+        self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]  # the state this trainer's state_dict wrote
         if "grad_scaler" in state:  # checkpoints from before float16 loss scaling have none
-            self.scaler.load_state_dict(state["grad_scaler"])  # type: ignore[arg-type]
+            self.scaler.load_state_dict(state["grad_scaler"])  # type: ignore[arg-type]  # the state this trainer's state_dict wrote
         self._apply_hyperparameters(*configured)
 
     def _configured_hyperparameters(

@@ -61,10 +61,10 @@ def write_checkpoint(
     """``model_state``: the whole weights (``PolicyTrainer.model_state``); ``model`` gives the
     HF config. ``training_state`` (``PolicyTrainer.state_dict``): None = not saved."""
     save_model_checkpoint(
-        model,  # type: ignore[arg-type]
+        model,  # type: ignore[arg-type]  # a transformers model, typed nn.Module here
         directory,
-        format=model_format,  # type: ignore[arg-type]
-        tokenizer=tokenizer,  # type: ignore[arg-type]
+        format=model_format,  # type: ignore[arg-type]  # checked against CheckpointFormat by the config
+        tokenizer=tokenizer,  # type: ignore[arg-type]  # a transformers tokenizer, typed object here
         state_dict=model_state,
     )
     if adapter is not None:

@@ -402,12 +402,12 @@ class JaxPolicyTrainer:
         if OPTIMIZER_STATE_KEY not in state:  # written by the torch trainer: convert it
             self.opt_state = optax_state_from_torch(
                 self.opt_state,
-                state["optimizer"],  # type: ignore[arg-type]
+                state["optimizer"],  # type: ignore[arg-type]  # a torch optimizer state dict, as the checkpoint holds it
                 self.model,
                 self._template,
                 self._place,
             )
-            self.schedule_step = int(state["scheduler"]["last_epoch"])  # type: ignore[index]
+            self.schedule_step = int(state["scheduler"]["last_epoch"])  # type: ignore[index]  # a torch scheduler state dict
             log.info("trainer.optimizer_converted", source="torch", step=self.schedule_step)
             return
         leaves = state[OPTIMIZER_STATE_KEY]
@@ -421,4 +421,4 @@ class JaxPolicyTrainer:
             for new, old in zip(leaves, current, strict=True)
         ]
         self.opt_state = jax.tree.unflatten(treedef, placed)
-        self.schedule_step = int(state["scheduler"]["step"])  # type: ignore[index]
+        self.schedule_step = int(state["scheduler"]["step"])  # type: ignore[index]  # this backend's own scheduler state dict
