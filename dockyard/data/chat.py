@@ -97,7 +97,7 @@ def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) ->
             f"tokenizer has none: set {CHAT_TEMPLATE_KEY} (e.g. chatml)",
         )
     try:
-        text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+        text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]  # a transformers tokenizer, typed object here
             conversation(record, fmt.system_prompt),
             chat_template=template,
             add_generation_prompt=True,
@@ -116,7 +116,7 @@ def _without_duplicate_bos(text: str, tokenizer: object) -> str:
     bos = getattr(tokenizer, "bos_token", None)
     if not bos or not text.startswith(bos):
         return text
-    adds_bos = tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]  # type: ignore[operator,attr-defined]
+    adds_bos = tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]  # type: ignore[operator,attr-defined]  # a transformers tokenizer, typed object here
     return text[len(bos) :] if adds_bos else text
 
 

@@ -154,7 +154,7 @@ def _record(row: object, number: int, fields: FieldMapping, env: str, path: Path
         extra[name] = value
     agent = "default"
     if fields.agent is not None:
-        agent = get("agent", fields.agent)  # type: ignore[assignment]
+        agent = get("agent", fields.agent)  # type: ignore[assignment]  # object: narrowed on the next line
         if not isinstance(agent, str) or not agent:
             # The agent name picks the record's teacher under OPD: a wrong type must not
             # quietly become some other agent's.

@@ -87,7 +87,7 @@ class ProceduralDataset:
         return self._size
 
     def __getitem__(self, index: int) -> PromptRecord:
-        entry = self._items[index]  # type: ignore[index]
+        entry = self._items[index]  # type: ignore[index]  # reasoning-gym's dataset: indexable, untyped
         answer = entry["answer"]
         return PromptRecord(
             index=index,

@@ -264,7 +264,7 @@ class TorchEngine(GenerationEngine):
         if not params.stop_strings:
             return False
         window = max(len(stop) for stop in params.stop_strings) + _STOP_TAIL_TOKENS_MARGIN
-        tail = self._tokenizer.decode(row.tokens[-window:])  # type: ignore[union-attr]
+        tail = self._tokenizer.decode(row.tokens[-window:])  # type: ignore[union-attr]  # stop strings need a tokenizer (checked at request)
         return any(stop in tail for stop in params.stop_strings)
 
     @torch.no_grad()

@@ -59,7 +59,7 @@ def score_sample(
             return _no_answer(f"no <{settings.answer_tag}>...</{settings.answer_tag}> answer")
         answer = tagged
     try:
-        score = float(verifier.score_answer(answer, entry))  # type: ignore[attr-defined]
+        score = float(verifier.score_answer(answer, entry))  # type: ignore[attr-defined]  # an untyped reasoning-gym dataset
     except Exception as error:  # a verifier parsing model output may raise anything
         return SampleScore(
             reward=0.0,

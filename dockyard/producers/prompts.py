@@ -28,7 +28,7 @@ def make_prompt_group(
     weight_version: int,
     attempt: int = 0,
 ) -> PromptGroup:
-    token_ids = tokenizer(record.prompt)["input_ids"]  # type: ignore[operator]
+    token_ids = tokenizer(record.prompt)["input_ids"]  # type: ignore[operator]  # a transformers tokenizer, typed object here
     group_id = group_id_for(run_id, epoch, position)
     return PromptGroup(
         group_id=group_id,

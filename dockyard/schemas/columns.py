@@ -227,4 +227,4 @@ def columns_from_given_rows(
     if not value:
         raise WireError(ReasonCode.INVALID_FIELD, f"no {name}")
     rows = [item if isinstance(item, row) else msgspec.convert(item, row) for item in value]
-    msgspec.structs.force_setattr(model, name, columns.from_rows(rows))  # type: ignore[attr-defined]
+    msgspec.structs.force_setattr(model, name, columns.from_rows(rows))  # type: ignore[attr-defined]  # public in msgspec, absent from its stubs
