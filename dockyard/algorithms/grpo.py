@@ -9,14 +9,11 @@ registry from here, where both are known (:func:`registered_names`, passed to th
 from __future__ import annotations
 
 from dockyard.algorithms.advantages import estimator_names
-from dockyard.config.master import (
-    ClippedPGLossConfig,
-    ClusterConfig,
-    DataPlaneConfig,
-    GRPOConfig,
-    MasterConfig,
-    RegisteredNames,
-)
+from dockyard.config.master import MasterConfig, RegisteredNames
+from dockyard.config.sections.cluster import ClusterConfig
+from dockyard.config.sections.data_plane import DataPlaneConfig
+from dockyard.config.sections.grpo import GRPOConfig
+from dockyard.config.sections.loss import ClippedPGLossConfig
 
 __all__ = [
     "ClippedPGLossConfig",

@@ -8,7 +8,7 @@ all micro-batches of a step into the full-batch values (sums for shares and coun
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
@@ -16,7 +16,7 @@ MergeRule = Literal["sum", "min", "max"]
 
 
 def _metric(rule: MergeRule = "sum") -> float:
-    return field(metadata={"merge": rule})  # type: ignore[no-any-return]
+    return field(metadata={"merge": rule})  # type: ignore[no-any-return]  # dataclasses.field() types as its default; a metadata-only field has none
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,11 @@ class LossMetrics:
 
 
 _RULES: dict[str, MergeRule] = {f.name: f.metadata["merge"] for f in fields(LossMetrics)}
-_COMBINE = {"sum": lambda a, b: a + b, "min": min, "max": max}
+_COMBINE: dict[MergeRule, Callable[[float, float], float]] = {
+    "sum": lambda a, b: a + b,
+    "min": min,
+    "max": max,
+}
 
 
 def merge_loss_metrics(parts: Iterable[LossMetrics]) -> LossMetrics:

@@ -13,6 +13,7 @@ import re
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
@@ -89,7 +90,7 @@ class DockyardClient(NatsClient):
 
 async def _open(options: dict[str, object]) -> DockyardClient:
     client = DockyardClient()
-    await client.connect(**options)  # type: ignore[arg-type]
+    await client.connect(**options)  # type: ignore[arg-type]  # options: nats connect's keyword arguments, of many types
     return client
 
 
@@ -238,8 +239,9 @@ async def connect(
     # nats-py retries the *first* connection as long as reconnects (forever): bound it, and
     # stop at once on bad credentials instead of retrying them.
     connecting = asyncio.ensure_future(_open(options))
+    racing: set[asyncio.Future[Any]] = {connecting, auth_failed}
     done, _ = await asyncio.wait(
-        {connecting, auth_failed},
+        racing,
         timeout=config.connect_timeout_s,
         return_when=asyncio.FIRST_COMPLETED,
     )

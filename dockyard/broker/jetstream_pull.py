@@ -145,7 +145,7 @@ class JetStreamDelivery(Delivery):
 
 
 def is_status(msg: Msg) -> bool:
-    return bool(msg.headers) and _STATUS in msg.headers and not msg.data  # type: ignore[operator]
+    return bool(msg.headers) and _STATUS in msg.headers and not msg.data  # type: ignore[operator]  # bool(msg.headers) above: they are a dict
 
 
 class PullChannel:

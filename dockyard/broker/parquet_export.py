@@ -155,7 +155,7 @@ def group_columns(stored: StoredMessage, scored: ScoredRollout) -> GroupColumns:
         else samples.prompt_token_ids
     )
     teachers = scores.teacher_runs()
-    teacher_column = [
+    teacher_column: list[object] = [
         None if run is None else _float32(run, "teacher_logprobs") for run in teachers
     ]
 
@@ -191,10 +191,10 @@ def group_columns(stored: StoredMessage, scored: ScoredRollout) -> GroupColumns:
         "loss_mask": _Flat(samples.loss_mask.astype(np.bool_), lengths),
         "finish_reason": [str(reason.value) for reason in samples.finish_reason],
         "worker_id": list(samples.worker_id),
-        "engine": list(samples.engine.name),
-        "engine_version": list(samples.engine.version),
-        "generation_started_at_unix_s": list(samples.timings.started_at_unix_s),
-        "generation_finished_at_unix_s": list(samples.timings.finished_at_unix_s),
+        "engine": list(samples.engine.name),  # type: ignore[attr-defined]  # a defstruct class (schemas/rollout.py): mypy cannot see its fields
+        "engine_version": list(samples.engine.version),  # type: ignore[attr-defined]  # a defstruct class (schemas/rollout.py): mypy cannot see its fields
+        "generation_started_at_unix_s": list(samples.timings.started_at_unix_s),  # type: ignore[attr-defined]  # a defstruct class (schemas/rollout.py): mypy cannot see its fields
+        "generation_finished_at_unix_s": list(samples.timings.finished_at_unix_s),  # type: ignore[attr-defined]  # a defstruct class (schemas/rollout.py): mypy cannot see its fields
         "reward": list(scores.reward),
         "reward_components": [list(parts.items()) for parts in scores.reward_components],
         "invalid_action": list(scores.invalid_action),
@@ -214,12 +214,12 @@ def record_batch(groups: list[GroupColumns]) -> pa.RecordBatch:
     for column in SCHEMA:
         parts = [group[column.name] for group in groups]
         if parts and isinstance(parts[0], _Flat):
-            flat: list[_Flat] = parts  # type: ignore[assignment]
+            flat: list[_Flat] = parts  # type: ignore[assignment]  # the first part is a _Flat: so is every group's
             values = np.concatenate([part.values for part in flat])
             lengths = [n for part in flat for n in part.lengths]
             arrays.append(_list_column(values, lengths, column.type.value_type))
         else:
-            rows = [value for part in parts for value in part]  # type: ignore[union-attr]
+            rows = [value for part in parts for value in part]  # type: ignore[union-attr]  # not _Flat: every part is a list
             arrays.append(pa.array(rows, type=column.type))
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
+from typing import Self
 
 from dockyard.broker.dead_letters import build_dead_letter
 from dockyard.broker.messages import (
@@ -227,7 +228,7 @@ class DataPlane(abc.ABC):
         self.config = config
         self.names = PlaneNames(config.namespace)
 
-    async def __aenter__(self) -> DataPlane:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

@@ -103,7 +103,7 @@ def _normalise(value: object) -> object:
             value.consumer.name if value.consumer else None,
         )
     if isinstance(value, list) and value and isinstance(value[0], api.StreamSource):
-        return sorted(_normalise(source) for source in value)  # type: ignore[type-var]
+        return sorted(_normalise(source) for source in value)  # type: ignore[type-var]  # normalised sources are tuples, which order
     if isinstance(value, api.RePublish):
         return (value.src or ">", value.dest, bool(value.headers_only))
     value = getattr(value, "value", value)  # enums and their string forms compare equal

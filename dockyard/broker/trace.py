@@ -217,7 +217,7 @@ def _describe(event: TraceEvent) -> dict[str, object]:
     if delivery is not None:
         source = "prompt" if event.what == "rollout" else "rollout"
         seq = detail.pop("answered_seq")
-        earlier = int(delivery) - 1  # type: ignore[call-overload]
+        earlier = int(delivery) - 1  # type: ignore[call-overload]  # an event detail's delivery count (JSON)
         detail["answered"] = f"{source} #{seq}, delivery {delivery}" + (
             f" ({earlier} earlier deliveries not answered: nak'ed or timed out)" if earlier else ""
         )

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +98,7 @@ class CheckpointManager:
         checkpoints = self.list()
         return checkpoints[-1] if checkpoints else None
 
-    def to_keep(self, checkpoints: list[CheckpointInfo]) -> set[int]:
+    def to_keep(self, checkpoints: Sequence[CheckpointInfo]) -> set[int]:
         if not checkpoints:
             return set()
         keep = {checkpoints[-1].step}
@@ -111,14 +111,16 @@ class CheckpointManager:
             keep.update(info.step for info in self._ranked(periodic)[: self.config.keep_top_k])
         return keep
 
-    def _ranked(self, checkpoints: list[CheckpointInfo]) -> list[CheckpointInfo]:
+    # Sequence, not list: in this class body `list` names the method above.
+    def _ranked(self, checkpoints: Sequence[CheckpointInfo]) -> Sequence[CheckpointInfo]:
         metric = self.config.metric_name
         sign = 1.0 if self.config.higher_is_better else -1.0
 
         def rank_key(info: CheckpointInfo) -> tuple[int, float, int]:
             value = info.metrics.get(metric) if metric else None
-            has_metric = value is not None
-            return (0 if has_metric else 1, -sign * value if has_metric else 0.0, -info.step)
+            if value is None:
+                return (1, 0.0, -info.step)
+            return (0, -sign * value, -info.step)
 
         return sorted(checkpoints, key=rank_key)
 

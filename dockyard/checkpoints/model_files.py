@@ -92,7 +92,11 @@ def _untie(
     tied: dict[str, str] = {}
     owner_by_storage: dict[tuple[int, int, tuple[int, ...]], str] = {}
     for name, tensor in state_dict.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            int(tensor.storage_offset()),  # typed int | SymInt: a concrete tensor's is an int
+            tuple(tensor.shape),
+        )
         if key in owner_by_storage:
             tied[name] = owner_by_storage[key]
         else:
@@ -149,12 +153,13 @@ def save_model_checkpoint(
     if format == "safetensors":
         _write_safetensors(tensors, directory, max_shard_bytes)
     elif format == "dcp":
-        import torch.distributed.checkpoint as dcp
+        # From the defining module: the package does not re-export it explicitly (mypy strict).
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         with warnings.catch_warnings():
             # In one process DCP warns that it assumes single-process intent: that is the intent.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(dict(tensors), checkpoint_id=str(directory / DCP_SUBDIR))
+            dcp_save(dict(tensors), checkpoint_id=str(directory / DCP_SUBDIR))
     else:
         raise ValueError(f"unknown checkpoint format {format!r}; expected 'safetensors' or 'dcp'")
     model.config.save_pretrained(directory)
@@ -175,11 +180,12 @@ def load_checkpoint_state_dict(checkpoint_dir: str | Path) -> dict[str, torch.Te
     directory = Path(checkpoint_dir)
     manifest = CheckpointManifest.read(directory)
     if manifest.format == "dcp":
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
         dcp_dir = directory / DCP_SUBDIR if (directory / DCP_SUBDIR).is_dir() else directory
-        metadata = dcp.FileSystemReader(str(dcp_dir)).read_metadata()
+        metadata = FileSystemReader(str(dcp_dir)).read_metadata()
         template: dict[str, torch.Tensor] = {}
         for name, entry in metadata.state_dict_metadata.items():
             if not isinstance(entry, TensorStorageMetadata):
@@ -187,7 +193,7 @@ def load_checkpoint_state_dict(checkpoint_dir: str | Path) -> dict[str, torch.Te
             template[name] = torch.empty(entry.size, dtype=entry.properties.dtype)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(template, checkpoint_id=str(dcp_dir))
+            dcp_load(template, checkpoint_id=str(dcp_dir))
         return template
     from safetensors.torch import load_file
 

@@ -28,7 +28,8 @@ class CliError(Exception):
 class CommandRegistrar:
     """Hands command modules a way to add their parsers to the top-level command."""
 
-    subparsers: argparse._SubParsersAction  # argparse exposes no public type for this
+    # argparse exposes no public type for this
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
     def add(
         self, name: str, *, help: str, description: str | None = None

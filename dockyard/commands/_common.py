@@ -9,8 +9,13 @@ import re
 import signal
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dockyard.commands._cli import CliError
+
+if TYPE_CHECKING:  # imported lazily at run time: a command loads only what it uses
+    from dockyard.config.loader import ConfigReport
+    from dockyard.config.master import MasterConfig
 
 EXIT_INVALID_CONFIG = 2
 
@@ -31,7 +36,7 @@ def secrets_in_overrides(overrides: list[str]) -> list[str]:
     return found
 
 
-def load_config_report_or_exit(args: argparse.Namespace):  # -> ConfigReport (lazy import)
+def load_config_report_or_exit(args: argparse.Namespace) -> ConfigReport:
     """``--config`` + overrides, validated; warnings to stderr; a bad config is exit 2."""
     from dockyard.algorithms.grpo import registered_names
     from dockyard.config.errors import ConfigError
@@ -53,7 +58,7 @@ def load_config_report_or_exit(args: argparse.Namespace):  # -> ConfigReport (la
     return report
 
 
-def load_role_config(args: argparse.Namespace):  # -> MasterConfig (imported lazily)
+def load_role_config(args: argparse.Namespace) -> MasterConfig:
     """The config of a command that starts work: also refused (exit 2) when it asks for
     something this build does not implement (``dockyard.config.capabilities``)."""
     from dockyard.config.capabilities import ignored, not_implemented

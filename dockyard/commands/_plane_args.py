@@ -15,6 +15,7 @@ from dockyard.commands._cli import CliError
 from dockyard.config.sections.data_plane import DataPlaneConfig
 
 if TYPE_CHECKING:
+    from dockyard.broker.jetstream import JetStreamPlane
     from dockyard.config.master import MasterConfig
 
 EXIT_INVALID_CONFIG = 2
@@ -87,7 +88,7 @@ def plane_config(args: argparse.Namespace) -> DataPlaneConfig:
         raise CliError(f"invalid data plane arguments: {error}", EXIT_INVALID_CONFIG) from None
 
 
-def open_running_plane(args: argparse.Namespace, *, command: str):  # -> JetStreamPlane (lazy)
+def open_running_plane(args: argparse.Namespace, *, command: str) -> JetStreamPlane:
     """The running broker's plane, for a command that only looks (``replay``, ``status``,
     ``dashboard``): it provisions nothing. An embedded URL is refused: it would start a server
     of its own, empty, instead of reading the one the run uses."""

@@ -17,10 +17,16 @@ import functools
 import json
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dockyard.commands._cli import CliError, CommandRegistrar
 from dockyard.commands._plane_args import EXIT_INVALID_CONFIG, add_plane_arguments, master_config
+
+if TYPE_CHECKING:  # imported lazily at run time
+    from dockyard.broker.admin import AdminPlane
+    from dockyard.broker.names import PlaneNames
+    from dockyard.broker.reward_diff import RewardDiff
+    from dockyard.config.sections.data_plane import DataPlaneConfig
 
 OpenPlane = Callable[[argparse.Namespace], Any]
 RunSync = Callable[[Coroutine[Any, Any, Any]], Any]
@@ -106,7 +112,7 @@ def _rescore(
     return 0
 
 
-async def _check_stream_holds(plane, target: str) -> None:  # type: ignore[no-untyped-def]
+async def _check_stream_holds(plane: AdminPlane, target: str) -> None:
     """Refuse a plane provisioned before re-scores had a subject: publishing there would fail
     with the server's bare "no responders"."""
     names = plane.names
@@ -122,13 +128,13 @@ async def _check_stream_holds(plane, target: str) -> None:  # type: ignore[no-un
     )
 
 
-def _default_plane():  # type: ignore[no-untyped-def]
+def _default_plane() -> DataPlaneConfig:
     from dockyard.config.sections.data_plane import DataPlaneConfig
 
     return DataPlaneConfig()
 
 
-def _diff_subject(names, name: str) -> str:  # type: ignore[no-untyped-def]
+def _diff_subject(names: PlaneNames, name: str) -> str:
     """A short name, a bare re-score name (``NS.rescored.NAME``) or a full subject."""
     from dockyard.broker.inspect import resolve_subject
 
@@ -141,7 +147,7 @@ def _diff(
 ) -> int:
     from dockyard.broker.reward_diff import render, reward_diff
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run() -> RewardDiff:
         async with open_plane(args) as plane:
             subject, against = (
                 _diff_subject(plane.names, name) for name in (args.subject, args.against)
@@ -167,7 +173,6 @@ def register(
     selection: Selection,
     add_selection: Callable[..., None],
 ) -> None:
-    helpers = {"open_plane": open_plane, "run_sync": run, "selection": selection}
     rescore = commands.add(
         "rescore", help="Score stored rollouts again with an environment, into NS.rescored.NAME"
     )
@@ -179,7 +184,11 @@ def register(
         help="NAME (for NS.rescored.NAME) or a full subject under NS.rescored.>",
     )
     add_plane_arguments(rescore)
-    rescore.set_defaults(handler=functools.partial(_rescore, **helpers))
+    rescore.set_defaults(
+        handler=functools.partial(
+            _rescore, open_plane=open_plane, run_sync=run, selection=selection
+        )
+    )
 
     diff = commands.add("diff", help="Reward changes of --subject against --against")
     diff.add_argument("--subject", required=True, help="subject or short name (the new rewards)")
@@ -187,4 +196,6 @@ def register(
     diff.add_argument("--all-groups", action="store_true", help="list unchanged groups too")
     diff.add_argument("--json", action="store_true", help="the diff as one JSON document")
     add_plane_arguments(diff)
-    diff.set_defaults(handler=functools.partial(_diff, **helpers))
+    diff.set_defaults(
+        handler=functools.partial(_diff, open_plane=open_plane, run_sync=run, selection=selection)
+    )

@@ -17,10 +17,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dockyard.commands._cli import CliError, CommandRegistrar
 from dockyard.commands._common import EXIT_INVALID_CONFIG
 from dockyard.commands._plane_args import add_plane_arguments, plane_config
+
+if TYPE_CHECKING:  # imported lazily at run time
+    from dockyard.config.sections.data_plane import DataPlaneConfig
+    from dockyard.consumers.retrain import RetrainReport
+    from dockyard.consumers.retrain_plan import RetrainPlan
 
 #: Metrics printed side by side for an experiment (all of them are in retrain.json).
 SHOWN = ("loss/loss", "train/grad_norm", "train/learning_rate", "train/advantage_abs_mean")
@@ -48,7 +54,7 @@ def _retrain(args: argparse.Namespace) -> int:
     return 0 if report.reproduced else 1
 
 
-def _plane_config(args: argparse.Namespace, plan):  # type: ignore[no-untyped-def]
+def _plane_config(args: argparse.Namespace, plan: RetrainPlan) -> DataPlaneConfig:
     """``--url`` (with ``--namespace``...) or ``--config``'s ``data_plane``, else the run's own
     ``data_plane``. The overrides are the run config's, never the plane's."""
     if args.url or args.config:
@@ -63,14 +69,14 @@ def _plane_config(args: argparse.Namespace, plan):  # type: ignore[no-untyped-de
     return config
 
 
-def _run(plan, plane_settings, out_dir: Path):  # type: ignore[no-untyped-def]
+def _run(plan: RetrainPlan, plane_settings: DataPlaneConfig, out_dir: Path) -> RetrainReport:
     from dockyard.broker.admin import stream_state
     from dockyard.broker.jetstream import JetStreamPlane
     from dockyard.broker.plane import DataPlaneError
     from dockyard.consumers.retrain import retrain
     from dockyard.consumers.retrain_plan import RetrainRefused
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run() -> RetrainReport:
         plane = JetStreamPlane(plane_settings, provision=False, client_name="dockyard-retrain")
         async with plane:
             experience = plane.names.experience_stream.name
@@ -84,7 +90,7 @@ def _run(plan, plane_settings, out_dir: Path):  # type: ignore[no-untyped-def]
         raise CliError(str(error)) from None
 
 
-def _default_out(plan) -> Path:  # type: ignore[no-untyped-def]
+def _default_out(plan: RetrainPlan) -> Path:
     base = plan.run_dir / "retrain" / f"steps_{plan.first_step}-{plan.last_step}"
     if not plan.is_experiment:
         return base
@@ -94,7 +100,7 @@ def _default_out(plan) -> Path:  # type: ignore[no-untyped-def]
     return Path(f"{base}_experiment_{number}")
 
 
-def _describe(report) -> str:  # type: ignore[no-untyped-def]
+def _describe(report: RetrainReport) -> str:
     plan = report.plan
     lines = [
         f"re-trained steps {plan.first_step}..{plan.last_step} from checkpoint step "

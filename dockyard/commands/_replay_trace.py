@@ -11,10 +11,13 @@ import functools
 import json
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dockyard.commands._cli import CliError, CommandRegistrar
 from dockyard.commands._plane_args import add_plane_arguments
+
+if TYPE_CHECKING:  # imported lazily at run time
+    from dockyard.broker.trace import GroupTrace
 
 #: ``replay``'s helpers: open the running broker's plane (refusing an embedded one), and run a
 #: coroutine turning data-plane errors into one-line CLI errors.
@@ -35,7 +38,7 @@ def _trace(args: argparse.Namespace, open_plane: OpenPlane, run_sync: RunSync) -
             )
         ledger = read_trail(trail)
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run() -> GroupTrace:
         async with open_plane(args) as plane:
             names = plane.names
             messages = [m async for m in plane.replay(names.prompts)]

@@ -427,7 +427,7 @@ def output_checks(config: MasterConfig) -> OutputChecks:
 
     tools = config.grpo.structured_tool_use
     return OutputChecks(
-        tool_call_format=tools.tool_call_format if tools.enabled else None,  # type: ignore[arg-type]
+        tool_call_format=tools.tool_call_format if tools.enabled else None,  # type: ignore[arg-type]  # the config's str, checked against the formats at load
         thinking=config.grpo.malformed_thinking_advantage is not None,
     )
 

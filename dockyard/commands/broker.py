@@ -14,9 +14,14 @@ import asyncio
 import signal
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
 from dockyard.commands._plane_args import add_plane_arguments, plane_config
+
+if TYPE_CHECKING:  # imported lazily at run time
+    from dockyard.broker.embedded import ServerAccount
+    from dockyard.config.sections.data_plane import DataPlaneConfig
 
 DEFAULT_PORT = 4222
 EXIT_SERVER_FAILED = 3
@@ -34,7 +39,7 @@ def _up(args: argparse.Namespace) -> int:
     config = plane_config(args)
     store = Path(args.store or config.embedded.store_dir or "dockyard-nats-store").resolve()
     names = PlaneNames(config.namespace)
-    accounts = ()
+    accounts: tuple[ServerAccount, ...] = ()
     credential_files: dict[str, Path] = {}
     if args.secure:
         generated = generate_credentials(names, store / "credentials")
@@ -70,7 +75,7 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _provision(config, admin_credentials: Path | None) -> None:  # type: ignore[no-untyped-def]
+def _provision(config: DataPlaneConfig, admin_credentials: Path | None) -> None:
     import yaml
 
     from dockyard.broker.jetstream import JetStreamPlane

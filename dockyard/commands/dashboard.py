@@ -72,9 +72,9 @@ async def _serve(args: argparse.Namespace) -> int:
         app = create_app(run_dir, source)
         host, port = listener.getsockname()[:2]
         print(f"dashboard at http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        server_config = uvicorn.Config(app, log_level="warning", lifespan="off")
         with _signals_end_the_server_only():
-            await uvicorn.Server(config).serve(sockets=[listener])
+            await uvicorn.Server(server_config).serve(sockets=[listener])
     return 0
 
 

@@ -18,7 +18,7 @@ def _init_tiny(args: argparse.Namespace) -> int:
         build_tiny_recipe,
         save_policy,
     )
-    from dockyard.models.tokenizers import DEFAULT_CORPUS, train_bpe_tokenizer
+    from dockyard.models.tokenizers import DEFAULT_CORPUS, BpeStyle, train_bpe_tokenizer
 
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.force:
@@ -35,7 +35,7 @@ def _init_tiny(args: argparse.Namespace) -> int:
             except (OSError, UnicodeDecodeError) as error:
                 raise CliError(f"cannot read corpus file {path}: {error}") from None
         try:
-            style = "qwen2" if args.arch == "qwen2" else "gpt2"
+            style: BpeStyle = "qwen2" if args.arch == "qwen2" else "gpt2"
             tokenizer = train_bpe_tokenizer(corpus, vocab_size=args.vocab_size, style=style)
             spec = TinyModelSpec(
                 arch=args.arch,

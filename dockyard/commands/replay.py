@@ -19,15 +19,29 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Coroutine
+from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
 from dockyard.commands._plane_args import add_plane_arguments, open_running_plane
 
+if TYPE_CHECKING:  # imported lazily at run time: each subcommand loads only what it uses
+    from dockyard.broker.inspect import MessageSummary
+    from dockyard.broker.jetstream import JetStreamPlane
+    from dockyard.broker.messages import PublishAck
+    from dockyard.broker.names import PlaneNames
+    from dockyard.broker.parquet_export import ExportResult
+    from dockyard.broker.plane import StreamState
+    from dockyard.broker.requeue import Requeue, Skipped
+
+_T = TypeVar("_T")
+
 DEFAULT_SHOW_LIMIT = 50
 
 
-def _open_plane(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _open_plane(args: argparse.Namespace) -> JetStreamPlane:
     return open_running_plane(args, command="replay")
 
 
@@ -44,7 +58,7 @@ def _ls(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run() -> list[StreamState]:
         async with _open_plane(args) as plane:
             return await plane.streams()
 
@@ -85,7 +99,15 @@ def _ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _selection(args: argparse.Namespace, names):  # type: ignore[no-untyped-def]
+class _Selection(TypedDict):
+    """Which stored messages to read: ``DataPlane.replay``'s keyword arguments."""
+
+    from_seq: int | None
+    since: datetime | None
+    limit: int | None
+
+
+def _selection(args: argparse.Namespace, names: PlaneNames) -> tuple[str, _Selection]:
     from dockyard.broker.inspect import parse_since, resolve_subject
 
     if args.from_seq is not None and args.since is not None:
@@ -107,7 +129,7 @@ def _show(args: argparse.Namespace) -> int:
 
     from dockyard.broker.inspect import summarise
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run() -> tuple[str, list[MessageSummary]]:
         async with _open_plane(args) as plane:
             subject, selection = _selection(args, plane.names)
             current = await _current_version(plane)
@@ -148,7 +170,7 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _current_version(plane) -> int | None:  # type: ignore[no-untyped-def]
+async def _current_version(plane: JetStreamPlane) -> int | None:
     from dockyard.schemas import CodecError, WeightVersion, decode
 
     stored = await plane.current_weight_event()
@@ -188,7 +210,7 @@ def _export_parquet(args: argparse.Namespace, out: Path) -> int:
     from dockyard.broker.inspect import export_record
     from dockyard.broker.parquet_export import export_parquet
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run() -> ExportResult:
         async with _open_plane(args) as plane:
             subject, selection = _selection(args, plane.names)
             return await export_parquet(plane.replay(subject, **selection), out)
@@ -213,7 +235,7 @@ def _requeue(args: argparse.Namespace) -> int:
 
     args.subject = "dead"
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run() -> tuple[list[Requeue], list[Skipped], list[PublishAck]]:
         async with _open_plane(args) as plane:
             subject, selection = _selection(args, plane.names)
             chosen, skipped = await plan_requeue(
@@ -226,10 +248,10 @@ def _requeue(args: argparse.Namespace) -> int:
     for item in skipped:
         print(f"skipped dead letter {item.dead_letter_seq}: {item.why}")
     if args.dry_run:
-        for item in chosen:
+        for planned in chosen:
             print(
-                f"would re-queue dead letter {item.dead_letter_seq} ({item.reason}) to "
-                f"{item.message.subject}"
+                f"would re-queue dead letter {planned.dead_letter_seq} ({planned.reason}) to "
+                f"{planned.message.subject}"
             )
         print(f"dry run: {len(chosen)} to re-queue, {len(skipped)} cannot be")
         return 0
@@ -242,7 +264,7 @@ def _requeue(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(coroutine):  # type: ignore[no-untyped-def]
+def _run(coroutine: Coroutine[Any, Any, _T]) -> _T:
     from dockyard.broker.plane import DataPlaneError
 
     try:

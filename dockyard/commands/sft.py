@@ -35,9 +35,9 @@ def _run(args: argparse.Namespace) -> int:
 
     config = load_role_config(args)
     sft, data = config.sft, config.data
-    dev_config = sft.dev_dataset or data.validation
-    if not sft.enabled:
+    if sft is None or not sft.enabled:
         raise CliError(f"{ConfigIssue('sft.enabled', 'is false: nothing to train')}", 2)
+    dev_config = sft.dev_dataset or data.validation
     if dev_config is None:
         issue = ConfigIssue(
             "sft.dev_dataset", "sft needs sft.dev_dataset or data.validation for its check"

@@ -9,9 +9,14 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_config_arguments
 from dockyard.commands._common import EXIT_INVALID_CONFIG, load_config_report_or_exit
+
+if TYPE_CHECKING:  # imported lazily at run time
+    from dockyard.config.master import MasterConfig
+    from dockyard.planning.fleet import StageCosts
 
 _COST_HELP = {
     "gen_group_s": "seconds of generation per group in a batch",
@@ -27,7 +32,7 @@ _COST_HELP = {
 }
 
 
-def _costs(args: argparse.Namespace, config) -> object:  # -> StageCosts (lazy import)
+def _costs(args: argparse.Namespace, config: MasterConfig) -> StageCosts:
     from dockyard.planning.calibration import CalibrationError, calibrate
     from dockyard.planning.fleet import ImpossibleFleet, StageCosts, rollout_bytes_bound
 
@@ -60,7 +65,7 @@ def _costs(args: argparse.Namespace, config) -> object:  # -> StageCosts (lazy i
     return dataclasses.replace(measured, **given)
 
 
-def _run_config(run_dir: Path):  # -> MasterConfig
+def _run_config(run_dir: Path) -> MasterConfig:
     from dockyard.algorithms.grpo import registered_names
     from dockyard.config.errors import ConfigError
     from dockyard.config.loader import load_config_report
@@ -128,7 +133,7 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _text(report: dict) -> str:
+def _text(report: dict[str, Any]) -> str:
     p, fleet = report["prediction"], report["fleet"]
     wan = f"{fleet['wan_mbit']} Mbit/s" if fleet["wan_mbit"] is not None else "none (co-located)"
     ages = ", ".join(f"{age}: {n}" for age, n in p["staleness"].items())

@@ -13,9 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from typing import TYPE_CHECKING
 
 from dockyard.commands._cli import CommandRegistrar
 from dockyard.commands._plane_args import add_plane_arguments, open_running_plane
+
+if TYPE_CHECKING:  # imported lazily at run time
+    from dockyard.fleet.overview import FleetOverview
 
 #: Dead letters are decoded one by one to read their stage: the newest this many are counted
 #: unless ``--dead-letters`` says otherwise (the view says how many the stream holds).
@@ -27,7 +31,7 @@ def _status(args: argparse.Namespace) -> int:
 
     from dockyard.fleet.overview import DeadLetterTally, gather_overview, render_overview
 
-    async def gather():  # type: ignore[no-untyped-def]
+    async def gather() -> FleetOverview:
         async with open_running_plane(args, command="status") as plane:
             return await gather_overview(plane, DeadLetterTally(args.dead_letters))
 

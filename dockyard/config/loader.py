@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -145,7 +146,7 @@ def _cross_section_issues_of_valid_sections(
     problem instead of revealing them one run at a time."""
     if not failed_sections:
         return []  # the failure came from the cross-section rules themselves
-    valid: dict[str, object] = {}
+    valid: dict[str, Any] = {}  # each section's own model, by name
     for name, field_info in MasterConfig.model_fields.items():
         if name in failed_sections or (name not in container and field_info.is_required()):
             continue

@@ -22,9 +22,11 @@ that cannot be archived are returned to be reported, never skipped silently.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dockyard.broker.messages import StoredMessage
 from dockyard.broker.parquet_export import ExportResult, write_parquet
 from dockyard.broker.plane import DataPlane
 from dockyard.consumers.trainer.ledger import read_trail
@@ -58,7 +60,7 @@ class LedgerFates:
             if kind == "dispatched":
                 dispatched.add(group)
             elif kind == "trained":
-                trained[group] = int(event["step"])  # type: ignore[call-overload]
+                trained[group] = int(event["step"])  # type: ignore[call-overload]  # a ledger event's JSON value
                 settled.add(group)
             else:  # dropped, open_at_end: the run will not train it
                 settled.add(group)
@@ -99,7 +101,7 @@ async def archive_pass(plane: DataPlane, run_dir: Path, out: Path, run: str) -> 
 
     last_seen = from_seq - 1
 
-    async def messages():  # type: ignore[no-untyped-def]
+    async def messages() -> AsyncIterator[StoredMessage]:
         nonlocal last_seen
         async for stored in plane.replay(plane.names.scored, from_seq=from_seq):
             yield stored

@@ -279,7 +279,7 @@ class _Retraining:
         self.writer.log_hyperparams(config.model_dump(mode="json"))
 
     def train(self, step: int, groups: list[ScoredRollout]) -> None:
-        batch = build_batch(groups, self.tokenizer.pad_token_id)  # type: ignore[attr-defined]
+        batch = build_batch(groups, self.tokenizer.pad_token_id)
         outcome = self.trainer.step(batch)
         result = StepResult(
             step=step,

@@ -143,7 +143,7 @@ def ledger_steps(run_dir: Path) -> dict[int, list[str]]:
     steps: dict[int, list[str]] = {}
     for event in read_trail(path):
         if event.get("event") == "trained":
-            steps.setdefault(int(event["step"]), []).append(str(event["group_id"]))  # type: ignore[call-overload]
+            steps.setdefault(int(event["step"]), []).append(str(event["group_id"]))  # type: ignore[call-overload]  # a ledger event's JSON value
     return steps
 
 

@@ -15,6 +15,7 @@ from dockyard.environments.base import (
 )
 from dockyard.environments.tools.calls import ToolCallFormat, parse_tool_calls, thinking_problem
 from dockyard.schemas import Rollout, RolloutSample, SampleScore, ScoredRollout
+from dockyard.schemas.scored import ScoreColumns
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def turn_texts(sample: RolloutSample, tokenizer: object) -> list[str]:
     if not sample.segments:
         spans = [(0, len(tokens))]
     return [
-        tokenizer.decode(tokens[start:end], skip_special_tokens=True)  # type: ignore[attr-defined]
+        tokenizer.decode(tokens[start:end], skip_special_tokens=True)  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in consumers)
         for start, end in spans
     ]
 
@@ -84,7 +85,7 @@ def to_scoring_group(rollout: Rollout, tokenizer: object) -> ScoringGroup:
     group = rollout.group
     samples = [
         SampleInput(
-            response_text=tokenizer.decode(sample.response_token_ids, skip_special_tokens=False),  # type: ignore[attr-defined]
+            response_text=tokenizer.decode(sample.response_token_ids, skip_special_tokens=False),  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in consumers)
             response_token_ids=sample.response_token_ids,
             finish_reason=str(sample.finish_reason),
             # An episode has segments (one per turn and observation); a single turn has none.
@@ -133,5 +134,8 @@ def to_scored_rollout(rollout: Rollout, score: GroupScore, scorer_id: str) -> Sc
         for index, sample_score in enumerate(score.samples)
     ]
     return ScoredRollout(
-        rollout=rollout, scores=scores, scorer_id=scorer_id, scored_at_unix_s=time.time()
+        rollout=rollout,
+        scores=ScoreColumns.from_rows(scores),
+        scorer_id=scorer_id,
+        scored_at_unix_s=time.time(),
     )

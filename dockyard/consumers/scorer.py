@@ -204,7 +204,7 @@ class Scorer:
             failures=sum(s.failures for s in self.stats.by_env.values()),
             timeouts=sum(s.timeouts for s in self.stats.by_env.values()),
             dead_lettered=sum(self.stats.dead_lettered.values()),
-            **per_env,
+            **per_env,  # type: ignore[arg-type]  # env/<name>/... counters, never state or detail
         )
 
     async def _dead_letter(self, item: Received[Rollout], reason: str, detail: str) -> None:

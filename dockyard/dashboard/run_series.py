@@ -55,8 +55,8 @@ def idle_fraction(metrics: dict[str, object]) -> float | None:
     parts = [metrics.get(_WAIT), *(metrics.get(key) for key in _BUSY)]
     if not all(isinstance(p, int | float) and math.isfinite(p) and p >= 0 for p in parts):
         return None
-    total = sum(parts)  # type: ignore[arg-type]
-    return parts[0] / total if total > 0 else None  # type: ignore[operator]
+    total = sum(parts)  # type: ignore[arg-type]  # checked just above: finite numbers
+    return parts[0] / total if total > 0 else None  # type: ignore[operator]  # checked just above: finite numbers
 
 
 class MetricsFollower:

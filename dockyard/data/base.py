@@ -39,7 +39,8 @@ class PromptRecord:
 
 
 class Dataset(Protocol):
-    name: str
+    @property  # read-only: a wrapper passes its inner dataset's name through
+    def name(self) -> str: ...
 
     def __len__(self) -> int: ...
 

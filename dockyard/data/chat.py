@@ -156,7 +156,7 @@ def _without_duplicate_bos(text: str, tokenizer: object) -> str:
     bos = getattr(tokenizer, "bos_token", None)
     if not bos or not text.startswith(bos):
         return text
-    adds_bos = tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]  # type: ignore[operator,attr-defined]
+    adds_bos = tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]  # type: ignore[operator,attr-defined]  # a transformers tokenizer, typed object here
     return text[len(bos) :] if adds_bos else text
 
 

@@ -127,7 +127,8 @@ def _record(row: object, number: int, fields: FieldMapping, env: str, path: Path
             f"{where}: field {fields.answer!r} is a {type(answer).__name__}; the ground truth "
             "must be a string or a number",
         )
-    prompt, messages = "", ()
+    prompt = ""
+    messages: tuple[ChatMessage, ...] = ()
     if fields.prompt_field is not None:
         text = get("prompt", fields.prompt_field)
         if not isinstance(text, str) or not text:
@@ -153,7 +154,7 @@ def _record(row: object, number: int, fields: FieldMapping, env: str, path: Path
         extra[name] = value
     agent = "default"
     if fields.agent is not None:
-        agent = get("agent", fields.agent)  # type: ignore[assignment]
+        agent = get("agent", fields.agent)  # type: ignore[assignment]  # object: narrowed on the next line
         if not isinstance(agent, str) or not agent:
             # The agent name picks the record's teacher under OPD: a wrong type must not
             # quietly become some other agent's.

@@ -78,14 +78,16 @@ class ProceduralDataset:
         self.task = task
         self._options = json.dumps(options, sort_keys=True)
         self._items = items
-        self._size = int(options["size"])  # type: ignore[call-overload]
+        size = options["size"]
+        assert isinstance(size, int), "build_procedural stores the item count as an int"
+        self._size = size
         self.env = env
 
     def __len__(self) -> int:
         return self._size
 
     def __getitem__(self, index: int) -> PromptRecord:
-        entry = self._items[index]  # type: ignore[index]
+        entry = self._items[index]  # type: ignore[index]  # reasoning-gym's dataset: indexable, untyped
         answer = entry["answer"]
         return PromptRecord(
             index=index,

@@ -34,7 +34,7 @@ class ServerPool:
 
     async def _request(self, method: str, url: str, path: str, **kwargs: object) -> httpx.Response:
         try:
-            response = await self._client.request(method, f"{url}{path}", **kwargs)  # type: ignore[arg-type]
+            response = await self._client.request(method, f"{url}{path}", **kwargs)  # type: ignore[arg-type]  # kwargs: httpx request options, passed through
         except httpx.HTTPError as error:
             raise EngineError(f"{self._backend} server {url}{path}: {error!r}") from error
         if response.status_code >= 400:

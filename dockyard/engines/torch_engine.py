@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -41,6 +42,17 @@ log = get_logger(__name__)
 
 StepObserver = Callable[[int], None]
 StateDict = dict[str, torch.Tensor]
+
+
+class _EngineOptions(TypedDict, total=False):
+    """The keyword options of :class:`TorchEngine` that ``from_pretrained`` passes through."""
+
+    initial_version: int
+    inflight_refit_policy: InflightRefitPolicy
+    max_batch_size: int | None
+    max_model_len: int | None
+    step_observer: StepObserver | None
+
 
 # How many characters of decoded tail to search for stop strings: a stop string must end in
 # the newest token, so a window a little longer than the longest stop string suffices.
@@ -113,7 +125,7 @@ class TorchEngine(GenerationEngine):
         *,
         precision: str = "float32",
         tokenizer_name: str | None = None,
-        **kwargs: object,
+        **kwargs: Unpack[_EngineOptions],
     ) -> TorchEngine:
         """Load ``model_name`` (``tiny://NAME`` or an HF directory) with its tokenizer."""
         from dockyard.models import load_policy
@@ -252,7 +264,7 @@ class TorchEngine(GenerationEngine):
         if not params.stop_strings:
             return False
         window = max(len(stop) for stop in params.stop_strings) + _STOP_TAIL_TOKENS_MARGIN
-        tail = self._tokenizer.decode(row.tokens[-window:])  # type: ignore[union-attr]
+        tail = self._tokenizer.decode(row.tokens[-window:])  # type: ignore[union-attr]  # stop strings need a tokenizer (checked at request)
         return any(stop in tail for stop in params.stop_strings)
 
     @torch.no_grad()

@@ -105,7 +105,7 @@ def vllm_engine_kwargs(
     return kwargs
 
 
-def vllm_sampling_kwargs(params: SamplingParams, num_samples: int) -> dict:
+def vllm_sampling_kwargs(params: SamplingParams, num_samples: int) -> dict[str, Any]:
     """``vllm.SamplingParams(...)`` keyword arguments (shared with the server engine's body)."""
     kwargs: dict[str, Any] = {
         "n": num_samples,
@@ -203,9 +203,11 @@ class VllmEngine(GenerationEngine):
         for index, (request, output) in enumerate(zip(requests, outputs, strict=True)):
             for completion in sorted(output.outputs, key=lambda c: c.index):
                 token_ids = list(completion.token_ids)
+                # A position without its entry leaves the list short: refused just below.
                 logprobs = [
                     entry[token].logprob
                     for entry, token in zip(completion.logprobs or [], token_ids, strict=True)
+                    if entry is not None
                 ]
                 if len(logprobs) != len(token_ids):
                     raise EngineError("vLLM returned no log-prob for some generated tokens")

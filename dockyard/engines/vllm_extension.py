@@ -44,20 +44,22 @@ class DockyardWorkerExtension:
         """Load every tensor of a safetensors file or directory into the running model."""
         from vllm.platforms import current_platform
 
-        quantized = self.vllm_config.model_config.quantization is not None  # type: ignore[attr-defined]
+        quantized = self.vllm_config.model_config.quantization is not None  # type: ignore[attr-defined]  # self is vLLM's worker (mixed in)
         if current_platform.is_cpu() and not quantized:
             self._dockyard_cpu_reload(path)
         else:
-            self.reload_weights(weights_iterator=_iter_safetensors(path))  # type: ignore[attr-defined]
+            self.reload_weights(weights_iterator=_iter_safetensors(path))  # type: ignore[attr-defined]  # self is vLLM's worker (mixed in)
         return True
 
     def _dockyard_cpu_reload(self, path: str) -> None:
+        import torch
         from vllm.model_executor.layers.linear import WEIGHT_LOADER_V2_SUPPORTED, LinearBase
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-        model = self.model_runner.model  # type: ignore[attr-defined]
+        model = self.model_runner.model  # type: ignore[attr-defined]  # self is vLLM's worker (mixed in)
         for layer in model.modules():
-            if not isinstance(layer, LinearBase) or layer.weight.numel() > 0:
+            weight = layer.weight if isinstance(layer, LinearBase) else None
+            if not isinstance(weight, torch.Tensor) or weight.numel() > 0:
                 continue
             del layer._parameters["weight"]  # the empty placeholder left by packing
             method = layer.quant_method
@@ -84,6 +86,6 @@ class DockyardWorkerExtension:
         """Sum of all parameters (float64): cheap evidence that a refit changed the weights."""
         import torch
 
-        model = self.model_runner.model  # type: ignore[attr-defined]
+        model = self.model_runner.model  # type: ignore[attr-defined]  # self is vLLM's worker (mixed in)
         with torch.no_grad():
             return float(sum(p.detach().double().sum() for p in model.parameters()))

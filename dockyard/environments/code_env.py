@@ -104,15 +104,15 @@ def parse_test_cases(group: ScoringGroup) -> list[TestCase]:
         raise InvalidScoringInput("missing_test_cases", f"group {group.group_id} has no tests")
     cases: list[TestCase] = []
     for index, case in enumerate(raw):
-        if isinstance(case, Mapping) and isinstance(case.get("assert"), str):
-            cases.append(TestCase(assertions=case["assert"]))
+        if isinstance(case, Mapping) and isinstance(assertions := case.get("assert"), str):
+            cases.append(TestCase(assertions=assertions))
             continue
-        if not isinstance(case, Mapping) or not isinstance(case.get("output"), str):
+        if not isinstance(case, Mapping) or not isinstance(output := case.get("output"), str):
             raise InvalidScoringInput(
                 "bad_test_case", f"test {index} needs an 'output' or an 'assert' string"
             )
         stdin = case.get("input", "")
-        cases.append(TestCase(stdin if isinstance(stdin, str) else "", case["output"]))
+        cases.append(TestCase(stdin if isinstance(stdin, str) else "", output))
     return cases
 
 

@@ -38,10 +38,13 @@ _STATED_CHARS = 400
 _EDGE_PUNCTUATION = "\"'`.,;:!?*_ \t"
 
 
+AnswerSource = Literal["boxed", "answer_line", "answer_sentence", "last_number"]
+
+
 @dataclass(frozen=True)
 class StatedAnswer:
     text: str
-    source: Literal["boxed", "answer_line", "answer_sentence", "last_number"]
+    source: AnswerSource
 
 
 def extract_exact_answer(text: str, answer_format: ExactFormat) -> StatedAnswer | None:
@@ -52,7 +55,9 @@ def extract_exact_answer(text: str, answer_format: ExactFormat) -> StatedAnswer 
         return None
     lines = [m for m in _ANSWER_LINE.finditer(text) if m.group(1).strip(_EDGE_PUNCTUATION)]
     # The later of the two statements is the response's last word on its answer.
-    candidates = [(m.start(), m.group(1), "answer_line") for m in lines[-1:]]
+    candidates: list[tuple[int, str, AnswerSource]] = [
+        (m.start(), m.group(1), "answer_line") for m in lines[-1:]
+    ]
     for sentence in reversed(list(_ANSWER_SENTENCE.finditer(text))):
         window = text[sentence.end() : sentence.end() + _STATED_CHARS]
         stated = window[: end.start()] if (end := _SENTENCE_END.search(window)) else window

@@ -48,15 +48,18 @@ def _no_answer(detail: str) -> SampleScore:
     )
 
 
-def score_sample(response: str, entry: dict, verifier: object, settings: ReasoningGymEnvConfig):
+def score_sample(
+    response: str, entry: object, verifier: object, settings: ReasoningGymEnvConfig
+) -> SampleScore:
     if settings.answer_tag is None:
         answer = response.strip()
     else:
-        answer = extract_tagged(response, settings.answer_tag)
-        if answer is None:
+        tagged = extract_tagged(response, settings.answer_tag)
+        if tagged is None:
             return _no_answer(f"no <{settings.answer_tag}>...</{settings.answer_tag}> answer")
+        answer = tagged
     try:
-        score = float(verifier.score_answer(answer, entry))  # type: ignore[attr-defined]
+        score = float(verifier.score_answer(answer, entry))  # type: ignore[attr-defined]  # an untyped reasoning-gym dataset
     except Exception as error:  # a verifier parsing model output may raise anything
         return SampleScore(
             reward=0.0,
@@ -80,13 +83,13 @@ class ReasoningGymEnvironment(Environment):
 
     async def score(self, group: ScoringGroup) -> GroupScore:
         values = [group.extra.get(key) for key in (TASK_KEY, CONFIG_KEY, ENTRY_KEY)]
-        if not all(isinstance(value, str) for value in values):
+        task, options, entry = values
+        if not (isinstance(task, str) and isinstance(options, str) and isinstance(entry, str)):
             raise InvalidScoringInput(
                 "missing_reasoning_gym_item",
                 f"group {group.group_id} carries no reasoning-gym item (is its dataset "
                 "reasoning_gym/<task>?)",
             )
-        task, options, entry = values
         return await asyncio.to_thread(self._score_sync, group, task, options, entry)
 
     def _score_sync(self, group: ScoringGroup, task: str, options: str, entry: str) -> GroupScore:

@@ -112,7 +112,10 @@ def load_teacher(model_name: str, precision: str, device: str) -> PreTrainedMode
     from dockyard.models import load_policy
 
     model, _ = load_policy(model_name, _PRECISION_ALIASES.get(precision, precision))
-    return model.to(device).eval()
+    # Module.to and .eval move and switch the model in place and return it.
+    model.to(device)  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
+    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval() unannotated
+    return model
 
 
 @register_environment
@@ -159,11 +162,16 @@ class TeacherEnvironment(Environment):
         scores: list[SampleScore | None] = [None] * len(group.samples)
         for alias, indices in by_alias.items():
             model = self.model(alias)
-            responses = [group.samples[i].response_token_ids for i in indices]
+            # score() refused a group without prompt ids or a sample without token ids.
+            responses = [
+                ids for i in indices if (ids := group.samples[i].response_token_ids) is not None
+            ]
+            prompt_ids = group.prompt_token_ids
+            assert prompt_ids is not None and len(responses) == len(indices)
             with self._forward_lock:
                 logprobs = teacher_logprobs(
                     model,
-                    group.prompt_token_ids,
+                    prompt_ids,
                     responses,
                     batch_size=self.settings.batch_size,
                     device=self.settings.device,

@@ -56,6 +56,7 @@ def load_policy(
     dtype = precision_dtype(precision)
     recipe = tiny_recipe_name(model_name)
     if recipe is not None:
+        tokenizer: PreTrainedTokenizerBase
         model, tokenizer = build_tiny_recipe(recipe, dtype)
         if tokenizer_name is not None:
             tokenizer = load_tokenizer(tokenizer_name)
@@ -68,7 +69,7 @@ def load_policy(
         precision=precision,
         parameters=sum(p.numel() for p in model.parameters()),
     )
-    return model.eval(), tokenizer
+    return model.eval(), tokenizer  # type: ignore[no-untyped-call]  # unannotated in transformers
 
 
 def materialize_model_dir(model_name: str, cache_dir: str | Path) -> Path:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -40,6 +40,13 @@ PEFT_ADAPTER_FILE = "adapter_model.safetensors"
 PEFT_CONFIG_FILE = "adapter_config.json"
 #: What ``get_peft_model`` puts before the wrapped model's own parameter names.
 _PEFT_PREFIX = "base_model.model."
+
+
+class _LoadResult(Protocol):
+    """What ``load_state_dict`` (and peft's wrapper of it) reports."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
 
 
 def apply_lora(model: torch.nn.Module, config: LoRAConfig) -> PeftModel:

@@ -19,12 +19,14 @@ from transformers import (
     LlamaConfig,
     PretrainedConfig,
     PreTrainedModel,
+    PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
 
 from dockyard.models.tokenizers import (
     DEFAULT_CORPUS,
+    BpeStyle,
     build_calculator_tokenizer,
     build_character_tokenizer,
     train_bpe_tokenizer,
@@ -68,7 +70,7 @@ class TinyModelSpec:
 
 def build_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
     config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig}[spec.arch]
-    return config_class(
+    config: PretrainedConfig = config_class(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         num_attention_heads=spec.num_attention_heads,
@@ -82,6 +84,7 @@ def build_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> Pre
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
+    return config
 
 
 def build_tiny_model(
@@ -95,11 +98,14 @@ def build_tiny_model(
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]  # unannotated in transformers
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model.to(dtype).eval()
+    # Module.to and .eval change the model in place and return it.
+    model.to(dtype)  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
+    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval() unannotated
+    return model
 
 
 def build_arithmetic_policy(
@@ -109,7 +115,7 @@ def build_arithmetic_policy(
     and a ≈0.5M-parameter Qwen2 (hidden 128, 4 heads, 2 layers, intermediate 512, tied)."""
     tokenizer = build_character_tokenizer()
     model = build_tiny_model(TinyModelSpec(seed=seed, max_position_embeddings=64), tokenizer)
-    return model.to(dtype), tokenizer
+    return model.to(dtype), tokenizer  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
 
 
 def build_calculator_policy(
@@ -119,7 +125,7 @@ def build_calculator_policy(
     (``a*b=``, a calculator call, its observation, the answer)."""
     tokenizer = build_calculator_tokenizer()
     model = build_tiny_model(TinyModelSpec(seed=seed, max_position_embeddings=64), tokenizer)
-    return model.to(dtype), tokenizer
+    return model.to(dtype), tokenizer  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
 
 
 def build_bpe_policy(
@@ -131,10 +137,10 @@ def build_bpe_policy(
     dtype: torch.dtype = torch.float32,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A tiny general-text model with a byte-level BPE trained on ``corpus``."""
-    style = "qwen2" if arch == "qwen2" else "gpt2"
+    style: BpeStyle = "qwen2" if arch == "qwen2" else "gpt2"
     tokenizer = train_bpe_tokenizer(corpus, vocab_size=vocab_size, style=style)
     model = build_tiny_model(TinyModelSpec(arch=arch, seed=seed), tokenizer)
-    return model.to(dtype), tokenizer
+    return model.to(dtype), tokenizer  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
 
 
 @dataclass(frozen=True)
@@ -183,7 +189,7 @@ def build_tiny_recipe(
 
 
 def save_policy(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
 ) -> Path:
     """Write an HF directory (safetensors + config + tokenizer.json)."""
     out = Path(out_dir)

@@ -69,7 +69,7 @@ DEFAULT_CORPUS = (
 
 
 def _wrap(tokenizer: Tokenizer, *, model_max_length: int) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # unannotated in transformers
         tokenizer_object=tokenizer,
         pad_token=PAD_TOKEN,
         # Named explicitly: model-specific tokenizer classes that AutoTokenizer picks for a

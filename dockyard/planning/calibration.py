@@ -21,6 +21,7 @@ import json
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -47,7 +48,7 @@ class MeasuredRun:
     staleness: dict[int, int]  # trained groups by age
 
 
-def _lines(path: Path) -> list[dict]:
+def _lines(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise CalibrationError(f"{path}: not found (is this a run directory?)")
     try:
@@ -56,14 +57,14 @@ def _lines(path: Path) -> list[dict]:
         raise CalibrationError(f"{path}: not JSON lines ({error})") from None
 
 
-def _steps(run_dir: Path) -> list[dict]:
+def _steps(run_dir: Path) -> list[dict[str, Any]]:
     steps = [r for r in _lines(run_dir / METRICS_FILE) if "timing/train_step_s" in r["metrics"]]
     if len(steps) < 2:
         raise CalibrationError(f"{run_dir / METRICS_FILE}: fewer than 2 training steps")
     return steps
 
 
-def _log_events(run_dir: Path, pattern: str, event: str) -> list[dict]:
+def _log_events(run_dir: Path, pattern: str, event: str) -> list[dict[str, Any]]:
     found = []
     for path in sorted((run_dir / "logs").glob(pattern)):
         for line in path.read_text().splitlines():
@@ -108,7 +109,7 @@ def fit_generation(batches: list[tuple[int, float]]) -> tuple[float, float]:
     return 0.0, float(np.median(seconds / sizes))
 
 
-def _step_overheads(steps: list[dict]) -> list[float]:
+def _step_overheads(steps: list[dict[str, Any]]) -> list[float]:
     """Each step's period less its wait, training and publishing."""
     found = []
     for before, step in itertools.pairwise(steps):

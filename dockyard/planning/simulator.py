@@ -32,11 +32,16 @@ Not modelled: failures and redeliveries, the broker's own per-message time on on
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
+from typing import Any
 
 import simpy
 
 from dockyard.planning.fleet import FleetSpec, Prediction
+
+# A simpy process: it yields events and is resumed with each one's value.
+_Process = Generator[simpy.Event, Any, None]
 
 
 @dataclass
@@ -50,8 +55,8 @@ class _Site:
     link_out: simpy.Resource  # trainer → site (weights)
     link_in: simpy.Resource  # site → trainer (experience)
     scorers: simpy.Resource
+    arrived: simpy.Event  # fires when a newer version arrives
     version: int = 0  # newest weight version held at the site
-    arrived: simpy.Event | None = None  # fires when a newer version arrives
 
 
 @dataclass
@@ -92,11 +97,11 @@ class FleetSimulation:
             simpy.Resource(
                 self.env, self.spec.scorers_per_site * self.spec.rules.scorer_concurrency
             ),
+            arrived=self.env.event(),
         )
-        site.arrived = self.env.event()
         return site
 
-    def _compute(self, seconds: float):
+    def _compute(self, seconds: float) -> _Process:
         """A stage's work: on a fleet every role has its own hardware; with ``shared_cores``
         (every role on one machine, as the calibration runs here) it queues for a core."""
         if self.cores is None:
@@ -108,7 +113,7 @@ class FleetSimulation:
 
     # --- the WAN -------------------------------------------------------------------------
 
-    def _cross(self, link: simpy.Resource, nbytes: int):
+    def _cross(self, link: simpy.Resource, nbytes: int) -> _Process:
         """One transfer over a site's link: in series with the link's other transfers at its
         rate, then the latency (a pipe: the next transfer need not wait for it)."""
         if self.spec.wan_mbit is None and self.spec.latency_ms == 0:
@@ -128,7 +133,7 @@ class FleetSimulation:
             return full
         return round(full / (self.spec.patch_ratio or 1.0))
 
-    def _ship(self, site: _Site, version: int):
+    def _ship(self, site: _Site, version: int) -> _Process:
         nbytes = self._weight_bytes(version)
         if self.spec.wan_mbit is not None:
             self.wan_bytes += nbytes
@@ -138,7 +143,7 @@ class FleetSimulation:
             arrived, site.arrived = site.arrived, self.env.event()
             arrived.succeed()
 
-    def _follow_weights(self, worker: _Worker):
+    def _follow_weights(self, worker: _Worker) -> _Process:
         """The worker's refit task: each time a newer version reaches its site, load it as
         soon as the engine is free (between batches), the newest there when the load starts."""
         while True:
@@ -156,7 +161,7 @@ class FleetSimulation:
 
     # --- the roles -----------------------------------------------------------------------
 
-    def _rollout_worker(self, worker: _Worker):
+    def _rollout_worker(self, worker: _Worker) -> _Process:
         costs = self.spec.costs
         while True:
             batch = [(yield self.queue.get())]
@@ -182,7 +187,7 @@ class FleetSimulation:
                 group.version = version
                 self.env.process(self._score_and_deliver(worker.site, group))
 
-    def _score_and_deliver(self, site: _Site, group: _Group):
+    def _score_and_deliver(self, site: _Site, group: _Group) -> _Process:
         yield from self._compute(self.spec.costs.hop_s)
         with site.scorers.request() as turn:
             yield turn
@@ -205,7 +210,7 @@ class FleetSimulation:
         self.in_flight -= 1
         return True
 
-    def _trainer(self):
+    def _trainer(self) -> _Process:
         rules, costs = self.spec.rules, self.spec.costs
         pending: list[_Group] = []
         while len(self.step_ends) < rules.steps:

@@ -88,7 +88,7 @@ class EpisodeSettings:
             raise ValueError(f"unknown tool_call_format {tools.tool_call_format!r}")
         return cls(
             max_turns=grpo.max_rollout_turns,
-            tool_call_format=tools.tool_call_format,  # type: ignore[arg-type]
+            tool_call_format=tools.tool_call_format,  # type: ignore[arg-type]  # the config's str, checked against the formats at load
             max_tool_calls_per_turn=tools.max_tool_calls_per_turn,
             max_total_sequence_length=max_total_sequence_length,
         )

@@ -32,7 +32,7 @@ def make_prompt_group(
     attempt: int = 0,
     loader: int = 0,
 ) -> PromptGroup:
-    token_ids = tokenizer(record.prompt)["input_ids"]  # type: ignore[operator]
+    token_ids = tokenizer(record.prompt)["input_ids"]  # type: ignore[operator]  # a transformers tokenizer, typed object here
     group_id = group_id_for(run_id, epoch, position, loader)
     return PromptGroup(
         group_id=group_id,

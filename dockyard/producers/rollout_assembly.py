@@ -21,6 +21,7 @@ from dockyard.schemas import (
     Segment,
     ToolCall,
 )
+from dockyard.schemas.rollout import SampleColumns, finish_reason_of
 
 
 def wire_sampling_params(params: EngineSamplingParams) -> SamplingParams:
@@ -69,7 +70,7 @@ def _assemble(
             behaviour_logprobs=sample.logprobs.astype(np.float32, copy=False),
             token_weight_versions=sample.versions.astype(np.int64, copy=False),
             loss_mask=sample.loss_mask,
-            finish_reason=sample.finish_reason,
+            finish_reason=finish_reason_of(sample.finish_reason),
             sampling=sampling,
             engine=engine,
             worker_id=worker_id,
@@ -84,7 +85,9 @@ def _assemble(
         )
         for index, sample in enumerate(generated)
     ]
-    return Rollout(group=group, samples=samples, created_at_unix_s=finished)
+    return Rollout(
+        group=group, samples=SampleColumns.from_rows(samples), created_at_unix_s=finished
+    )
 
 
 def build_rollout(

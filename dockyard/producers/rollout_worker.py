@@ -342,11 +342,11 @@ class RolloutWorker:
                     failed=len(failed),
                     first=str(failed[0].failure),
                 )
-                error = EpisodesFailed(
+                failure = EpisodesFailed(
                     f"{len(failed)} of {len(starts)} episodes failed (at most "
                     f"{self.max_generation_failures} allowed); first: {failed[0].failure}"
                 )
-                await self.retry_group(item, REASON_EPISODES_FAILED, error)
+                await self.retry_group(item, REASON_EPISODES_FAILED, failure)
                 continue
             GENERATED_TOKENS.inc(sum(sum(episode.loss_mask) for episode in group_episodes))
             rollout = build_episode_rollout(

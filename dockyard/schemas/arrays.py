@@ -89,8 +89,11 @@ def dec_hook(kind: type, value: Any) -> Any:
     return array_from_wire(value, blob, limits)
 
 
+_WIRE_TYPE_NAMES: dict[type, str] = {list: "an array", str: "str", bytes: "bin"}
+
+
 def _name(value: Any) -> str:
-    return {list: "an array", str: "str", bytes: "bin"}.get(type(value), type(value).__name__)
+    return _WIRE_TYPE_NAMES.get(type(value), type(value).__name__)
 
 
 def array_from_wire(

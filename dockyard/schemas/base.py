@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Annotated, Any, ClassVar
 
@@ -80,7 +80,7 @@ def check_finite(value: float | None, what: str, minimum: float | None = None) -
         raise WireError(ReasonCode.INVALID_FIELD, f"{value} is below {minimum}", field=what)
 
 
-def check_finite_all(values: list[float | None], what: str, minimum: float | None) -> None:
+def check_finite_all(values: Sequence[float | None], what: str, minimum: float | None) -> None:
     """:func:`check_finite` for every entry of a column (``what.index``): one pass in C for
     a column that passes (the common case), entry by entry only to name a refused one."""
     present: list[float] = values  # type: ignore[assignment]  # a None entry: TypeError below

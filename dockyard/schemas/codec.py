@@ -151,7 +151,7 @@ def decode(
     _check_version(cls, envelope.version)
     DECODING.blob, DECODING.limits = envelope.data, limits
     try:
-        return _decoder(cls).decode(envelope.meta)  # type: ignore[no-any-return]
+        return _decoder(cls).decode(envelope.meta)
     except msgspec.ValidationError as exc:  # a DecodeError too: tested first
         raise _refusal(cls, exc) from None
     except msgspec.DecodeError as exc:

@@ -32,7 +32,7 @@ from dockyard.schemas.base import (
 from dockyard.schemas.errors import ReasonCode, WireError
 
 
-class RowColumns(WireModel, dict=True, gc=True, kw_only=True):
+class RowColumns(WireModel, frozen=True, dict=True, gc=True, kw_only=True):
     """Base of a group's columns (samples, scores), which read as a sequence of row structs.
 
     Subclasses define ``_build_rows`` and ``__len__``. The built rows are a cache in the
@@ -63,7 +63,7 @@ class RowColumns(WireModel, dict=True, gc=True, kw_only=True):
         self.__dict__["rows"] = list(rows)
 
 
-class PlainColumns(WireModel, kw_only=True):
+class PlainColumns(WireModel, frozen=True, kw_only=True):
     """Base of the structs :func:`plain_columns` derives: the columns of a plain row struct."""
 
     #: The row struct whose fields these columns hold.
@@ -94,9 +94,9 @@ def plain_columns(row: type[WireModel]) -> type[PlainColumns]:
     fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
     for info in msgspec.structs.fields(row):
         if info.required:
-            fields.append((info.name, list[info.type]))  # type: ignore[name-defined]
+            fields.append((info.name, list[info.type]))  # type: ignore[name-defined]  # a type built at run time
         else:
-            fields.append((info.name, list[info.type] | None, None))  # type: ignore[name-defined]
+            fields.append((info.name, list[info.type] | None, None))  # type: ignore[name-defined]  # built at run time
     columns = msgspec.defstruct(
         f"{row.__name__}Columns",
         fields,
@@ -105,7 +105,7 @@ def plain_columns(row: type[WireModel]) -> type[PlainColumns]:
         namespace={"ROW": row, "__doc__": f"The columns of a list of {row.__name__}."},
         kw_only=True,
     )
-    return columns  # type: ignore[no-any-return]
+    return columns  # type: ignore[return-value]  # defstruct says Struct; its base is PlainColumns
 
 
 def columns_from_rows(row: type[WireModel], rows: Sequence[WireModel]) -> dict[str, list[Any]]:
@@ -228,4 +228,4 @@ def columns_from_given_rows(
     if not value:
         raise WireError(ReasonCode.INVALID_FIELD, f"no {name}")
     rows = [item if isinstance(item, row) else msgspec.convert(item, row) for item in value]
-    msgspec.structs.force_setattr(model, name, columns.from_rows(rows))  # type: ignore[attr-defined]
+    msgspec.structs.force_setattr(model, name, columns.from_rows(rows))  # type: ignore[attr-defined]  # public in msgspec, absent from its stubs

@@ -11,7 +11,7 @@ from dockyard.schemas.base import Count, Message, NonEmpty, check_fields
 from dockyard.schemas.errors import ReasonCode, WireError
 
 
-class DeadLetter(Message, kw_only=True):
+class DeadLetter(Message, frozen=True, kw_only=True):
     SCHEMA_NAME: ClassVar[str] = "dead_letter"
     SCHEMA_VERSION: ClassVar[str] = "1.0"
     FINITE: ClassVar[dict[str, float | None]] = {"created_at_unix_s": 0.0}

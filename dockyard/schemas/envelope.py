@@ -140,8 +140,9 @@ def parse_envelope(content: bytes) -> Envelope:
         raise CodecError(ReasonCode.BAD_ENVELOPE, "meta must be a map")
     if pad is not _ABSENT and _bin_body(memoryview(pad)) is None:
         raise CodecError(ReasonCode.BAD_ENVELOPE, "pad must be bin")
+    body: memoryview | None
     if data is _ABSENT:
-        body: memoryview | None = memoryview(b"")
+        body = memoryview(b"")
     else:
         body = _bin_body(memoryview(data))
         if body is None:

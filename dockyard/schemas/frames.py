@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import xxhash
 import zstandard
+from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 from dockyard.schemas.errors import CodecError, ReasonCode
 
@@ -75,7 +76,7 @@ _RAW, _RLE, _COMPRESSED = 0, 1, 2
 
 
 def compress_with_stored_tail(
-    head: bytes, tail: Sequence[object], tail_nbytes: int, level: int = ZSTD_LEVEL
+    head: bytes, tail: Sequence[Buffer], tail_nbytes: int, level: int = ZSTD_LEVEL
 ) -> bytes:
     """One zstd frame whose content is ``head`` (compressed at ``level``) followed by the
     buffers of ``tail`` (``tail_nbytes`` in all) in raw blocks; content size and checksum
@@ -98,7 +99,7 @@ def compress_with_stored_tail(
     window, compressed = blocks
     total = len(head) + tail_nbytes
     checksum = xxhash.xxh64(head)
-    parts: list[object] = [
+    parts: list[Buffer] = [
         _MAGIC,
         bytes(((_FCS_4_BYTES if total < 1 << 32 else _FCS_8_BYTES) | _CHECKSUM_FLAG, window)),
         total.to_bytes(4 if total < 1 << 32 else 8, "little"),
@@ -126,7 +127,7 @@ def _block_header(block_type: int, size: int, *, last: bool) -> bytes:
     return ((size << 3) | (block_type << 1) | last).to_bytes(3, "little")
 
 
-def _blocks_of(frame: bytes) -> tuple[int, list[object]] | None:
+def _blocks_of(frame: bytes) -> tuple[int, list[Buffer]] | None:
     """The window descriptor (at least 128 KiB) and the blocks of a bare frame (written by
     ``_compressor(level, bare=True)``), its last block no longer marked last; None if it is not
     shaped like one (a header with a window descriptor only, no checksum)."""

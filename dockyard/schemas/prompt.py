@@ -19,14 +19,14 @@ from dockyard.schemas.base import (
 from dockyard.schemas.errors import ReasonCode, WireError
 
 
-class ChatMessage(WireModel, kw_only=True):
+class ChatMessage(WireModel, frozen=True, kw_only=True):
     """One turn of a chat-formatted prompt (before the chat template was applied)."""
 
     role: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
     content: str
 
 
-class DatasetPosition(WireModel, kw_only=True):
+class DatasetPosition(WireModel, frozen=True, kw_only=True):
     """Where in the dataset the prompt came from: lets a restarted dispatcher resume exactly."""
 
     dataset: NonEmpty  # dataset name as configured
@@ -58,7 +58,7 @@ def check_json(value: Any, what: str) -> None:
     raise WireError(ReasonCode.WRONG_TYPE, f"{what}: {type(value).__name__} is not a JSON value")
 
 
-class PromptGroup(Message, kw_only=True):
+class PromptGroup(Message, frozen=True, kw_only=True):
     SCHEMA_NAME: ClassVar[str] = "prompt_group"
     #: 1.1 added ``images`` (default: none).
     SCHEMA_VERSION: ClassVar[str] = "1.1"

@@ -49,7 +49,7 @@ def finish_reason_of(value: Any) -> FinishReason:
         ) from None
 
 
-class SamplingParams(WireModel, kw_only=True):
+class SamplingParams(WireModel, frozen=True, kw_only=True):
     FINITE: ClassVar[dict[str, float | None]] = {"temperature": 0.0}
 
     temperature: float
@@ -60,12 +60,12 @@ class SamplingParams(WireModel, kw_only=True):
     stop: list[str] = msgspec.field(default_factory=list)
 
 
-class EngineInfo(WireModel, kw_only=True):
+class EngineInfo(WireModel, frozen=True, kw_only=True):
     name: NonEmpty  # vllm | sglang | torch | ...
     version: NonEmpty
 
 
-class SampleTimings(WireModel, kw_only=True):
+class SampleTimings(WireModel, frozen=True, kw_only=True):
     """Wall-clock times in seconds; ``*_unix_s`` are Unix timestamps."""
 
     FINITE: ClassVar[dict[str, float | None]] = {
@@ -81,7 +81,7 @@ class SampleTimings(WireModel, kw_only=True):
     queue_wait_s: float | None = None  # from delivery to start
 
 
-class Segment(WireModel, kw_only=True):
+class Segment(WireModel, frozen=True, kw_only=True):
     """A span ``[start, end)`` of the response tokens in a multi-turn rollout."""
 
     role: Literal["assistant", "tool", "user", "environment"]
@@ -119,7 +119,7 @@ TOOL_CALL_ERROR_PATTERN = r"^[a-z][a-z0-9_]{0,63}\Z"
 ToolCallErrorCode = Annotated[str, msgspec.Meta(pattern=TOOL_CALL_ERROR_PATTERN)]
 
 
-class ToolCall(WireModel, kw_only=True):
+class ToolCall(WireModel, frozen=True, kw_only=True):
     call_id: NonEmpty
     name: NonEmpty
     arguments_json: str  # the arguments as the model wrote them (JSON text)
@@ -135,7 +135,7 @@ class ToolCall(WireModel, kw_only=True):
         return self.error in INVALID_CALL_ERRORS
 
 
-class RolloutSample(WireModel, kw_only=True):
+class RolloutSample(WireModel, frozen=True, kw_only=True):
     """One generation. Response arrays share one length T (one entry per response token)."""
 
     sample_index: Count  # 0 .. G-1 within the group
@@ -202,7 +202,7 @@ _RESPONSE_ARRAYS = (
 )
 
 
-class SampleColumns(RowColumns, kw_only=True):
+class SampleColumns(RowColumns, frozen=True, kw_only=True):
     """A rollout's G samples field by field: entry i of every list, and the i-th run of every
     array (cut by ``prompt_lengths`` / ``response_lengths``), belong to sample i.
 
@@ -222,10 +222,10 @@ class SampleColumns(RowColumns, kw_only=True):
     token_weight_versions: VersionArray
     loss_mask: MaskArray
     finish_reason: list[FinishReason]
-    sampling: SamplingParamsColumns  # type: ignore[valid-type]
-    engine: EngineInfoColumns  # type: ignore[valid-type]
+    sampling: SamplingParamsColumns  # type: ignore[valid-type]  # built by plain_columns at import
+    engine: EngineInfoColumns  # type: ignore[valid-type]  # built by plain_columns at import
     worker_id: list[WorkerId]
-    timings: SampleTimingsColumns  # type: ignore[valid-type]
+    timings: SampleTimingsColumns  # type: ignore[valid-type]  # built by plain_columns at import
     segments: list[list[Segment]]
     tool_calls: list[list[ToolCall]]
 
@@ -348,7 +348,7 @@ class SampleColumns(RowColumns, kw_only=True):
         return int(versions.min()) if versions.size else None
 
 
-class Rollout(Message, kw_only=True):
+class Rollout(Message, frozen=True, kw_only=True):
     """The raw group: the prompt group it answers plus its G samples (as columns)."""
 
     SCHEMA_NAME: ClassVar[str] = "rollout"

@@ -51,7 +51,7 @@ def _check_components(components: dict[str, float], what: str) -> None:
             raise WireError(ReasonCode.NON_FINITE, f"{name!r} is {value}", field=what)
 
 
-class SampleScore(WireModel, kw_only=True):
+class SampleScore(WireModel, frozen=True, kw_only=True):
     """The score of ``rollout.samples[sample_index]``."""
 
     FINITE: ClassVar[dict[str, float | None]] = {"reward": None}
@@ -74,7 +74,7 @@ class SampleScore(WireModel, kw_only=True):
         _check_components(self.reward_components, "reward_components")
 
 
-class ScoreColumns(RowColumns, kw_only=True):
+class ScoreColumns(RowColumns, frozen=True, kw_only=True):
     """A group's G scores field by field (entry i: the score of sample i). Reads as a
     sequence of :class:`SampleScore`, built on first access."""
 
@@ -166,7 +166,7 @@ class ScoreColumns(RowColumns, kw_only=True):
         return len(self.reward)
 
 
-class ScoredRollout(Message, kw_only=True):
+class ScoredRollout(Message, frozen=True, kw_only=True):
     SCHEMA_NAME: ClassVar[str] = "scored_rollout"
     #: 3.0 writes samples and scores field by field; the first released version (the
     #: pre-release 1.x and 2.x are not read).

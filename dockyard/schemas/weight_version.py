@@ -11,7 +11,7 @@ from dockyard.schemas.base import Count, Message, NonEmpty
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}\Z"
 
 
-class WeightVersion(Message, kw_only=True):
+class WeightVersion(Message, frozen=True, kw_only=True):
     SCHEMA_NAME: ClassVar[str] = "weight_version"
     SCHEMA_VERSION: ClassVar[str] = "1.0"
     FINITE: ClassVar[dict[str, float | None]] = {"created_at_unix_s": 0.0}

@@ -97,4 +97,5 @@ def logging_to_file(path: Path) -> Iterator[None]:
 
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
     """A structlog logger; use ``structlog.contextvars.bind_contextvars`` for per-role context."""
-    return structlog.get_logger(name)
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
+    return logger

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypedDict
 
 from dockyard.broker.admin import as_admin
 from dockyard.broker.plane import DataPlane
 from dockyard.broker.weight_blobs.base import WeightBlobStore
 from dockyard.broker.weight_blobs.leases import BlobLeases
+
+
+class _Retention(TypedDict):
+    """The retention arguments every blob store takes."""
+
+    keep_last: int
+    grace_s: float
+    leases: BlobLeases | None
 
 
 def create_weight_store(plane: DataPlane, *, reader_id: str | None = None) -> WeightBlobStore:
@@ -21,7 +30,7 @@ def create_weight_store(plane: DataPlane, *, reader_id: str | None = None) -> We
     from dockyard.broker.jetstream import JetStreamPlane
 
     transport = plane.config.weight_transport
-    retention = {
+    retention: _Retention = {
         "keep_last": transport.keep_last_versions,
         "grace_s": transport.retention_grace_s,
         "leases": BlobLeases(

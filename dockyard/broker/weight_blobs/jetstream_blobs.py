@@ -92,11 +92,11 @@ class JetStreamBlobStore(WeightBlobStore):
     def _ref_from_manifest(self, manifest: dict[str, object]) -> BlobRef:
         digest = str(manifest["digest"])
         return BlobRef(
-            int(manifest["version"]),  # type: ignore[call-overload]
+            int(manifest["version"]),  # type: ignore[call-overload]  # a manifest's JSON value
             digest,
-            int(manifest["nbytes"]),  # type: ignore[call-overload]
+            int(manifest["nbytes"]),  # type: ignore[call-overload]  # a manifest's JSON value
             self.uri_for(digest.removeprefix(DIGEST_PREFIX)),
-            float(manifest["created_at_unix_s"]),  # type: ignore[arg-type]
+            float(manifest["created_at_unix_s"]),  # type: ignore[arg-type]  # a manifest's JSON value
         )
 
     async def _manifest_arriving(self, hex_digest: str) -> dict[str, object] | None:
@@ -109,7 +109,7 @@ class JetStreamBlobStore(WeightBlobStore):
         try:
             async with asyncio.timeout(self.stall_timeout_s):
                 async for stored in self.plane.watch(self.names.blob_manifest_subject(hex_digest)):
-                    return json.loads(stored.data)  # type: ignore[no-any-return]
+                    return json.loads(stored.data)  # type: ignore[no-any-return]  # a manifest is a JSON object
         except TimeoutError:
             return None
         return None
@@ -118,8 +118,8 @@ class JetStreamBlobStore(WeightBlobStore):
         manifest = await self._manifest(ref.hex) or await self._manifest_arriving(ref.hex)
         if manifest is None:
             raise BlobNotFound(f"no blob {ref.digest} in stream {self.names.blobs_stream.name}")
-        nbytes = int(manifest["nbytes"])  # type: ignore[call-overload]
-        expected_chunks = int(manifest["chunks"])  # type: ignore[call-overload]
+        nbytes = int(manifest["nbytes"])  # type: ignore[call-overload]  # a manifest's JSON value
+        expected_chunks = int(manifest["chunks"])  # type: ignore[call-overload]  # a manifest's JSON value
         stream = self.names.blobs_stream.name
         subject = self.names.blob_data_subject(ref.hex)
         buffer = bytearray(nbytes)

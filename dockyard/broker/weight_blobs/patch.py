@@ -46,8 +46,13 @@ PATCH_FORMAT_VERSION = 1
 STATE_DIGEST_PREFIX = "sha256:"
 _ZSTD_LEVEL = 3
 #: Signed integer dtype of each element width: the bit pattern the patch works on.
-_BITS = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_BITS: dict[int, type[np.signedinteger[Any]]] = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+_UNSIGNED: dict[int, type[np.unsignedinteger[Any]]] = {
+    1: np.uint8,
+    2: np.uint16,
+    4: np.uint32,
+    8: np.uint64,
+}
 
 
 class PatchError(DataPlaneError):
@@ -120,7 +125,7 @@ def _raw_bytes(tensor: torch.Tensor) -> memoryview:
     import torch
 
     flat = tensor.detach().contiguous().reshape(-1).cpu()
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    return flat.view(torch.uint8).numpy().data.cast("B")
 
 
 def _bits(tensor: torch.Tensor) -> np.ndarray:
@@ -138,7 +143,8 @@ def _zigzag(signed: np.ndarray) -> np.ndarray:
     """Small magnitudes of either sign to small unsigned numbers (as protobuf's sint)."""
     width = signed.itemsize
     unsigned = signed.view(_UNSIGNED[width])
-    return (unsigned << 1) ^ (signed >> (8 * width - 1)).view(_UNSIGNED[width])
+    zigzagged: np.ndarray = (unsigned << 1) ^ (signed >> (8 * width - 1)).view(_UNSIGNED[width])
+    return zigzagged
 
 
 def _unzigzag(unsigned: np.ndarray) -> np.ndarray:

@@ -18,6 +18,8 @@ from dockyard.algorithms.grpo import MasterConfig
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
 
 if TYPE_CHECKING:
+    from peft import PeftModel
+
     from dockyard.consumers.trainer.batch import TrainingBatch
 
 JAX_EXTRA = "pip install 'dockyard[jax]'"
@@ -25,11 +27,18 @@ JAX_EXTRA = "pip install 'dockyard[jax]'"
 
 class TrainerBackend(Protocol):
     """What the loop and :class:`~dockyard.consumers.trainer.ranks.TrainerRanks` use of a
-    policy trainer."""
+    policy trainer. Read-only members: a backend may narrow them (the JAX one has no mesh)."""
 
-    model: torch.nn.Module
-    mesh: DeviceMesh | None
-    device: torch.device
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def mesh(self) -> DeviceMesh | None: ...
+    @property
+    def tensor_mesh(self) -> DeviceMesh | None: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def peft(self) -> PeftModel | None: ...
 
     def step(self, batch: TrainingBatch) -> StepOutcome: ...
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from dockyard.data.base import Dataset
@@ -39,12 +40,17 @@ MAX_PRINTED_CHARS = 2000
 
 
 class EpisodeAnswer(Protocol):
-    """What validation reads of an episode (``producers.episodes.Episode``)."""
+    """What validation reads of an episode (``producers.episodes.Episode``); read-only, so an
+    episode whose fields are narrower (its finish reason) still is one."""
 
-    token_ids: list[int]
-    finish_reason: object
-    tool_calls: list[ToolCall]
-    failure: str | None
+    @property
+    def token_ids(self) -> list[int]: ...
+    @property
+    def finish_reason(self) -> object: ...
+    @property
+    def tool_calls(self) -> list[ToolCall]: ...
+    @property
+    def failure(self) -> str | None: ...
 
 
 class ValidationEpisodes(Protocol):
@@ -124,14 +130,14 @@ class Evaluator:
         self.tokenizer = tokenizer
         self.records = [dataset[i] for i in range(min(len(dataset), max_samples or len(dataset)))]
         self.environment = environment
-        eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
-        pad = tokenizer.pad_token_id  # type: ignore[attr-defined]
+        eos = tokenizer.eos_token_id  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in this package)
+        pad = tokenizer.pad_token_id  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in this package)
         self.engine = TorchEngine(
             model, eos_token_ids=[eos], pad_token_id=pad if pad is not None else eos
         )
         self.params = make_sampling_params(max_new_tokens=max_new_tokens, temperature=0.0)
         self.requests = [
-            GenerationRequest(tokenizer(record.prompt)["input_ids"], request_id=str(index))  # type: ignore[operator]
+            GenerationRequest(tokenizer(record.prompt)["input_ids"], request_id=str(index))  # type: ignore[operator]  # a transformers tokenizer, typed object here
             for index, record in enumerate(self.records)
         ]
         self.episodes = None if episodes is None else episodes(self.engine, self.params)
@@ -211,8 +217,9 @@ class Evaluator:
             for episode in episodes
         ]
 
-    def _decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)  # type: ignore[attr-defined]
+    def _decode(self, token_ids: Sequence[int] | np.ndarray) -> str:
+        text: str = self.tokenizer.decode(token_ids, skip_special_tokens=False)  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in this package)
+        return text
 
     def evaluate_blocking(self) -> EvalResult:
         """For synchronous callers (the SFT stage runs in a worker thread)."""

@@ -15,6 +15,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
+
+
+class LedgerSnapshot(TypedDict):
+    """The ledger as a checkpoint's ``trainer_state.json`` holds it."""
+
+    trained: dict[str, int]
+    dropped: dict[str, str]
+    dispatched: list[str]
 
 
 @dataclass
@@ -80,7 +89,7 @@ class Ledger:
             for event in events:
                 handle.write(json.dumps(event) + "\n")
 
-    def snapshot(self) -> dict[str, object]:
+    def snapshot(self) -> LedgerSnapshot:
         return {
             "trained": dict(self.trained),
             "dropped": dict(self.dropped),
@@ -88,11 +97,11 @@ class Ledger:
         }
 
     @classmethod
-    def restore(cls, snapshot: dict[str, object], trail: Path | None) -> Ledger:
+    def restore(cls, snapshot: LedgerSnapshot, trail: Path | None) -> Ledger:
         ledger = cls(
-            trained=dict(snapshot["trained"]),  # type: ignore[arg-type]
-            dropped=dict(snapshot["dropped"]),  # type: ignore[arg-type]
-            dispatched=list(snapshot["dispatched"]),  # type: ignore[arg-type]
+            trained=dict(snapshot["trained"]),
+            dropped=dict(snapshot["dropped"]),
+            dispatched=list(snapshot["dispatched"]),
             trail=trail,
         )
         if trail is not None:

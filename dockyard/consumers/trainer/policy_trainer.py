@@ -178,14 +178,14 @@ class PolicyTrainer:
         if dtensor.activation_checkpointing:
             # Each decoder layer keeps only its input; its activations are recomputed in
             # backward. Non-reentrant: works with frozen base weights (LoRA) and FSDP2.
-            self.model.gradient_checkpointing_enable(
+            self.model.gradient_checkpointing_enable(  # type: ignore[operator]  # a transformers method; torch types unknown attributes as Tensor | Module
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.mesh = mesh
         self.tensor_mesh = mesh[TP] if mesh is not None and mesh.ndim == 2 else None
         #: The data-parallel ranks (None: not sharded by FSDP2).
         self.data_mesh = (
-            mesh if self.tensor_mesh is None else _larger_than_one(mesh[DP])  # type: ignore[index]
+            mesh if self.tensor_mesh is None else _larger_than_one(mesh[DP])  # type: ignore[index]  # tensor_mesh is set only with a 2-D mesh
         )
         tensor_ranks = self.tensor_mesh.size() if self.tensor_mesh is not None else 1
         if dtensor.tensor_parallel_size != tensor_ranks:
@@ -321,7 +321,7 @@ class PolicyTrainer:
             if micro is None:  # a zero-weight pass, only to match the other ranks' collectives
                 first = plans[0]
                 assert first is not None  # every rank has at least one group
-                self.forward_logprobs(self.model, first).sum().mul(0.0).backward()
+                self.forward_logprobs(self.model, first).sum().mul(0.0).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
                 continue
             rows, columns = micro.indices, micro.columns
             part = batch.take(rows, columns)
@@ -336,7 +336,7 @@ class PolicyTrainer:
                 rewards=part.rewards,
             )
             loss, metrics = self.loss(inputs, counts)
-            self.scaler.scale(loss * gradient_scale(self.data_mesh)).backward()
+            self.scaler.scale(loss * gradient_scale(self.data_mesh)).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
             parts.append(metrics)
         return parts
 
@@ -420,7 +420,7 @@ class PolicyTrainer:
         for name, owner in self.tied.items():
             if owner in state:
                 state[name] = state[owner]
-        return state
+        return state  # type: ignore[return-value]  # a model's state: tensors only (torch's type covers optimizer state too)
 
     def engine_weights(self) -> dict[str, torch.Tensor]:
         """What a weight event carries: the adapter alone under LoRA
@@ -484,12 +484,14 @@ class PolicyTrainer:
         else:
             options = _FROM_FIRST_RANK if self.mesh is not None else None
             set_optimizer_state_dict(self.model, self.optimizer, optimizer, options=options)
-        self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
+        self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]  # the state this trainer's state_dict wrote
         if "grad_scaler" in state:  # checkpoints from before float16 loss scaling have none
-            self.scaler.load_state_dict(state["grad_scaler"])  # type: ignore[arg-type]
+            self.scaler.load_state_dict(state["grad_scaler"])  # type: ignore[arg-type]  # the state this trainer's state_dict wrote
         self._apply_hyperparameters(*configured)
 
-    def _configured_hyperparameters(self) -> tuple[list[dict[str, object]], list[float]]:
+    def _configured_hyperparameters(
+        self,
+    ) -> tuple[list[dict[str, object]], list[float | torch.Tensor]]:
         """Each param group's settings (lr, betas, weight decay, ...) and the schedule's base
         rates as the config built them, before a checkpoint's state replaces them."""
         groups = [
@@ -498,7 +500,7 @@ class PolicyTrainer:
         return groups, list(self.scheduler.base_lrs)
 
     def _apply_hyperparameters(
-        self, groups: list[dict[str, object]], base_lrs: list[float]
+        self, groups: list[dict[str, object]], base_lrs: list[float | torch.Tensor]
     ) -> None:
         """The config's optimizer and schedule settings over a loaded checkpoint's: loading an
         optimizer's state restores its param groups' settings and the scheduler's base rates,
@@ -540,5 +542,5 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
 def by_index(optimizer_state: dict[str, object]) -> bool:
     """``torch.optim.Optimizer.state_dict()``'s layout (integer keys), not the by-name one."""
     groups = optimizer_state.get("param_groups") or [{}]
-    params = groups[0].get("params", []) if isinstance(groups, list) else []  # type: ignore[union-attr]
+    params = groups[0].get("params", []) if isinstance(groups, list) else []
     return any(isinstance(p, int) for p in params)

@@ -47,6 +47,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.algorithms.loss_metrics import merge_loss_metrics
 from dockyard.consumers.trainer.agreement import agreement_sums
+from dockyard.consumers.trainer.backend import TrainerBackend
 from dockyard.consumers.trainer.batch import TrainingBatch
 from dockyard.consumers.trainer.data_parallel import shard_by_groups
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
@@ -128,7 +129,7 @@ def load_trained_policy(config: MasterConfig) -> tuple[torch.nn.Module, object]:
 class TrainerRanks:
     """Rank 0's handle on every rank's :class:`PolicyTrainer` (its own included)."""
 
-    def __init__(self, trainer: PolicyTrainer) -> None:
+    def __init__(self, trainer: TrainerBackend) -> None:
         self.trainer = trainer
         self.mesh = trainer.mesh
         self.size = self.mesh.size() if self.mesh is not None else 1
@@ -233,6 +234,7 @@ class TrainerRanks:
             else None
         )
         self._announce("load", small)
+        assert isinstance(self.trainer, PolicyTrainer)  # only the torch trainer has a mesh
         self.trainer.load_model_state(weights)
         if training_state is not None:
             self.trainer.load_state_dict(training_state)

@@ -59,15 +59,15 @@ def run_sft(
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
     device = next(model.parameters()).device  # the trainer's: the model is trained in place
     rng = random.Random(config.seed)
-    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
-    pad = tokenizer.pad_token_id  # type: ignore[attr-defined]
+    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in consumers)
+    pad = tokenizer.pad_token_id  # type: ignore[attr-defined]  # tokenizer: object here
     accuracy: float | None = None
     step = 0
     for step in range(1, config.max_num_steps + 1):
         records = [dataset[rng.randrange(len(dataset))] for _ in range(config.batch_size)]
-        prompts = [tokenizer(r.prompt)["input_ids"] for r in records]  # type: ignore[operator]
+        prompts = [tokenizer(r.prompt)["input_ids"] for r in records]  # type: ignore[operator]  # a transformers tokenizer, typed object here
         answers = [
-            tokenizer(r.ground_truth, add_special_tokens=False)["input_ids"] + [eos]  # type: ignore[operator]
+            tokenizer(r.ground_truth, add_special_tokens=False)["input_ids"] + [eos]  # type: ignore[operator]  # a transformers tokenizer, typed object here
             for r in records
         ]
         input_ids, attention, target_mask = (
@@ -82,7 +82,7 @@ def run_sft(
         ).view_as(target_mask)
         loss = (losses * target_mask).sum() / target_mask.sum()
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         optimizer.step()
         if step % config.val_period == 0:
             model.eval()

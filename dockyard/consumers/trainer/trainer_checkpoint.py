@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from dockyard.checkpoints.model_files import load_checkpoint_state_dict, save_model_checkpoint
+from dockyard.consumers.trainer.ledger import LedgerSnapshot
 from dockyard.models.lora import PeftCheckpoint
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -37,7 +38,7 @@ class TrainerState:
     weight_version: int
     dispatcher: dict[str, int]
     replay_from_seq: int  # first scored-stream sequence not covered by the ledger
-    ledger: dict[str, object]
+    ledger: LedgerSnapshot
     #: ``VersionLineage.to_dict()``; None in checkpoints written before it existed.
     lineage: dict[str, list[list[int]]] | None = None
 
@@ -56,10 +57,10 @@ def write_checkpoint(
     """``model_state``: the whole weights (``PolicyTrainer.model_state``); ``model`` gives the
     HF config. ``training_state`` (``PolicyTrainer.state_dict``): None = not saved."""
     save_model_checkpoint(
-        model,  # type: ignore[arg-type]
+        model,  # type: ignore[arg-type]  # a transformers model, typed nn.Module here
         directory,
-        format=model_format,  # type: ignore[arg-type]
-        tokenizer=tokenizer,  # type: ignore[arg-type]
+        format=model_format,  # type: ignore[arg-type]  # checked against CheckpointFormat by the config
+        tokenizer=tokenizer,  # type: ignore[arg-type]  # a transformers tokenizer, typed object here
         state_dict=model_state,
     )
     if adapter is not None:

@@ -35,7 +35,8 @@ EXIT_SETUP_FAILED = 127
 
 def _unshare(flags: int) -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
-    return libc.unshare(flags) == 0
+    result: int = libc.unshare(flags)  # ctypes' default restype: a C int
+    return result == 0
 
 
 def _no_new_privileges() -> None:

@@ -90,7 +90,7 @@ class Isolation:
 
 @dataclass(frozen=True)
 class SandboxResult:
-    returncode: int | None  # negative: killed by that signal
+    returncode: int  # negative: killed by that signal
     stdout: bytes
     stderr: bytes
     timed_out: bool  # wall clock or CPU limit

@@ -19,55 +19,66 @@ TEST_PATH...``. Why it is built this way (the scoring threat model in docs/opera
   makes the canary pass too.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
 import sys
+import unittest
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the runner imports pytest lazily (--framework pytest)
+    import pytest
 
 PASSED, FAILED, SKIPPED, XFAILED = "passed", "failed", "skipped", "xfailed"
 
+# What unittest hands a result hook for a failure: sys.exc_info() of the failing test.
+_ErrInfo = tuple[type[BaseException], BaseException, object] | tuple[None, None, None]
 
-def _leaves(suite):
+
+def _leaves(suite: Iterable[object]) -> Iterator[object]:
     for item in suite:
-        if hasattr(item, "__iter__"):
+        if isinstance(item, Iterable):
             yield from _leaves(item)
         else:
             yield item
 
 
-def _run_unittest(checkout, paths, collect):
-    import unittest
-
+def _run_unittest(checkout: str, paths: list[str], collect: bool) -> dict[str, str]:
     class Recorder(unittest.TestResult):
         """Outcome per test id; a failure (of the test or one of its subtests) is final."""
 
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
-            self.outcomes = {}
+            self.outcomes: dict[str, str] = {}
 
-        def _set(self, test, outcome):
+        def _set(self, test: unittest.TestCase, outcome: str) -> None:
             if self.outcomes.get(test.id()) != FAILED:
                 self.outcomes[test.id()] = outcome
 
-        def addSuccess(self, test):
+        def addSuccess(self, test: unittest.TestCase) -> None:
             self._set(test, PASSED)
 
-        def addFailure(self, test, err):
+        def addFailure(self, test: unittest.TestCase, err: _ErrInfo) -> None:
             self._set(test, FAILED)
 
-        def addError(self, test, err):
+        def addError(self, test: unittest.TestCase, err: _ErrInfo) -> None:
             self._set(test, FAILED)
 
-        def addSkip(self, test, reason):
+        def addSkip(self, test: unittest.TestCase, reason: str) -> None:
             self._set(test, SKIPPED)
 
-        def addExpectedFailure(self, test, err):
+        def addExpectedFailure(self, test: unittest.TestCase, err: _ErrInfo) -> None:
             self._set(test, XFAILED)
 
-        def addUnexpectedSuccess(self, test):
+        def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:
             self._set(test, FAILED)
 
-        def addSubTest(self, test, subtest, err):
+        def addSubTest(
+            self, test: unittest.TestCase, subtest: unittest.TestCase, err: _ErrInfo | None
+        ) -> None:
             if err is not None:
                 self._set(test, FAILED)
 
@@ -79,32 +90,35 @@ def _run_unittest(checkout, paths, collect):
     if collect:
         # A module that failed to import is collected as a stand-in test: report it as failed.
         return {
-            test.id(): FAILED if isinstance(test, unittest.loader._FailedTest) else "collected"
+            test.id(): FAILED
+            if isinstance(test, unittest.loader._FailedTest)  # type: ignore[attr-defined]  # private class, absent from typeshed, the only mark of a failed import
+            else "collected"
             for test in _leaves(suite)
+            if isinstance(test, unittest.TestCase)
         }
     recorder = Recorder()
     suite.run(recorder)
     return recorder.outcomes
 
 
-def _run_pytest(checkout, paths, collect):
+def _run_pytest(checkout: str, paths: list[str], collect: bool) -> dict[str, str]:
     import pytest
 
     class Recorder:
         """pytest plugin: outcome per node id from the setup/call/teardown reports."""
 
-        def __init__(self):
-            self.outcomes = {}
+        def __init__(self) -> None:
+            self.outcomes: dict[str, str] = {}
 
-        def pytest_collection_finish(self, session):
+        def pytest_collection_finish(self, session: pytest.Session) -> None:
             if collect:
                 self.outcomes.update({item.nodeid: "collected" for item in session.items})
 
-        def pytest_collectreport(self, report):
+        def pytest_collectreport(self, report: pytest.CollectReport) -> None:
             if report.failed:
                 self.outcomes[report.nodeid] = FAILED
 
-        def pytest_runtest_logreport(self, report):
+        def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
             if self.outcomes.get(report.nodeid) == FAILED:
                 return
             if report.failed:
@@ -132,13 +146,13 @@ def _run_pytest(checkout, paths, collect):
     return recorder.outcomes
 
 
-def _append_checkout(checkout):
+def _append_checkout(checkout: str) -> None:
     # After everything the runner and the framework import: the checkout only adds modules.
     if checkout not in sys.path:
         sys.path.append(checkout)
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--framework", choices=("unittest", "pytest"), required=True)
     parser.add_argument("--mode", choices=("collect", "run"), required=True)
@@ -147,7 +161,7 @@ def main():
     parser.add_argument("paths", nargs="+")
     args = parser.parse_args()
     run = _run_unittest if args.framework == "unittest" else _run_pytest
-    outcomes = run(args.checkout, args.paths, args.mode == "collect")
+    outcomes: dict[str, str] = run(args.checkout, args.paths, args.mode == "collect")
     data = json.dumps({"outcomes": outcomes}).encode()
     descriptor = os.open(args.report, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "wb") as report:

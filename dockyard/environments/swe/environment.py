@@ -25,6 +25,7 @@ import ssl
 import time
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import NotRequired, TypedDict
 
 import httpx
 
@@ -63,7 +64,8 @@ def extract_patch(response: str) -> str | None:
     """The last ```diff block, or the response from its first diff header on."""
     fenced = _DIFF_FENCE.findall(response)
     if fenced:
-        return fenced[-1]
+        last: str = fenced[-1]  # the pattern has one group: findall yields its strings
+        return last
     match = re.search(r"^(?:diff --git |--- )", response, re.MULTILINE)
     return response[match.start() :] if match else None
 
@@ -75,7 +77,14 @@ def url_order(urls: Sequence[str], group_id: str, sample_index: int, rounds: int
     return one_round * rounds
 
 
-def _job_fields(group: ScoringGroup) -> Mapping[str, object]:
+class _JobFields(TypedDict):
+    """What a group's ground truth contributes to each of its sandbox jobs."""
+
+    repo: str
+    protected_paths: NotRequired[list[str]]
+
+
+def _job_fields(group: ScoringGroup) -> _JobFields:
     truth = group.ground_truth if isinstance(group.ground_truth, Mapping) else group.extra
     repo = truth.get("repo")
     if not isinstance(repo, str) or not repo:
@@ -86,7 +95,7 @@ def _job_fields(group: ScoringGroup) -> Mapping[str, object]:
             f"group {group.group_id} sets test_command: the sandbox service's --policy decides "
             "how tests run",
         )
-    fields: dict[str, object] = {"repo": repo}
+    fields: _JobFields = {"repo": repo}
     value = truth.get("protected_paths")
     if value is not None:
         if not isinstance(value, Sequence) or isinstance(value, str):

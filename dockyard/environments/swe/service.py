@@ -59,6 +59,7 @@ from dockyard.environments.swe.protocol import (
     SESSION_CLOSE_PATH,
     SESSION_DIFF_PATH,
     SESSIONS_PATH,
+    JobStatus,
     SessionOpen,
     SessionOpened,
     SessionRequest,
@@ -259,6 +260,7 @@ def _protected_changes(checkout: Path, baseline: RepoBaseline) -> list[str]:
 
 def _result(tests: SandboxResult, verdict: Verdict, report_problem: str) -> SWEJobResult:
     details = [report_problem] if report_problem else []
+    status: JobStatus
     if tests.output_limit_exceeded:
         details.append("output limit exceeded")
     if verdict.tampered:
@@ -351,8 +353,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         policy = sorted(set(fields) & set(POLICY_FIELDS)) if isinstance(fields, dict) else []
         if policy:
-            error = f"{', '.join(policy)}: set by the service's --policy, not by a request"
-            self._send_json(HTTPStatus.BAD_REQUEST, {"error": error})
+            refusal = f"{', '.join(policy)}: set by the service's --policy, not by a request"
+            self._send_json(HTTPStatus.BAD_REQUEST, {"error": refusal})
             return
         try:
             request = SWEJobRequest.model_validate(fields)
@@ -462,5 +464,7 @@ class SandboxHTTPServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        if isinstance(host, bytes):  # typeshed allows a bytes host; AF_INET gives str
+            host = host.decode()
         scheme = "https" if self.tls is not None else "http"
         return f"{scheme}://{host}:{port}"

@@ -54,11 +54,12 @@ class _Hparams:
     @property
     def architecture(self) -> str:
         architectures = self.raw.get("architectures") or []
-        if len(architectures) != 1:
+        if len(architectures) != 1 or not isinstance(architectures[0], str):
             raise GgufExportError(
                 f"config.json 'architectures' must name one class: {architectures}"
             )
-        return architectures[0]
+        name: str = architectures[0]
+        return name
 
 
 def _load_hparams(hf_dir: Path) -> _Hparams:
@@ -248,7 +249,10 @@ def _add_vocab(writer: Any, gguf: Any, hf_dir: Path, hparams: _Hparams) -> None:
         token = reverse_vocab[token_id]
         if token in added_vocab:
             if not added_decoder[token_id].normalized:
-                token = tokenizer.decode(tokenizer.encode(token, add_special_tokens=False))
+                decoded = tokenizer.decode(tokenizer.encode(token, add_special_tokens=False))
+                if not isinstance(decoded, str):  # one sequence decodes to one string
+                    raise GgufExportError(f"token {token_id} decodes to {decoded!r}")
+                token = decoded
             if added_decoder[token_id].special or _token_looks_special(token):
                 token_types.append(gguf.TokenType.CONTROL)
             else:

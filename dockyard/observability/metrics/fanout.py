@@ -117,7 +117,10 @@ class MetricsLogger:
     """
 
     def __init__(self, config: LoggerConfig, log_dir: str | Path | None = None) -> None:
-        self.log_dir = Path(log_dir if log_dir is not None else config.log_dir)
+        directory = log_dir if log_dir is not None else config.log_dir
+        if directory is None:
+            raise ValueError("metrics need a log directory: pass log_dir or set logger.log_dir")
+        self.log_dir = Path(directory)
         check_backend_packages(config)
         self._backends: list[MetricsBackend] = []
         self._last_step: int | None = None

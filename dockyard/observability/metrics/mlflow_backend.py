@@ -69,7 +69,7 @@ class MlflowBackend:
     def log_metrics(self, metrics: Mapping[str, MetricValue], step: int) -> None:
         timestamp_ms = int(time.time() * 1000)
         batch = [
-            self._metric_type(self._sanitized(name), float(value), timestamp_ms, step)  # type: ignore[arg-type]
+            self._metric_type(self._sanitized(name), float(value), timestamp_ms, step)  # type: ignore[arg-type]  # scalars only reach this backend
             for name, value in metrics.items()
         ]
         for start in range(0, len(batch), _METRICS_PER_BATCH):

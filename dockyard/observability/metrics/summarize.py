@@ -58,12 +58,12 @@ def summarize_series(series: Sequence[float]) -> dict[str, float]:
 def validate_metric(name: str, value: object) -> MetricValue:
     """Check one metric's shape once, before any backend sees it."""
     if isinstance(value, bool) or is_scalar(value):
-        return value  # type: ignore[return-value]
+        return value  # type: ignore[return-value]  # is_scalar checked it
     if isinstance(value, Mapping):
         merge_per_worker(name, value)
         return value
     as_series(name, value)
-    return value  # type: ignore[return-value]
+    return value  # type: ignore[return-value]  # as_series checked it is a series
 
 
 def to_scalars(metrics: Mapping[str, MetricValue]) -> dict[str, Scalar]:
@@ -78,7 +78,7 @@ def to_scalars(metrics: Mapping[str, MetricValue]) -> dict[str, Scalar]:
             scalars[name] = int(value)
             continue
         if is_scalar(value):
-            scalars[name] = float(value) if isinstance(value, np.floating) else value  # type: ignore[assignment]
+            scalars[name] = float(value) if isinstance(value, np.floating) else value  # type: ignore[assignment]  # is_scalar: an int or a float
             continue
         if isinstance(value, Mapping):
             series = merge_per_worker(name, value)

@@ -27,7 +27,7 @@ class TensorboardBackend:
 
     def log_metrics(self, metrics: Mapping[str, MetricValue], step: int) -> None:
         for name, value in metrics.items():
-            self._writer.add_scalar(name, float(value), global_step=step)  # type: ignore[arg-type]
+            self._writer.add_scalar(name, float(value), global_step=step)  # type: ignore[arg-type]  # scalars only reach this backend
 
     def log_hyperparams(self, params: Mapping[str, object]) -> None:
         # The resolved config as one text summary: the hparams plugin wants flat scalars and a

@@ -27,17 +27,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
-from flax import nnx
 
-from dockyard.consumers.trainer.jax_backend.weights import load_named, named_arrays
+from dockyard.consumers.trainer.jax_backend.weights import ParamState, load_named, named_arrays
 
 
 def optax_state_from_torch(
     opt_state: Any,
     torch_optimizer: dict[str, Any],
     model: torch.nn.Module,
-    template: nnx.State,
-    place: Callable[[nnx.State], nnx.State],
+    template: ParamState,
+    place: Callable[[ParamState], ParamState],
 ) -> Any:
     """``opt_state`` with its Adam moments and count taken from a torch optimizer state dict
     (unchanged when the torch optimizer had not stepped, or keeps no moments)."""
@@ -60,7 +59,7 @@ def optax_state_from_torch(
     if "exp_avg" not in first:
         return opt_state  # SGD without momentum: no per-parameter state to carry
 
-    def moments(key: str) -> nnx.State:
+    def moments(key: str) -> ParamState:
         arrays = {name: state[key].detach().float().numpy() for name, state in by_name.items()}
         return place(load_named(template, arrays, tied=False, where=f"optimizer.pt ({key})"))
 
@@ -120,7 +119,7 @@ def torch_state_from_optax(
     return {"state": state, "param_groups": layout["param_groups"]}
 
 
-def _host_tensors(tree: nnx.State) -> dict[str, torch.Tensor]:
+def _host_tensors(tree: ParamState) -> dict[str, torch.Tensor]:
     """``{torch name: float32 tensor}`` of a moment tree (tied parameters once, as torch's
     ``named_parameters()`` lists them)."""
     arrays = jax.device_get(named_arrays(tree, tied=False))

@@ -320,5 +320,5 @@ def initial_metric_vector() -> Array:
 
 def loss_metrics(vector: object) -> LossMetrics:
     """The host-side :class:`LossMetrics` of a metric vector (one device→host transfer)."""
-    values = [float(v) for v in jax.device_get(vector)]  # type: ignore[union-attr]
+    values = [float(v) for v in jax.device_get(vector)]
     return LossMetrics(**dict(zip(METRIC_NAMES, values, strict=True)))

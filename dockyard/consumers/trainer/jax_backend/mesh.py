@@ -64,7 +64,7 @@ def parameter_spec(name: str, shape: tuple[int, ...], tp: int) -> PartitionSpec:
     elif name.endswith("embed_tokens.weight") or name == "lm_head.weight":
         axis = 1  # [vocab, hidden]: split the hidden size
     if axis is None or tp == 1:
-        return PartitionSpec()
+        return PartitionSpec()  # type: ignore[no-untyped-call]  # jax leaves PartitionSpec.__init__ unannotated
     if shape[axis] % tp:
         raise ValueError(
             f"policy.jax_cfg.tensor_parallel_size={tp} does not divide dimension {axis} of "
@@ -72,7 +72,7 @@ def parameter_spec(name: str, shape: tuple[int, ...], tp: int) -> PartitionSpec:
         )
     spec: list[str | None] = [None] * len(shape)
     spec[axis] = MODEL
-    return PartitionSpec(*spec)
+    return PartitionSpec(*spec)  # type: ignore[no-untyped-call]  # jax leaves PartitionSpec.__init__ unannotated
 
 
 def parameter_sharding(mesh: Mesh, name: str, shape: tuple[int, ...]) -> NamedSharding:
@@ -81,4 +81,5 @@ def parameter_sharding(mesh: Mesh, name: str, shape: tuple[int, ...]) -> NamedSh
 
 def batch_sharding(mesh: Mesh, rank: int) -> NamedSharding:
     """``[micro-batches, rows, ...]`` arrays: rows split along ``data``."""
-    return NamedSharding(mesh, PartitionSpec(None, DATA, *([None] * (rank - 2))))
+    spec = PartitionSpec(None, DATA, *([None] * (rank - 2)))  # type: ignore[no-untyped-call]  # jax leaves PartitionSpec.__init__ unannotated
+    return NamedSharding(mesh, spec)

@@ -63,20 +63,20 @@ class DecoderShape:
         if model_type == "qwen2" and getattr(config, "use_sliding_window", False):
             raise ValueError("the JAX trainer backend has no sliding-window attention")
         if getattr(config, "hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act={config.hidden_act!r}: the JAX backend has SiLU only")  # type: ignore[attr-defined]
-        heads = config.num_attention_heads  # type: ignore[attr-defined]
-        hidden = config.hidden_size  # type: ignore[attr-defined]
+            raise ValueError(f"hidden_act={config.hidden_act!r}: the JAX backend has SiLU only")  # type: ignore[attr-defined]  # an HF config: its fields are dynamic attributes
+        heads = config.num_attention_heads  # type: ignore[attr-defined]  # an HF config's dynamic attribute
+        hidden = config.hidden_size  # type: ignore[attr-defined]  # an HF config's dynamic attribute
         head_dim = getattr(config, "head_dim", None) or hidden // heads
         is_qwen2 = model_type == "qwen2"
         return cls(
-            vocab_size=config.vocab_size,  # type: ignore[attr-defined]
+            vocab_size=config.vocab_size,  # type: ignore[attr-defined]  # an HF config's dynamic attribute
             hidden_size=hidden,
-            num_layers=config.num_hidden_layers,  # type: ignore[attr-defined]
+            num_layers=config.num_hidden_layers,  # type: ignore[attr-defined]  # an HF config's dynamic attribute
             num_heads=heads,
             num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
             head_dim=head_dim,
-            intermediate_size=config.intermediate_size,  # type: ignore[attr-defined]
-            rms_norm_eps=float(config.rms_norm_eps),  # type: ignore[attr-defined]
+            intermediate_size=config.intermediate_size,  # type: ignore[attr-defined]  # an HF config's dynamic attribute
+            rms_norm_eps=float(config.rms_norm_eps),  # type: ignore[attr-defined]  # an HF config's dynamic attribute
             rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             qkv_bias=is_qwen2 or bool(getattr(config, "attention_bias", False)),
@@ -148,7 +148,8 @@ class Attention(nnx.Module):
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(s.head_dim)
         causal = jnp.tril(jnp.ones((length, length), dtype=bool))
         allowed = causal[None, None] & key_mask[:, None, None, :].astype(bool)
-        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+        lowest = jnp.finfo(jnp.float32).min  # type: ignore[no-untyped-call]  # unannotated in jax
+        scores = jnp.where(allowed, scores, lowest)
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, length, -1)
         return self.o_proj(out)

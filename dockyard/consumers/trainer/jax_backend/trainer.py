@@ -69,6 +69,7 @@ from dockyard.consumers.trainer.jax_backend.model import (
 )
 from dockyard.consumers.trainer.jax_backend.optim import build_transform
 from dockyard.consumers.trainer.jax_backend.weights import (
+    ParamState,
     host_arrays,
     load_named,
     parameter_name,
@@ -163,7 +164,7 @@ class JaxPolicyTrainer:
     def _versions(self) -> tuple[int, ...]:
         return tuple(p._version for p in self.model.parameters())
 
-    def _pull(self) -> nnx.State:
+    def _pull(self) -> ParamState:
         arrays = {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
         state = load_named(
             self._template, arrays, tied=self.shape.tie_word_embeddings, where="the policy"
@@ -171,9 +172,10 @@ class JaxPolicyTrainer:
         self._mirrored = self._versions()
         return self._place(state)
 
-    def _place(self, state: nnx.State) -> nnx.State:
+    def _place(self, state: ParamState) -> ParamState:
         if self.jax_mesh is None:
-            return jax.device_put(state)
+            placed: ParamState = jax.device_put(state)  # device_put returns its input's tree
+            return placed
         mesh = self.jax_mesh
         flat = [
             (
@@ -204,26 +206,31 @@ class JaxPolicyTrainer:
 
     # ---- compiled programs -------------------------------------------------------------------
 
-    def _token_logprobs(self, params: nnx.State, ids: jax.Array, attn: jax.Array) -> jax.Array:
+    def _token_logprobs(self, params: ParamState, ids: jax.Array, attn: jax.Array) -> jax.Array:
         model = nnx.merge(self.graph, params)
         logits = model(ids, attn, self.compute_dtype)
         return next_token_logprobs(logits, ids, self.temperature)
 
-    def _logprobs_program(self, params: nnx.State, ids: jax.Array, attn: jax.Array) -> jax.Array:
+    def _logprobs_program(self, params: ParamState, ids: jax.Array, attn: jax.Array) -> jax.Array:
         """``[n, r, L]`` chunks → ``[n, r, L-1]`` log-probs, one chunk at a time."""
-        return jax.lax.map(lambda chunk: self._token_logprobs(params, *chunk), (ids, attn))
+        mapped: jax.Array = jax.lax.map(
+            lambda chunk: self._token_logprobs(params, *chunk), (ids, attn)
+        )
+        return mapped
 
     def _accumulate_program(
-        self, params: nnx.State, micro: dict[str, jax.Array], counts: Counts
-    ) -> tuple[nnx.State, jax.Array]:
+        self, params: ParamState, micro: dict[str, jax.Array], counts: Counts
+    ) -> tuple[ParamState, jax.Array]:
         """Gradients summed over the micro-batches (each loss its share of the full-batch loss,
         so the sum is the full-batch gradient) and the merged metric vector."""
         cfg = self.config.loss_fn
 
-        def body(carry, chunk):
+        def body(
+            carry: tuple[ParamState, jax.Array], chunk: dict[str, jax.Array]
+        ) -> tuple[tuple[ParamState, jax.Array], None]:
             grads, metrics = carry
 
-            def loss_of(p):
+            def loss_of(p: ParamState) -> tuple[jax.Array, jax.Array]:
                 lp = self._token_logprobs(p, chunk["input_ids"], chunk["attention_mask"])
                 batch = LossBatch(
                     prev_logprobs=chunk["prev_logprobs"],
@@ -244,8 +251,8 @@ class JaxPolicyTrainer:
         return grads, metrics
 
     def _apply_program(
-        self, params: nnx.State, opt_state: Any, grads: nnx.State, learning_rate: jax.Array
-    ) -> tuple[nnx.State, Any, jax.Array]:
+        self, params: ParamState, opt_state: Any, grads: ParamState, learning_rate: jax.Array
+    ) -> tuple[ParamState, Any, jax.Array]:
         norm = optax.tree.norm(grads)
         opt_state.hyperparams["learning_rate"] = learning_rate
         updates, opt_state = self.transform.update(grads, opt_state, params)
@@ -295,7 +302,7 @@ class JaxPolicyTrainer:
         """What a weight event carries: the whole weights (no LoRA under JAX)."""
         return self.model_state()
 
-    def _batch_logprobs(self, params: nnx.State, batch: TrainingBatch) -> torch.Tensor:
+    def _batch_logprobs(self, params: ParamState, batch: TrainingBatch) -> torch.Tensor:
         """``[B, L-1]`` next-token log-probs of every sample under ``params`` (host float32)."""
         rows = self.config.policy.logprob_batch_size * self.data_parallel
         chunks = self._chunks(
@@ -326,8 +333,8 @@ class JaxPolicyTrainer:
         reference = (
             self._batch_logprobs(self.reference, batch) if self.reference is not None else None
         )
-        batch, filtered = self.filter_samples(batch, prev)
-        advantages = self.advantages(batch, prev, reference)
+        batch, filtered = self.filter_samples(batch, prev)  # type: ignore[misc]  # a PolicyTrainer method borrowed above: it reads only what this class has
+        advantages = self.advantages(batch, prev, reference)  # type: ignore[misc]  # a PolicyTrainer method borrowed above: it reads only what this class has
         counts = GlobalCounts.from_batch(batch.token_mask, batch.sample_mask, batch.rewards)
         values = {
             "input_ids": batch.input_ids,

@@ -18,11 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 from safetensors.numpy import load_file, save_file
+
+#: A model's parameters (or gradients, optimizer moments) as NNX holds them: nested by path
+#: component (a name or a layer index) down to arrays; flax leaves both type parameters open.
+ParamState = nnx.State[Any, Any]
 
 TIED_HEAD = "lm_head.weight"
 EMBEDDING = "model.embed_tokens.weight"
@@ -33,7 +38,7 @@ def parameter_name(path: tuple[object, ...]) -> str:
     return ".".join(str(part) for part in path)
 
 
-def named_arrays(state: nnx.State, *, tied: bool) -> dict[str, jax.Array]:
+def named_arrays(state: ParamState, *, tied: bool) -> dict[str, jax.Array]:
     """``{torch name: array}`` of a parameter state (on its devices, not copied)."""
     flat = nnx.to_flat_state(state)
     named = {parameter_name(path): variable.get_value() for path, variable in flat}
@@ -42,7 +47,7 @@ def named_arrays(state: nnx.State, *, tied: bool) -> dict[str, jax.Array]:
     return named
 
 
-def host_arrays(state: nnx.State, *, tied: bool) -> dict[str, np.ndarray]:
+def host_arrays(state: ParamState, *, tied: bool) -> dict[str, np.ndarray]:
     """:func:`named_arrays` gathered to host numpy (one transfer for the whole tree)."""
     return {
         name: np.asarray(a) for name, a in jax.device_get(named_arrays(state, tied=tied)).items()
@@ -50,8 +55,8 @@ def host_arrays(state: nnx.State, *, tied: bool) -> dict[str, np.ndarray]:
 
 
 def load_named(
-    template: nnx.State, arrays: Mapping[str, np.ndarray], *, tied: bool, where: str
-) -> nnx.State:
+    template: ParamState, arrays: Mapping[str, np.ndarray], *, tied: bool, where: str
+) -> ParamState:
     """A state shaped like ``template`` holding ``arrays`` (float32); refuses a missing,
     unexpected or mis-shaped tensor, naming it and ``where`` the weights came from."""
     expected = {parameter_name(path): variable for path, variable in nnx.to_flat_state(template)}
