@@ -380,9 +380,9 @@ def build_episode_runner(
 
     settings = EpisodeSettings.from_config(config.grpo, config.policy.max_total_sequence_length)
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
-    runner = EpisodeRunner(
-        engine, params, settings, tokenizer, config.env, _observations(config, tokenizer)
-    )
+    # transformers types decode for batches too (str | list[str]); one sequence gives a str.
+    observations = _observations(config, tokenizer)
+    runner = EpisodeRunner(engine, params, settings, tokenizer, config.env, observations)  # type: ignore[arg-type]  # see above
     served = tool_services(config)
     if served:
         from dockyard.broker.jetstream import JetStreamPlane

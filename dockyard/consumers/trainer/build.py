@@ -64,7 +64,7 @@ def build_parts(
     # Moves the model to the training device (and shards it over the mesh); torch, or JAX
     # with policy.jax_cfg.enabled.
     trainer = build_policy_trainer(model, config, mesh=mesh)
-    ranks = TrainerRanks(trainer)  # type: ignore[arg-type]  # any backend; ranks use its protocol
+    ranks = TrainerRanks(trainer)
     if evaluation_model is not None:
         evaluation_model.to(trainer.device)
     data = config.data

@@ -420,7 +420,7 @@ class PolicyTrainer:
         for name, owner in self.tied.items():
             if owner in state:
                 state[name] = state[owner]
-        return state  # type: ignore[return-value]  # a model's state: tensors only (torch's type covers optimizer state too)
+        return state
 
     def engine_weights(self) -> dict[str, torch.Tensor]:
         """What a weight event carries: the adapter alone under LoRA

@@ -284,7 +284,7 @@ def run_follower(config: MasterConfig, mesh: DeviceMesh) -> None:
     follow(trainer)
 
 
-def measure_agreement(trainer: PolicyTrainer, batch: TrainingBatch) -> torch.Tensor:
+def measure_agreement(trainer: TrainerBackend, batch: TrainingBatch) -> torch.Tensor:
     """This rank's prev-logprob pass over ``batch`` (a collective when sharded), as agreement
     sums."""
     return agreement_sums(batch, trainer.batch_logprobs(trainer.model, batch))

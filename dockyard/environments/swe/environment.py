@@ -189,7 +189,7 @@ class SWEEnvironment(Environment):
         group: ScoringGroup,
         index: int,
         submission: str | SampleScore,
-        fields: Mapping[str, object],
+        fields: _JobFields,
         deadline: float,
     ) -> SampleScore:
         if isinstance(submission, SampleScore):
