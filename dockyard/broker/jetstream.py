@@ -60,7 +60,8 @@ from dockyard.broker.provisioning import (
     stream_config,
 )
 from dockyard.broker.sites import (
-    backlog_reader,
+    PromptRouter,
+    backlog_readers,
     check_domain,
     consumers_at_site,
     prompt_source_consumer,
@@ -153,6 +154,7 @@ class JetStreamPlane(AdminPlane):
         self._advisory_subs: list[object] = []
         self._sweepers: list[asyncio.Task[None]] = []
         self._known_consumers: set[str] = set()
+        self._prompt_router = PromptRouter(self.names, config.site)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -282,6 +284,7 @@ class JetStreamPlane(AdminPlane):
         msg_id: str,
         headers: Mapping[str, str] | None = None,
     ) -> PublishAck:
+        subject = await self._prompt_router.routed_subject(self.js, subject, msg_id)
         if len(payload) > self.usable_payload:
             return await self._publish_chunked(subject, payload, msg_id, headers or {})
         all_headers = dict(headers or {})
@@ -379,6 +382,7 @@ class JetStreamPlane(AdminPlane):
         return PublishAck(ack.stream, ack.seq, bool(ack.duplicate))
 
     async def publish_many(self, messages: Sequence[OutgoingMessage]) -> list[PublishAck]:
+        messages = await self._prompt_router.routed(self.js, messages)
         small = [m for m in messages if len(m.payload) <= self.usable_payload]
         if len(small) != len(messages):  # keep order simple: mixed batches go one by one
             return await super().publish_many(messages)
@@ -569,15 +573,16 @@ class JetStreamPlane(AdminPlane):
         return raw.data or b""
 
     async def consumer_lag(self, consumer: ConsumerSpec) -> ConsumerLag:
-        consumer = backlog_reader(self.names, self.config.site, consumer)
-        await self.ensure_consumer(consumer)
-        info = await self.js.consumer_info(consumer.stream, consumer.durable)
+        readers = backlog_readers(self.names, self.config.site, consumer)
+        for reader in readers:
+            await self.ensure_consumer(reader)
+        infos = [await self.js.consumer_info(r.stream, r.durable) for r in readers]
         return ConsumerLag(
-            consumer.durable,
+            readers[0].durable if len(readers) == 1 else consumer.durable,
             consumer.stream,
-            pending=int(info.num_pending or 0),
-            ack_pending=int(info.num_ack_pending or 0),
-            redelivered=int(info.num_redelivered or 0),
+            pending=sum(int(i.num_pending or 0) for i in infos),
+            ack_pending=sum(int(i.num_ack_pending or 0) for i in infos),
+            redelivered=sum(int(i.num_redelivered or 0) for i in infos),
         )
 
     # -- reading history ---------------------------------------------------------------------

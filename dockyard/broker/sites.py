@@ -17,15 +17,25 @@ denies the plane's subjects both ways, see :func:`leaf_remote`). So:
   trainer's work queue only once the rollout site has stored it, so none is lost in a
   partition, and each goes to the rollout site once.
 
+With several rollout sites, each has its own feed: a work queue admits one consumer per
+subject, so the trainer site stores each prompt group under one rollout site's subject
+(:func:`site_prompt_subject`, chosen by :class:`PromptRouter` when it is published) and each
+site's feed filters its own; the site's source maps the subject back to the plane's prompt
+subject, so its workers pull as at a single site.
+
 The leases stream is site-local: workers lease the blobs of their own site's mirror.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from nats.js import JetStreamContext, api
 
+from dockyard.broker.messages import OutgoingMessage
 from dockyard.broker.names import ConsumerSpec, PlaneNames, StreamSpec
 from dockyard.broker.plane import ProvisioningDrift
 from dockyard.config.sections.data_plane import SiteConfig
@@ -42,6 +52,8 @@ class Replication:
 
     mirror: api.StreamSource | None = None
     sources: tuple[api.StreamSource, ...] = ()
+    #: The stream's own subjects when they are not its spec's (None: the spec's).
+    subjects: tuple[str, ...] | None = None
 
 
 #: How often an idle prompt source's consumer sends a heartbeat, which also moves its ack
@@ -50,17 +62,31 @@ PROMPT_SOURCE_HEARTBEAT_S = 1.0
 
 
 def _from(
-    spec: StreamSpec, domain: str, consumer: api.StreamConsumerSource | None = None
+    spec: StreamSpec,
+    domain: str,
+    consumer: api.StreamConsumerSource | None = None,
+    transforms: list[api.SubjectTransform] | None = None,
 ) -> api.StreamSource:
     return api.StreamSource(
-        name=spec.name, external=api.ExternalStream(api=domain_api(domain)), consumer=consumer
+        name=spec.name,
+        external=api.ExternalStream(api=domain_api(domain)),
+        consumer=consumer,
+        subject_transforms=transforms,
     )
 
 
+def site_prompt_subject(names: PlaneNames, rollout_domain: str) -> str:
+    """Where the trainer site stores a prompt group bound for one rollout site."""
+    return f"{names.prompts}.site.{rollout_domain}"
+
+
 def prompt_source_consumer(names: PlaneNames, rollout_domain: str) -> ConsumerSpec:
-    """The durable consumer on the trainer site's prompt queue that feeds one rollout site."""
+    """The durable consumer on the trainer site's prompt queue that feeds one rollout site:
+    it reads only the groups stored for that site, so the feeds never overlap."""
     return ConsumerSpec(
-        f"{names.namespace}_prompts_to_{rollout_domain}", names.prompts_stream.name, names.prompts
+        f"{names.namespace}_prompts_to_{rollout_domain}",
+        names.prompts_stream.name,
+        site_prompt_subject(names, rollout_domain),
     )
 
 
@@ -85,12 +111,14 @@ def prompt_source_consumer_config(names: PlaneNames, rollout_domain: str) -> api
     )
 
 
-def backlog_reader(names: PlaneNames, site: SiteConfig, consumer: ConsumerSpec) -> ConsumerSpec:
-    """The consumer whose backlog stands for ``consumer`` at this site: at the trainer site of
-    a rollout site, the prompt queue's backlog is what its feed has not yet sent there."""
+def backlog_readers(
+    names: PlaneNames, site: SiteConfig, consumer: ConsumerSpec
+) -> tuple[ConsumerSpec, ...]:
+    """The consumers whose backlogs together stand for ``consumer`` at this site: at the
+    trainer site, the prompt queue's backlog is what its feeds have not yet sent out."""
     if site.rollout_domains and consumer == names.prompt_consumer:
-        return prompt_source_consumer(names, site.rollout_domains[0])
-    return consumer
+        return tuple(prompt_source_consumer(names, d) for d in site.rollout_domains)
+    return (consumer,)
 
 
 def consumers_at_site(names: PlaneNames, site: SiteConfig) -> tuple[ConsumerSpec, ...]:
@@ -114,7 +142,13 @@ def replication_for(spec: StreamSpec, names: PlaneNames, site: SiteConfig) -> Re
             name=prompt_source_consumer(names, site.domain).durable,
             deliver_subject=prompt_source_subject(names, site.domain),
         )
-        return Replication(sources=(_from(spec, site.trainer_domain, consumer),))
+        # Stored here under the plane's prompt subject, which this site's workers pull.
+        back = api.SubjectTransform(src=site_prompt_subject(names, site.domain), dest=names.prompts)
+        return Replication(sources=(_from(spec, site.trainer_domain, consumer, [back]),))
+    if site.rollout_domains and spec.name == names.prompts_stream.name:
+        return Replication(
+            subjects=tuple(site_prompt_subject(names, d) for d in site.rollout_domains)
+        )
     if site.rollout_domains and spec.name in {
         names.experience_stream.name,
         names.chunks_stream.name,
@@ -122,6 +156,76 @@ def replication_for(spec: StreamSpec, names: PlaneNames, site: SiteConfig) -> Re
     }:
         return Replication(sources=tuple(_from(spec, d) for d in site.rollout_domains))
     return Replication()
+
+
+class PromptRouter:
+    """Chooses the rollout site each prompt group published at the trainer site goes to.
+
+    Each group goes to the site whose feed has the fewest groups not yet sent (counting the
+    ones routed in the same batch), ties taken in turn. A partitioned site's feed cannot send,
+    so its count grows and new groups go to the sites that are reachable; what it was given
+    stays in the trainer site's queue until the link heals (a work queue: not lost, not
+    duplicated). A group re-published with the same ``Nats-Msg-Id`` to another site's subject
+    is still one message: the stream's duplicate window is per stream, not per subject.
+    """
+
+    def __init__(self, names: PlaneNames, site: SiteConfig) -> None:
+        self._names = names
+        self._domains = tuple(site.rollout_domains)
+        self._turn = itertools.count()
+
+    @property
+    def active(self) -> bool:
+        return bool(self._domains)
+
+    def feeds(self) -> dict[str, ConsumerSpec]:
+        """Each rollout domain's feed consumer, whose pending count is its ``unsent``."""
+        return {d: prompt_source_consumer(self._names, d) for d in self._domains}
+
+    def needs_routing(self, messages: Sequence[OutgoingMessage]) -> bool:
+        return self.active and any(m.subject == self._names.prompts for m in messages)
+
+    async def routed(
+        self, js: JetStreamContext, messages: Sequence[OutgoingMessage]
+    ) -> list[OutgoingMessage]:
+        """``messages`` routed by what each site's feed has not handed over yet: pending, or
+        delivered and not yet acknowledged (stored) by the site's source."""
+        if not self.needs_routing(messages):
+            return list(messages)
+        feeds = self.feeds()
+        infos = await asyncio.gather(
+            *(js.consumer_info(c.stream, c.durable) for c in feeds.values())
+        )
+        unsent = {
+            domain: int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+            for domain, info in zip(feeds, infos, strict=True)
+        }
+        return self.route(messages, unsent)
+
+    async def routed_subject(self, js: JetStreamContext, subject: str, msg_id: str) -> str:
+        """The subject one message is stored under (see :meth:`routed`)."""
+        if subject != self._names.prompts or not self.active:
+            return subject
+        [message] = await self.routed(js, [OutgoingMessage(subject, b"", msg_id)])
+        return message.subject
+
+    def route(
+        self, messages: Sequence[OutgoingMessage], unsent: Mapping[str, int]
+    ) -> list[OutgoingMessage]:
+        """``messages`` with each prompt group's subject set to its site's; ``unsent``: each
+        rollout domain's feed backlog (groups stored for it, not yet at the site)."""
+        load = {d: unsent.get(d, 0) for d in self._domains}
+        routed = []
+        for message in messages:
+            if message.subject != self._names.prompts:
+                routed.append(message)
+                continue
+            start = next(self._turn) % len(self._domains)
+            turn = self._domains[start:] + self._domains[:start]
+            domain = min(turn, key=lambda d: load[d])  # min keeps the first of equals
+            load[domain] += 1
+            routed.append(replace(message, subject=site_prompt_subject(self._names, domain)))
+        return routed
 
 
 async def check_domain(js: JetStreamContext, site: SiteConfig) -> None:
