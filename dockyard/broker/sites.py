@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from nats.js import JetStreamContext, api
 
@@ -59,6 +61,8 @@ class Replication:
 #: How often an idle prompt source's consumer sends a heartbeat, which also moves its ack
 #: floor (so the trainer's queue forgets what a rollout site stored while nothing new came).
 PROMPT_SOURCE_HEARTBEAT_S = 1.0
+#: Prompt groups a feed has handed to its site's source and not yet had acknowledged.
+PROMPT_SOURCE_MAX_ACK_PENDING = 1000
 
 
 def _from(
@@ -78,6 +82,25 @@ def _from(
 def site_prompt_subject(names: PlaneNames, rollout_domain: str) -> str:
     """Where the trainer site stores a prompt group bound for one rollout site."""
     return f"{names.prompts}.site.{rollout_domain}"
+
+
+def prompt_subjects(names: PlaneNames, site: SiteConfig) -> tuple[str, ...]:
+    """The subjects a prompt group published at this site is stored under: at a trainer site
+    of rollout sites, one per rollout site; elsewhere the plane's prompt subject."""
+    if site.rollout_domains:
+        return tuple(site_prompt_subject(names, d) for d in site.rollout_domains)
+    return (names.prompts,)
+
+
+def site_api_calls(names: PlaneNames, site: SiteConfig) -> tuple[str, ...]:
+    """JetStream API calls (without the prefix) every role makes at a site of a multi-site
+    plane, beyond a single site's: the domain check at start (``INFO``, see
+    :func:`check_domain`) and, at the trainer site, each feed's state (provisioning checks it,
+    the prompt router and the prompt backlog read it)."""
+    if site.domain is None:
+        return ()
+    feeds = (prompt_source_consumer(names, d) for d in site.rollout_domains)
+    return ("INFO", *(f"CONSUMER.INFO.{f.stream}.{f.durable}" for f in feeds))
 
 
 def prompt_source_consumer(names: PlaneNames, rollout_domain: str) -> ConsumerSpec:
@@ -107,6 +130,9 @@ def prompt_source_consumer_config(names: PlaneNames, rollout_domain: str) -> api
         flow_control=True,
         idle_heartbeat=PROMPT_SOURCE_HEARTBEAT_S,
         max_deliver=-1,
+        # The server's default, stated: left unset, every role's provisioning would see the
+        # server's 1000 against None and try to update the consumer (which a role may not).
+        max_ack_pending=PROMPT_SOURCE_MAX_ACK_PENDING,
         filter_subject=spec.filter_subject,
     )
 
@@ -146,9 +172,7 @@ def replication_for(spec: StreamSpec, names: PlaneNames, site: SiteConfig) -> Re
         back = api.SubjectTransform(src=site_prompt_subject(names, site.domain), dest=names.prompts)
         return Replication(sources=(_from(spec, site.trainer_domain, consumer, [back]),))
     if site.rollout_domains and spec.name == names.prompts_stream.name:
-        return Replication(
-            subjects=tuple(site_prompt_subject(names, d) for d in site.rollout_domains)
-        )
+        return Replication(subjects=prompt_subjects(names, site))
     if site.rollout_domains and spec.name in {
         names.experience_stream.name,
         names.chunks_stream.name,
@@ -242,18 +266,58 @@ async def check_domain(js: JetStreamContext, site: SiteConfig) -> None:
         )
 
 
-def hub_leafnodes(listen: str) -> str:
+@dataclass(frozen=True)
+class LeafCredentials:
+    """The user a rollout site's leaf connection authenticates as at the trainer site."""
+
+    user: str
+    password: str
+
+
+def leaf_user(rollout_domain: str) -> str:
+    return f"leaf_{rollout_domain}"
+
+
+def hub_leafnodes(
+    listen: str,
+    leaves: Sequence[LeafCredentials] = (),
+    account: str | None = None,
+) -> str:
     """The value of the trainer site's ``leafnodes`` setting. ``no_advertise``: a leaf must
-    reach the hub only through the address it was given (the WAN link), never a learned one."""
-    return f'{{ listen: "{listen}", no_advertise: true }}'
+    reach the hub only through the address it was given (the WAN link), never a learned one.
+    With ``leaves``, only those users may connect a leaf (one per rollout site, so one site's
+    password can be revoked alone), each bound to ``account``: the account holding the
+    streams, whose JetStream API the other site's sources and mirrors call."""
+    settings = [f"listen: {json.dumps(listen)}", "no_advertise: true"]
+    if leaves:
+        bound = f", account: {json.dumps(account)}" if account else ""
+        users = ", ".join(
+            f"{{ user: {json.dumps(c.user)}, password: {json.dumps(c.password)}{bound} }}"
+            for c in leaves
+        )
+        settings.append(f"authorization: {{ users: [ {users} ] }}")
+    return "{ " + ", ".join(settings) + " }"
 
 
-def leaf_remote(hub_url: str, namespace: str) -> str:
+def leaf_remote(
+    hub_url: str,
+    namespace: str,
+    credentials: LeafCredentials | None = None,
+    account: str | None = None,
+) -> str:
     """The value of a rollout site's ``leafnodes`` setting: one remote to the hub that carries
     JetStream replication and API calls but none of the plane's own subjects, so a message
     published at one site is stored there first and crosses only by source/mirror (no copy
-    through subject interest, which a partition would lose and which would be stored twice)."""
-    denied = f'["{namespace}.>"]'
-    return (
-        f'{{ remotes: [ {{ url: "{hub_url}", deny_imports: {denied}, deny_exports: {denied} }} ] }}'
-    )
+    through subject interest, which a partition would lose and which would be stored twice).
+    ``credentials`` authenticate the connection; ``account`` is the local account it joins to
+    the hub's (the one holding the streams)."""
+    url = urlsplit(hub_url)
+    if credentials is not None:
+        userinfo = f"{quote(credentials.user, safe='')}:{quote(credentials.password, safe='')}"
+        url = url._replace(netloc=f"{userinfo}@{url.hostname}:{url.port}")
+    denied = json.dumps([f"{namespace}.>"])
+    remote = [f"url: {json.dumps(urlunsplit(url))}"]
+    if account is not None:
+        remote.append(f"account: {json.dumps(account)}")
+    remote += [f"deny_imports: {denied}", f"deny_exports: {denied}"]
+    return "{ remotes: [ { " + ", ".join(remote) + " } ] }"

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from dockyard.broker.embedded import EmbeddedNatsServer
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from tests.conftest import fresh_namespace
@@ -53,7 +55,9 @@ def _site_streams(url: str, namespace: str, domain: str) -> dict[str, tuple[int,
 
 
 def test_a_run_with_two_rollout_sites_trains_on_both(
-    tmp_path: Path, small_run: list[str], nats_server_factory
+    tmp_path: Path,
+    small_run: list[str],
+    nats_server_factory: Callable[..., EmbeddedNatsServer],
 ) -> None:
     namespace = fresh_namespace()
     leaf_port = _free_port()

@@ -9,10 +9,14 @@ from pydantic import ValidationError
 from dockyard.broker.messages import OutgoingMessage
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.provisioning import stream_config
+from dockyard.broker.security import role_grants
 from dockyard.broker.sites import (
+    LeafCredentials,
     PromptRouter,
     backlog_readers,
     consumers_at_site,
+    hub_leafnodes,
+    leaf_remote,
     prompt_source_consumer,
     prompt_source_consumer_config,
 )
@@ -64,7 +68,7 @@ def test_the_trainer_site_sources_experience_chunks_and_dead_letters_of_the_roll
     feed = prompt_source_consumer_config(NS, "b")
     assert feed.ack_policy == api.AckPolicy.FLOW_CONTROL and feed.flow_control
     assert feed.max_deliver == -1 and feed.ack_wait is None  # ADR-58's constraints
-    assert not feed.deliver_subject.startswith("ns.")  # the leaf denies the namespace
+    assert feed.deliver_subject and not feed.deliver_subject.startswith("ns.")  # leaf denies ns
 
 
 def test_a_single_site_replicates_nothing() -> None:
@@ -150,3 +154,36 @@ def test_a_single_rollout_site_gets_every_prompt_group() -> None:
     routed = router.route([_prompt(i) for i in range(3)], {"b": 7})
     assert {m.subject for m in routed} == {"ns.prompts.site.b"}
     assert not PromptRouter(NS, _config().site).active
+
+
+def test_role_grants_at_a_trainer_site_publish_prompts_under_the_sites_subjects() -> None:
+    site = _config(domain="a", rollout_domains=["b", "c"]).site
+    grants = role_grants(NS, site)
+    routed = {"ns.prompts.site.b", "ns.prompts.site.c"}
+    for role in ("dispatcher", "trainer"):
+        assert routed <= set(grants[role].publish)
+        assert NS.prompts not in grants[role].publish  # no feed reads the bare subject there
+    # Every role checks the server's domain at start and reads the feeds' state (provisioning
+    # checks them; the trainer routes by them), and changes neither.
+    feeds = {"CONSUMER.INFO.ns_prompts.ns_prompts_to_b", "CONSUMER.INFO.ns_prompts.ns_prompts_to_c"}
+    for grant in grants.values():
+        assert {"INFO", *feeds} <= set(grant.api)
+    assert not any(call.startswith("CONSUMER.CREATE") for g in grants.values() for call in g.api)
+    # A single site's grants are what they were: no domain check, the plane's prompt subject.
+    single = role_grants(NS)
+    assert "INFO" not in single["rollout"].api
+    assert NS.prompts in single["dispatcher"].publish
+
+
+def test_a_secured_leaf_connection_authenticates_and_joins_the_data_accounts() -> None:
+    leaves = [LeafCredentials("leaf_b", "pw-b"), LeafCredentials("leaf_c", "pw-c")]
+    hub = hub_leafnodes("0.0.0.0:7422", leaves, "data")
+    # One user per rollout site, each bound to the account that holds the streams.
+    assert '{ user: "leaf_b", password: "pw-b", account: "data" }' in hub
+    assert '{ user: "leaf_c", password: "pw-c", account: "data" }' in hub
+    remote = leaf_remote("nats-leaf://hub.example:7422", "ns", leaves[0], "data")
+    assert 'url: "nats-leaf://leaf_b:pw-b@hub.example:7422"' in remote
+    assert 'account: "data"' in remote and 'deny_imports: ["ns.>"]' in remote
+    # Unsecured, as before: no authorization, no account.
+    assert "authorization" not in hub_leafnodes("0.0.0.0:7422")
+    assert "account" not in leaf_remote("nats-leaf://hub.example:7422", "ns")
