@@ -139,6 +139,8 @@ def role_grants(names: PlaneNames, site: SiteConfig | None = None) -> dict[str, 
                 *_reads(weights),
                 *_reads(blobs),
                 *_reads(names.leases_stream.name),
+                # Dead letters: which dispatched groups died, so it drops them and goes on.
+                *_reads(names.dead_letters_stream.name),
                 f"STREAM.PURGE.{blobs}",
                 f"STREAM.PURGE.{names.leases_stream.name}",
             ),
