@@ -58,7 +58,8 @@ from dockyard.broker.provisioning import (
     stream_config,
 )
 from dockyard.broker.sites import (
-    backlog_reader,
+    PromptRouter,
+    backlog_readers,
     check_domain,
     consumers_at_site,
     prompt_source_consumer,
@@ -90,6 +91,7 @@ class JetStreamPlane(AdminPlane):
         self._history = JetStreamHistory(
             config, self.names, self._events, self, self.followed_stream
         )
+        self._prompt_router = PromptRouter(self.names, config.site)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -218,9 +220,11 @@ class JetStreamPlane(AdminPlane):
         msg_id: str,
         headers: Mapping[str, str] | None = None,
     ) -> PublishAck:
+        subject = await self._prompt_router.routed_subject(self.js, subject, msg_id)
         return await self._publisher.publish(subject, payload, msg_id=msg_id, headers=headers)
 
     async def publish_many(self, messages: Sequence[OutgoingMessage]) -> list[PublishAck]:
+        messages = await self._prompt_router.routed(self.js, messages)
         limit = self.usable_payload  # once: it reads the server's cap through two properties
         if any(len(m.payload) > limit for m in messages):
             # Keep order simple: a batch with a chunked message goes one by one.
@@ -283,15 +287,16 @@ class JetStreamPlane(AdminPlane):
         return JetStreamDelivery(msg, data=data, headers=headers)
 
     async def consumer_lag(self, consumer: ConsumerSpec) -> ConsumerLag:
-        consumer = backlog_reader(self.names, self.config.site, consumer)
-        await self.ensure_consumer(consumer)
-        info = await self.js.consumer_info(consumer.stream, consumer.durable)
+        readers = backlog_readers(self.names, self.config.site, consumer)
+        for reader in readers:
+            await self.ensure_consumer(reader)
+        infos = [await self.js.consumer_info(r.stream, r.durable) for r in readers]
         return ConsumerLag(
-            consumer.durable,
+            readers[0].durable if len(readers) == 1 else consumer.durable,
             consumer.stream,
-            pending=int(info.num_pending or 0),
-            ack_pending=int(info.num_ack_pending or 0),
-            redelivered=int(info.num_redelivered or 0),
+            pending=sum(int(i.num_pending or 0) for i in infos),
+            ack_pending=sum(int(i.num_ack_pending or 0) for i in infos),
+            redelivered=sum(int(i.num_redelivered or 0) for i in infos),
         )
 
     # -- reading history (:mod:`.jetstream_history`) ------------------------------------------

@@ -47,7 +47,7 @@ def stream_config(
     return api.StreamConfig(
         name=spec.name,
         # A mirror holds exactly its origin's messages: it takes no subjects of its own.
-        subjects=None if replication.mirror else list(spec.subjects),
+        subjects=None if replication.mirror else list(replication.subjects or spec.subjects),
         mirror=replication.mirror,
         # Workers read a weight mirror by direct get, as they would the origin stream.
         mirror_direct=True if replication.mirror else None,
@@ -101,6 +101,7 @@ def _normalise(value: object) -> object:
             value.name,
             value.external.api if value.external else None,
             value.consumer.name if value.consumer else None,
+            tuple((t.src, t.dest) for t in value.subject_transforms or ()),
         )
     if isinstance(value, list) and value and isinstance(value[0], api.StreamSource):
         return sorted(_normalise(source) for source in value)  # type: ignore[type-var]  # normalised sources are tuples, which order

@@ -27,6 +27,8 @@ import yaml
 from dockyard.broker.embedded import AccountImport, ServerAccount, ServerUser
 from dockyard.broker.exhausted import ADVISORY_MAX_DELIVERIES
 from dockyard.broker.names import ConsumerSpec, PlaneNames
+from dockyard.broker.sites import LeafCredentials, leaf_user, prompt_subjects, site_api_calls
+from dockyard.config.sections.data_plane import SiteConfig
 
 ROLES = ("dispatcher", "rollout", "scorer", "trainer", "admin")
 #: The account with JetStream: every stream and consumer, and the admin.
@@ -58,8 +60,10 @@ def _reads(stream: str) -> tuple[str, ...]:
     return (f"DIRECT.GET.{stream}", f"DIRECT.GET.{stream}.>")
 
 
-def role_grants(names: PlaneNames) -> dict[str, RoleGrant]:
-    """Each role's grant, read off the code each role runs (see docs/operations.md)."""
+def role_grants(names: PlaneNames, site: SiteConfig | None = None) -> dict[str, RoleGrant]:
+    """Each role's grant, read off the code each role runs (see docs/operations.md), at the
+    server of ``site`` (``data_plane.site``; None: a single site)."""
+    site = site or SiteConfig.model_validate({})
     chunks = f"{names.namespace}.chunks.>"
     streams = [spec.name for spec in names.all_streams()]
     # Every role checks at start that the streams and durables are there (``provision``, which
@@ -67,7 +71,10 @@ def role_grants(names: PlaneNames) -> dict[str, RoleGrant]:
     common_api = (
         *(f"STREAM.INFO.{stream}" for stream in streams),
         *(f"CONSUMER.INFO.{c.stream}.{c.durable}" for c in names.consumers()),
+        *site_api_calls(names, site),
     )
+    # At the trainer site of rollout sites a prompt group is stored under its site's subject.
+    prompts = prompt_subjects(names, site)
     # Everyone reassembles chunked messages and may dead-letter what it cannot read. Each role
     # publishes its heartbeat under its own role's name only (heartbeats.py), so no role can
     # speak for another in the fleet view.
@@ -77,7 +84,7 @@ def role_grants(names: PlaneNames) -> dict[str, RoleGrant]:
     return {
         "dispatcher": RoleGrant(
             "dispatcher",
-            (names.prompts, names.heartbeats_of("dispatcher"), *common_publish),
+            (*prompts, names.heartbeats_of("dispatcher"), *common_publish),
             api=(*common_api,),
         ),
         # Rollout workers read weight blobs, so they write the leases that protect their reads.
@@ -120,7 +127,7 @@ def role_grants(names: PlaneNames) -> dict[str, RoleGrant]:
             (
                 names.weight_events,
                 f"{names.namespace}.blobs.>",
-                names.prompts,
+                *prompts,
                 names.heartbeats_of("trainer"),
                 *common_publish,
             ),
@@ -132,6 +139,8 @@ def role_grants(names: PlaneNames) -> dict[str, RoleGrant]:
                 *_reads(weights),
                 *_reads(blobs),
                 *_reads(names.leases_stream.name),
+                # Dead letters: which dispatched groups died, so it drops them and goes on.
+                *_reads(names.dead_letters_stream.name),
                 f"STREAM.PURGE.{blobs}",
                 f"STREAM.PURGE.{names.leases_stream.name}",
             ),
@@ -188,23 +197,57 @@ class GeneratedCredentials:
     files: dict[str, Path]  # role -> YAML with the data_plane settings to use
 
 
-def generate_credentials(names: PlaneNames, directory: Path) -> GeneratedCredentials:
-    """Random passwords per role; one 0600 YAML per role to merge into a role's config."""
+def generate_credentials(
+    names: PlaneNames, directory: Path, site: SiteConfig | None = None
+) -> GeneratedCredentials:
+    """Random passwords per role; one 0600 YAML per role to merge into a role's config. The
+    grants are those of a role at ``site``'s server (a multi-site plane's are wider)."""
     directory.mkdir(parents=True, exist_ok=True)
     passwords = {role: secrets.token_urlsafe(24) for role in ROLES}
     admin = ServerUser("admin", passwords["admin"], publish_allow=(">",), subscribe_allow=(">",))
     accounts = [ServerAccount(DATA_ACCOUNT, (admin,), jetstream=True)]
     accounts += [
-        role_account(grant, names, passwords[role]) for role, grant in role_grants(names).items()
+        role_account(grant, names, passwords[role])
+        for role, grant in role_grants(names, site).items()
     ]
     files = {}
     for role, password in passwords.items():
         settings: dict[str, object] = {"credentials": {"user": role, "password": password}}
         if role != "admin":
             settings["api_prefix"] = ROLE_API_PREFIX
-        path = directory / f"{role}.yaml"
-        path.touch(mode=0o600)
-        path.chmod(0o600)
-        path.write_text(yaml.safe_dump({"data_plane": settings}, sort_keys=False))
-        files[role] = path
+        files[role] = _write_private(directory / f"{role}.yaml", {"data_plane": settings})
     return GeneratedCredentials(tuple(accounts), files)
+
+
+def _write_private(path: Path, document: dict[str, object]) -> Path:
+    """A YAML file only its owner can read (it holds a password)."""
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def generate_leaf_credentials(
+    rollout_domains: list[str], directory: Path
+) -> dict[str, tuple[LeafCredentials, Path]]:
+    """One leaf user per rollout site, for the trainer site's leaf node listener; each written
+    to ``leaf-<domain>.yaml`` (0600) to hand to that site's ``broker up --leaf-credentials``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for domain in rollout_domains:
+        credentials = LeafCredentials(leaf_user(domain), secrets.token_urlsafe(24))
+        path = _write_private(
+            directory / f"leaf-{domain}.yaml",
+            {"leaf": {"user": credentials.user, "password": credentials.password}},
+        )
+        out[domain] = (credentials, path)
+    return out
+
+
+def read_leaf_credentials(path: Path) -> LeafCredentials:
+    """A rollout site's leaf credentials, as :func:`generate_leaf_credentials` wrote them."""
+    try:
+        leaf = yaml.safe_load(path.read_text())["leaf"]
+        return LeafCredentials(str(leaf["user"]), str(leaf["password"]))
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a leaf credentials file ({error!r})") from None

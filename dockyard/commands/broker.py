@@ -1,10 +1,17 @@
 """``dockyard broker up``: run the embedded nats-server in the foreground.
 
     dockyard broker up [--store DIR] [--port N] [--host H] [--secure] [--config PATH [overrides]]
+        [--leafnodes HOST:PORT | --hub URL [--leaf-credentials FILE]]
 
 Prints the URL (and, with ``--secure``, one credentials file per role), provisions the streams
 and consumers, and runs until Ctrl-C or SIGTERM. ``max_payload``/``max_pending`` and the
 namespace come from ``data_plane`` of ``--config`` when given.
+
+One site of a multi-site plane (``data_plane.site``; ``docs/operations.md``, "Multi-site"): the
+server's JetStream domain is ``data_plane.site.domain``; the trainer's site accepts its rollout
+sites' leaf connections on ``--leafnodes`` (with ``--secure``: one leaf user per rollout site,
+written to ``credentials/leaf-<domain>.yaml``), a rollout site joins it with ``--hub`` (with
+``--secure``: ``--leaf-credentials`` is that file).
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
-from dockyard.commands._plane_args import add_plane_arguments, plane_config
+from dockyard.commands._plane_args import EXIT_INVALID_CONFIG, add_plane_arguments, plane_config
+from dockyard.config.sections.data_plane import DataPlaneConfig
 
 if TYPE_CHECKING:  # imported lazily at run time
     from dockyard.broker.embedded import ServerAccount
@@ -39,10 +47,11 @@ def _up(args: argparse.Namespace) -> int:
     config = plane_config(args)
     store = Path(args.store or config.embedded.store_dir or "dockyard-nats-store").resolve()
     names = PlaneNames(config.namespace)
+    jetstream_extra, extra, leaf_files = _site_settings(args, config, store / "credentials")
     accounts: tuple[ServerAccount, ...] = ()
     credential_files: dict[str, Path] = {}
     if args.secure:
-        generated = generate_credentials(names, store / "credentials")
+        generated = generate_credentials(names, store / "credentials", config.site)
         accounts, credential_files = generated.accounts, generated.files
     settings = EmbeddedServerSettings(
         store_dir=store,
@@ -51,6 +60,8 @@ def _up(args: argparse.Namespace) -> int:
         max_payload=config.max_payload,
         max_pending=config.max_pending,
         accounts=accounts,
+        jetstream_extra=jetstream_extra,
+        extra=extra,
     )
     try:
         server = EmbeddedNatsServer(settings)
@@ -66,6 +77,8 @@ def _up(args: argparse.Namespace) -> int:
         print(f"nats-server ready at {url} (store {store}, namespace {config.namespace})")
         for role, path in credential_files.items():
             print(f"credentials for {role}: {path}")
+        for domain, path in leaf_files.items():
+            print(f"leaf credentials for site {domain}: {path}")
         print("Ctrl-C to stop", flush=True)
         while not stop.wait(0.5):
             if not server.running:
@@ -73,6 +86,71 @@ def _up(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _site_settings(
+    args: argparse.Namespace, config: DataPlaneConfig, credentials_dir: Path
+) -> tuple[dict[str, str], dict[str, str], dict[str, Path]]:
+    """The server's JetStream domain and leaf node settings for its site, and the leaf
+    credential files written for the rollout sites (trainer site with ``--secure``)."""
+    from dockyard.broker.security import (
+        DATA_ACCOUNT,
+        generate_leaf_credentials,
+        read_leaf_credentials,
+    )
+    from dockyard.broker.sites import hub_leafnodes, leaf_remote
+
+    site = config.site
+    if args.leafnodes and args.hub:
+        raise CliError(
+            "a site either accepts leaf nodes (--leafnodes) or joins a hub (--hub)",
+            EXIT_INVALID_CONFIG,
+        )
+    if args.leaf_credentials and not (args.hub and args.secure):
+        raise CliError("--leaf-credentials goes with --hub and --secure", EXIT_INVALID_CONFIG)
+    if (args.leafnodes or args.hub) and site.domain is None:
+        raise CliError(
+            "--leafnodes/--hub: set data_plane.site.domain (this server's domain)",
+            EXIT_INVALID_CONFIG,
+        )
+    if args.leafnodes and not site.rollout_domains:
+        raise CliError(
+            "--leafnodes: data_plane.site.rollout_domains names no rollout site",
+            EXIT_INVALID_CONFIG,
+        )
+    if args.hub and site.trainer_domain is None:
+        raise CliError(
+            "--hub: data_plane.site.trainer_domain names no trainer site", EXIT_INVALID_CONFIG
+        )
+    jetstream_extra = {"domain": site.domain} if site.domain else {}
+    extra = {"server_name": f"site_{site.domain}"} if site.domain else {}
+    # The leaf connection joins the account holding the streams at both ends (the data account
+    # with --secure, the global one without), whose JetStream API the sources/mirrors call.
+    account = DATA_ACCOUNT if args.secure else None
+    leaf_files: dict[str, Path] = {}
+    if args.leafnodes:
+        leaves = (
+            generate_leaf_credentials(site.rollout_domains, credentials_dir) if args.secure else {}
+        )
+        extra["leafnodes"] = hub_leafnodes(args.leafnodes, [c for c, _ in leaves.values()], account)
+        leaf_files = {domain: path for domain, (_, path) in leaves.items()}
+    if args.hub:
+        if args.secure and not args.leaf_credentials:
+            raise CliError(
+                "--hub with --secure needs --leaf-credentials FILE (the trainer site's "
+                "`broker up --secure --leafnodes` writes credentials/leaf-<domain>.yaml)",
+                EXIT_INVALID_CONFIG,
+            )
+        try:
+            credentials = (
+                read_leaf_credentials(Path(args.leaf_credentials))
+                if args.leaf_credentials
+                else None
+            )
+        except ValueError as error:
+            raise CliError(str(error), EXIT_INVALID_CONFIG) from None
+        extra["leafnodes"] = leaf_remote(args.hub, config.namespace, credentials, account)
+    return jetstream_extra, extra, leaf_files
 
 
 def _provision(config: DataPlaneConfig, admin_credentials: Path | None) -> None:
@@ -107,6 +185,21 @@ def register(registrar: CommandRegistrar) -> None:
     up.add_argument("--host", help="listen address (default: data_plane.embedded.host, loopback)")
     up.add_argument(
         "--secure", action="store_true", help="generate per-role users with subject permissions"
+    )
+    up.add_argument(
+        "--leafnodes",
+        metavar="HOST:PORT",
+        help="trainer site of a multi-site plane: accept the rollout sites' leaf connections here",
+    )
+    up.add_argument(
+        "--hub",
+        metavar="URL",
+        help="rollout site: join the trainer site's leaf node listener (nats-leaf://host:port)",
+    )
+    up.add_argument(
+        "--leaf-credentials",
+        metavar="FILE",
+        help="rollout site with --secure: this site's leaf user, as the trainer site wrote it",
     )
     add_plane_arguments(up, url=False)
     up.set_defaults(handler=_up)

@@ -147,8 +147,8 @@ class SiteConfig(Section):
     )
     rollout_domains: list[str] = Field(
         default_factory=list,
-        description="at the trainer's site: the rollout site's domain (one), whose experience, "
-        "chunks and dead letters are sourced here and which sources the prompt queue",
+        description="at the trainer's site: the rollout sites' domains, whose experience, "
+        "chunks and dead letters are sourced here; each prompt group goes to one of them",
     )
 
     def rule_issues(self) -> list[ConfigIssue]:
@@ -167,13 +167,13 @@ class SiteConfig(Section):
         named = [self.trainer_domain, *self.rollout_domains]
         if self.domain is not None and self.domain in named:
             issues.append(ConfigIssue("domain", f"{self.domain!r} cannot replicate from itself"))
-        if len(self.rollout_domains) > 1:
+        repeated = sorted({d for d in self.rollout_domains if self.rollout_domains.count(d) > 1})
+        if repeated:
             issues.append(
                 ConfigIssue(
                     "rollout_domains",
-                    "one rollout site per trainer site: the prompt queue feeds one site (a work "
-                    "queue admits one consumer per subject); per-site prompt queues are not "
-                    "implemented",
+                    f"{', '.join(map(repr, repeated))} named twice: each rollout site has one "
+                    "feed of prompts and its experience is sourced once",
                 )
             )
         issues.extend(

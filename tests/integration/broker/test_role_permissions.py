@@ -206,7 +206,9 @@ def forbidden(names: PlaneNames, role: str) -> dict[str, list[str]]:
             names.leases_stream.name,
             names.prompts_stream.name,
         ],
-        "trainer": [names.prompts_stream.name, names.dead_letters_stream.name],
+        # The trainer reads dead letters (it drops the groups they name, loop.py), which hold
+        # only what it wrote itself (prompts) or reads anyway (rollouts, scored rollouts).
+        "trainer": [names.prompts_stream.name],
     }[role]
     return {
         "purge": [s for s in streams if s not in prunes],

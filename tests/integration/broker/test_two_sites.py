@@ -63,18 +63,29 @@ def start_site_a(
     )
 
 
+def start_rollout_site(
+    factory: Callable[..., EmbeddedNatsServer],
+    store: Path,
+    link_port: int,
+    namespace: str,
+    domain: str,
+) -> EmbeddedNatsServer:
+    """A rollout site's server: JetStream domain ``domain``, a leaf of A through the link."""
+    return factory(
+        store_dir=store / f"site-{domain}",
+        jetstream_extra={"domain": domain},
+        extra={
+            "server_name": f"site_{domain}",
+            "leafnodes": leaf_remote(f"nats://127.0.0.1:{link_port}", namespace),
+        },
+    )
+
+
 def start_site_b(
     factory: Callable[..., EmbeddedNatsServer], store: Path, link_port: int, namespace: str
 ) -> EmbeddedNatsServer:
     """The rollout site's server: JetStream domain ``b``, a leaf of A through the link."""
-    return factory(
-        store_dir=store / "site-b",
-        jetstream_extra={"domain": "b"},
-        extra={
-            "server_name": "site_b",
-            "leafnodes": leaf_remote(f"nats://127.0.0.1:{link_port}", namespace),
-        },
-    )
+    return start_rollout_site(factory, store, link_port, namespace, "b")
 
 
 @dataclass

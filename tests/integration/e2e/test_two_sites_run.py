@@ -59,6 +59,17 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+def run_config(small_run: list[str], steps: int, namespace: str) -> list[str]:
+    """The quickstart, small, for ``steps`` steps in ``namespace`` (every role's arguments)."""
+    return [
+        "--config",
+        str(QUICKSTART),
+        *small_run,
+        f"grpo.max_num_steps={steps}",
+        f"data_plane.namespace={namespace}",
+    ]
+
+
 def test_a_run_across_two_sites_rides_out_a_partition(
     tmp_path, small_run, nats_server_factory
 ) -> None:
@@ -71,13 +82,7 @@ def test_a_run_across_two_sites_rides_out_a_partition(
     run_dir, status_dir, logs = tmp_path / "run", tmp_path / "run" / "status", tmp_path / "logs"
     logs = Path(os.environ.get("DOCKYARD_TEST_ROLE_LOGS", logs))  # kept for a failed run
     logs.mkdir(parents=True, exist_ok=True)
-    config = [
-        "--config",
-        str(QUICKSTART),
-        *small_run,
-        f"grpo.max_num_steps={STEPS}",
-        f"data_plane.namespace={namespace}",
-    ]
+    config = run_config(small_run, STEPS, namespace)
     status = ["--status-dir", str(status_dir)]
     site_a = [*config, f"data_plane.url={hub.url}", "data_plane.site.domain=a"]
     site_b = [
