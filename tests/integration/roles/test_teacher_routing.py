@@ -121,6 +121,16 @@ def rollouts_from_a_file_dataset(tmp_path: Path) -> dict[str, Rollout]:
     return rollouts
 
 
+async def published(
+    plane: JetStreamPlane, sent: dict[str, Rollout], config: MasterConfig
+) -> tuple[MessagePlane, EnvironmentContext]:
+    """The rollouts on the plane, and the scorer's view of ``config``."""
+    messages = MessagePlane(plane, stage="scorer")
+    for message in sent.values():
+        await messages.publish(message)
+    return messages, EnvironmentContext(env=config.env, distillation=config.on_policy_distillation)
+
+
 @pytest.mark.parametrize("teachers", ["in_process", "served"])
 async def test_each_agent_is_scored_by_its_teacher_and_an_unmapped_agent_is_dead_lettered(
     data_plane_config, teacher_dirs, tmp_path, teachers, request
@@ -129,10 +139,7 @@ async def test_each_agent_is_scored_by_its_teacher_and_an_unmapped_agent_is_dead
     config = opd_config(teacher_dirs, urls)
     sent = rollouts_from_a_file_dataset(tmp_path)
     async with JetStreamPlane(data_plane_config) as plane:
-        messages = MessagePlane(plane, stage="scorer")
-        for message in sent.values():
-            await messages.publish(message)
-        context = EnvironmentContext(env=config.env, distillation=config.on_policy_distillation)
+        messages, context = await published(plane, sent, config)
         async with running_scorer(messages, context):
             await wait_for(lambda: _count(plane, plane.names.scored, 2), timeout_s=120)
             await wait_for(lambda: _count(plane, plane.names.dead_letters, 1), timeout_s=60)
@@ -207,10 +214,7 @@ async def test_a_teacher_server_that_is_down_fails_scoring_retried_then_dead_let
     config = opd_config(teacher_dirs, {alias: down for alias in teacher_dirs})
     sent = rollouts_from_a_file_dataset(tmp_path)
     async with JetStreamPlane(data_plane_config) as plane:
-        messages = MessagePlane(plane, stage="scorer")
-        for message in sent.values():
-            await messages.publish(message)
-        context = EnvironmentContext(env=config.env, distillation=config.on_policy_distillation)
+        messages, context = await published(plane, sent, config)
         async with running_scorer(messages, context) as scorer:
             await wait_for(lambda: _count(plane, plane.names.dead_letters, 3), timeout_s=120)
         letters = [
