@@ -1,4 +1,6 @@
-"""``dockyard model init-tiny --out DIR [--arch qwen2|llama] [--corpus FILE ...]``."""
+"""``dockyard model init-tiny --out DIR [--arch qwen2|llama] [--corpus FILE ...]`` and
+``dockyard model serve --model PATH``: a model's log-probs over the OpenAI completions API (a
+teacher server of on-policy distillation; :mod:`dockyard.engines.completions_server`)."""
 
 from __future__ import annotations
 
@@ -58,6 +60,32 @@ def _init_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from dockyard.engines.completions_server import ServedModel, serve
+    from dockyard.models import load_policy
+
+    if args.batch_size < 1:
+        raise CliError(f"--batch-size must be at least 1, not {args.batch_size}")
+    try:
+        model, tokenizer = load_policy(args.model, args.precision)
+    except (OSError, ValueError) as error:
+        raise CliError(f"cannot load {args.model}: {error}") from None
+    served = ServedModel(
+        name=args.served_model_name or args.model,
+        model=model.to(args.device).eval(),
+        tokenizer=tokenizer,
+        batch_size=args.batch_size,
+        device=args.device,
+    )
+
+    def ready(url: str) -> None:
+        # The one line on stdout: whoever started the server reads its URL from it.
+        print(url, flush=True)
+
+    serve(served, host=args.host, port=args.port, on_ready=ready)
+    return 0
+
+
 def register(registrar: CommandRegistrar) -> None:
     parser = registrar.add("model", help="Build or inspect policy models")
     commands = add_subcommands(parser, dest="model_command")
@@ -85,3 +113,18 @@ def register(registrar: CommandRegistrar) -> None:
     )
     init.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     init.set_defaults(handler=_init_tiny)
+    serve = commands.add(
+        "serve",
+        help="Serve a model's log-probs over the OpenAI completions API (prompt_logprobs): an "
+        "on-policy distillation teacher; prints its URL on stdout once listening",
+    )
+    serve.add_argument("--model", required=True, help="an HF directory or tiny://NAME")
+    serve.add_argument(
+        "--served-model-name", default=None, help="the name requests use (default: --model)"
+    )
+    serve.add_argument("--precision", default="float32", help="float32, bfloat16 or float16")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=0, help="0: any free port (see the URL)")
+    serve.add_argument("--batch-size", type=int, default=8, help="sequences per forward")
+    serve.add_argument("--device", default="cpu")
+    serve.set_defaults(handler=_serve)

@@ -5,9 +5,15 @@ sample's agent name, else the group's), falling back to ``default_teacher_alias`
 ``strict_agent_name_match`` is set, in which case an unknown agent is invalid input (dead-letter).
 Teachers share the student's tokenizer (an OPD requirement), so token ids are used as they come.
 
+A teacher with a ``base_url`` is an engine server (``dockyard model serve`` or vLLM's OpenAI
+server): the scorer sends it prompt + response and reads back ``prompt_logprobs``. A server that
+is down or answers wrongly raises, so the scorer retries the rollout and dead-letters it after
+its last delivery (``environment_error``, the URL in the message): nothing is dropped. A teacher
+without one is loaded into the scorer's process, lazily, once per alias, its forwards in a
+worker thread.
+
 The reward is 0: under the ``opd`` advantage estimator the trainer builds the advantage from
-``teacher_logprobs`` and the behaviour log-probs. Models load lazily, once per alias, and the
-forward passes run in a worker thread.
+``teacher_logprobs`` and the behaviour log-probs.
 """
 
 from __future__ import annotations
@@ -15,25 +21,27 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
-from dockyard.config.sections.distillation import OnPolicyDistillationConfig
+from dockyard.config.sections.distillation import OnPolicyDistillationConfig, TeacherModelConfig
 from dockyard.config.sections.env import TeacherEnvConfig
+from dockyard.engines.prompt_logprobs_client import PromptLogprobsClient
+from dockyard.engines.token_logprobs import continuation_logprobs
 from dockyard.environments.base import (
     Environment,
     EnvironmentContext,
     GroupScore,
     InvalidScoringInput,
+    SampleInput,
     SampleScore,
     ScoringGroup,
 )
 from dockyard.environments.registry import register_environment
 
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedModel
 
 
@@ -50,59 +58,6 @@ def select_teacher_alias(agent_name: str | None, distillation: OnPolicyDistillat
     return distillation.default_teacher_alias
 
 
-def teacher_logprobs(
-    model: PreTrainedModel,
-    prompt_ids: np.ndarray,
-    responses: Sequence[np.ndarray],
-    *,
-    batch_size: int,
-    device: str = "cpu",
-) -> list[np.ndarray]:
-    """``log p_teacher(response[t] | prompt, response[:t])`` for every response token.
-
-    Sequences are right-padded into batches (causal attention: padding after a sequence cannot
-    change its logits), and only the response positions go through ``log_softmax``.
-    """
-    import torch
-
-    prompt = torch.as_tensor(np.asarray(prompt_ids, dtype=np.int64))
-    results: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(responses)
-    order = sorted(range(len(responses)), key=lambda i: len(responses[i]))
-    with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            indices = [i for i in order[start : start + batch_size] if len(responses[i])]
-            if not indices:
-                continue
-            sequences = [
-                torch.cat([prompt, torch.as_tensor(np.asarray(responses[i], dtype=np.int64))])
-                for i in indices
-            ]
-            longest = max(len(sequence) for sequence in sequences)
-            input_ids = torch.zeros((len(sequences), longest), dtype=torch.long)
-            attention = torch.zeros((len(sequences), longest), dtype=torch.long)
-            for row, sequence in enumerate(sequences):
-                input_ids[row, : len(sequence)] = sequence
-                attention[row, : len(sequence)] = 1
-            logits = model(
-                input_ids=input_ids.to(device), attention_mask=attention.to(device)
-            ).logits
-            for row, index in enumerate(indices):
-                results[index] = _response_logprobs(logits[row], sequences[row], len(prompt))
-    return results
-
-
-def _response_logprobs(
-    logits: torch.Tensor, sequence: torch.Tensor, prompt_length: int
-) -> np.ndarray:
-    import torch
-
-    # The token at position p is predicted by the logits at p - 1.
-    positions = torch.arange(prompt_length - 1, len(sequence) - 1)
-    targets = sequence[prompt_length:].to(logits.device)
-    selected = torch.log_softmax(logits[positions].float(), dim=-1)
-    return selected.gather(-1, targets.unsqueeze(-1)).squeeze(-1).cpu().numpy().astype(np.float32)
-
-
 _PRECISION_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -112,10 +67,12 @@ def load_teacher(model_name: str, precision: str, device: str) -> PreTrainedMode
     from dockyard.models import load_policy
 
     model, _ = load_policy(model_name, _PRECISION_ALIASES.get(precision, precision))
-    # Module.to and .eval move and switch the model in place and return it.
-    model.to(device)  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
-    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval() unannotated
-    return model
+    # nn.Module.to, not transformers' wrapper (whose annotation mypy misreads); eval as loaded.
+    return torch.nn.Module.to(model, device)
+
+
+# The precision a teacher loaded in-process gets when its config leaves it unset.
+DEFAULT_TEACHER_PRECISION = "bfloat16"
 
 
 @register_environment
@@ -129,6 +86,7 @@ class TeacherEnvironment(Environment):
         super().__init__(settings)
         self.distillation = distillation
         self._models: dict[str, PreTrainedModel] = {}
+        self._servers: dict[str, PromptLogprobsClient] = {}
         self._load_lock = threading.Lock()
         # One forward at a time: torch already uses every core for one batch.
         self._forward_lock = threading.Lock()
@@ -137,16 +95,32 @@ class TeacherEnvironment(Environment):
     def from_context(cls, context: EnvironmentContext) -> TeacherEnvironment:
         return cls(context.env.teacher, context.distillation)
 
+    def teacher(self, alias: str) -> TeacherModelConfig:
+        teacher = self.distillation.teachers.get(alias)
+        if teacher is None:
+            raise InvalidScoringInput("unknown_teacher", f"no teacher named {alias!r}")
+        return teacher
+
     def model(self, alias: str) -> PreTrainedModel:
         with self._load_lock:
             if alias not in self._models:
-                teacher = self.distillation.teachers.get(alias)
-                if teacher is None:
-                    raise InvalidScoringInput("unknown_teacher", f"no teacher named {alias!r}")
+                teacher = self.teacher(alias)
                 self._models[alias] = load_teacher(
-                    teacher.model_name, teacher.precision, self.settings.device
+                    teacher.model_name,
+                    teacher.precision or DEFAULT_TEACHER_PRECISION,
+                    self.settings.device,
                 )
             return self._models[alias]
+
+    def server(self, alias: str, base_url: str) -> PromptLogprobsClient:
+        if alias not in self._servers:
+            self._servers[alias] = PromptLogprobsClient(
+                base_url,
+                self.teacher(alias).model_name,
+                timeout_s=self.settings.task_timeout,
+                batch_size=self.settings.batch_size,
+            )
+        return self._servers[alias]
 
     async def score(self, group: ScoringGroup) -> GroupScore:
         if group.prompt_token_ids is None:
@@ -156,26 +130,10 @@ class TeacherEnvironment(Environment):
             if sample.response_token_ids is None:
                 raise InvalidScoringInput("missing_tokens", f"sample {index} has no token ids")
             by_alias[select_teacher_alias(group.agent_of(index), self.distillation)].append(index)
-        return await asyncio.to_thread(self._score_sync, group, dict(by_alias))
-
-    def _score_sync(self, group: ScoringGroup, by_alias: dict[str, list[int]]) -> GroupScore:
         scores: list[SampleScore | None] = [None] * len(group.samples)
         for alias, indices in by_alias.items():
-            model = self.model(alias)
-            # score() refused a group without prompt ids or a sample without token ids.
-            responses = [
-                ids for i in indices if (ids := group.samples[i].response_token_ids) is not None
-            ]
-            prompt_ids = group.prompt_token_ids
-            assert prompt_ids is not None and len(responses) == len(indices)
-            with self._forward_lock:
-                logprobs = teacher_logprobs(
-                    model,
-                    prompt_ids,
-                    responses,
-                    batch_size=self.settings.batch_size,
-                    device=self.settings.device,
-                )
+            responses = [_response_ids(group.samples[i]) for i in indices]
+            logprobs = await self._logprobs(alias, group.prompt_token_ids, responses)
             for index, values in zip(indices, logprobs, strict=True):
                 mean = float(values.mean()) if len(values) else 0.0
                 scores[index] = SampleScore(
@@ -185,3 +143,34 @@ class TeacherEnvironment(Environment):
                     teacher_logprobs=values,
                 )
         return GroupScore(group_id=group.group_id, samples=[s for s in scores if s is not None])
+
+    async def _logprobs(
+        self, alias: str, prompt: np.ndarray, responses: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        base_url = self.teacher(alias).base_url
+        if base_url is not None:
+            return await self.server(alias, base_url).continuation_logprobs(prompt, responses)
+        return await asyncio.to_thread(self._logprobs_in_process, alias, prompt, responses)
+
+    def _logprobs_in_process(
+        self, alias: str, prompt: np.ndarray, responses: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        model = self.model(alias)
+        with self._forward_lock:
+            return continuation_logprobs(
+                model,
+                prompt,
+                responses,
+                batch_size=self.settings.batch_size,
+                device=self.settings.device,
+            )
+
+    async def aclose(self) -> None:
+        for client in self._servers.values():
+            await client.aclose()
+        self._servers.clear()
+
+
+def _response_ids(sample: SampleInput) -> np.ndarray:
+    assert sample.response_token_ids is not None  # checked in score()
+    return sample.response_token_ids

@@ -9,8 +9,37 @@ from dockyard.config.errors import ConfigIssue
 
 
 class TeacherModelConfig(Section):
-    model_name: str
-    precision: str = "bfloat16"
+    model_name: str = Field(
+        description="the teacher's model (HF directory, name or tiny://); with base_url, the "
+        "model name the server is asked for (it refuses a name it does not serve)"
+    )
+    precision: str | None = Field(
+        None,
+        description="the precision the scorer loads the teacher in (None: bfloat16); only "
+        "without base_url, where the server's own precision applies",
+    )
+    base_url: str | None = Field(
+        None,
+        description="the teacher's engine server (OpenAI-compatible /v1/completions answering "
+        "prompt_logprobs: dockyard model serve, or vLLM's server); None: the scorer loads the "
+        "teacher in its own process",
+    )
+
+    def rule_issues(self) -> list[ConfigIssue]:
+        if self.base_url is None:
+            return []
+        if not self.base_url.startswith(("http://", "https://")):
+            return [ConfigIssue("base_url", f"{self.base_url!r} is not an http(s) URL")]
+        if self.precision is not None:
+            # The server loaded the model: a precision here would be silently ignored.
+            return [
+                ConfigIssue(
+                    "precision",
+                    "a served teacher runs in its server's precision (dockyard model serve "
+                    "--precision, or the recipe's teacher_servers); remove it or base_url",
+                )
+            ]
+        return []
 
 
 class OnPolicyDistillationConfig(Section):

@@ -158,6 +158,32 @@ def vllm_server(policies):
             process.kill()
 
 
+async def test_a_vllm_server_gives_teacher_logprobs_of_the_sampled_tokens(vllm_server, policies):
+    # OPD's teacher served by vLLM (issue #27): the teacher scorer's client reads
+    # prompt_logprobs of prompt + response; they are the plain model's log-probs (before the
+    # refit in the next test).
+    from dockyard.engines.prompt_logprobs_client import PromptLogprobsClient
+
+    tokenizer = policies["tokenizer"]
+    prompt = tokenizer("The quick brown fox")["input_ids"]
+    responses = [
+        tokenizer(" jumps over")["input_ids"],
+        tokenizer(" hello world again")["input_ids"],
+    ]
+    client = PromptLogprobsClient(
+        vllm_server, str(policies["root"] / "v0"), timeout_s=120, batch_size=2
+    )
+    try:
+        got = await client.continuation_logprobs(
+            np.asarray(prompt), [np.asarray(r) for r in responses]
+        )
+    finally:
+        await client.aclose()
+    for response, values in zip(responses, got, strict=True):
+        expected = reference_logprobs(policies["v0"], list(prompt), list(response))
+        np.testing.assert_allclose(values, expected, atol=ATOL)
+
+
 async def test_remote_server_generation_and_refit(vllm_server, policies):
     engine = VllmServerEngine(
         [vllm_server], request_timeout_s=120, staging_dir=policies["root"] / "stage-remote"

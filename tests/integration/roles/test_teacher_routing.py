@@ -1,13 +1,18 @@
 """Multi-teacher on-policy distillation over a real nats-server (issue #27): prompts read from a
 file dataset whose records name their agents (``fields.agent``), the scorer pool routes each
-rollout to the teacher its agent name selects (two real tiny Qwen2 teachers loaded
-from disk), dead-letters a rollout whose agent has no teacher with that reason, and the OPD
-advantage the trainer builds from the scored rollouts on the wire equals
-``log π_teacher − log π_student`` computed by hand from direct forwards of the two models."""
+rollout to the teacher its agent name selects (two real tiny Qwen2 teachers, loaded from disk
+into the scorer or served each by its own ``dockyard model serve`` process), dead-letters a
+rollout whose agent has no teacher with that reason, and the OPD advantage the trainer builds
+from the scored rollouts on the wire equals ``log π_teacher − log π_student`` computed by hand
+from direct forwards of the two models. A teacher server that is down fails the scoring: the
+rollout is retried, then dead-lettered with the reason, and none is lost."""
 
 from __future__ import annotations
 
 import json
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +28,7 @@ from dockyard.consumers.trainer.batch import build_batch
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.data.catalog import build_dataset
 from dockyard.environments.base import EnvironmentContext
+from dockyard.fleet.teacher_servers import teacher_server
 from dockyard.models.tiny import build_arithmetic_policy, save_policy
 from dockyard.producers.prompts import make_prompt_group
 from dockyard.schemas import DeadLetter, Rollout, ScoredRollout, decode
@@ -43,13 +49,28 @@ def teacher_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return dirs
 
 
-def opd_config(teacher_dirs: dict[str, Path]) -> MasterConfig:
+@pytest.fixture(scope="module")
+def teacher_urls(teacher_dirs: dict[str, Path]) -> Iterator[dict[str, str]]:
+    """Each teacher served by its own ``dockyard model serve`` process."""
+    with ExitStack() as stack:
+        yield {
+            alias: stack.enter_context(
+                teacher_server(path, "float32", path.parent / f"{alias}.log")
+            ).url
+            for alias, path in teacher_dirs.items()
+        }
+
+
+def opd_config(teacher_dirs: dict[str, Path], urls: dict[str, str] | None = None) -> MasterConfig:
+    """Teachers loaded in the scorer, or with ``urls`` asked over HTTP."""
     overrides = ["grpo.adv_estimator.name=opd", "on_policy_distillation.enabled=true"]
     for alias, path in teacher_dirs.items():
-        overrides += [
-            f"on_policy_distillation.teachers.{alias}.model_name={path}",
-            f"on_policy_distillation.teachers.{alias}.precision=float32",
-        ]
+        overrides.append(f"on_policy_distillation.teachers.{alias}.model_name={path}")
+        overrides.append(
+            f"on_policy_distillation.teachers.{alias}.precision=float32"
+            if urls is None
+            else f"on_policy_distillation.teachers.{alias}.base_url={urls[alias]}"
+        )
     overrides += [
         f"on_policy_distillation.teacher_model_by_agent_name.{agent}={alias}"
         for agent, alias in AGENTS.items()
@@ -100,16 +121,25 @@ def rollouts_from_a_file_dataset(tmp_path: Path) -> dict[str, Rollout]:
     return rollouts
 
 
+async def published(
+    plane: JetStreamPlane, sent: dict[str, Rollout], config: MasterConfig
+) -> tuple[MessagePlane, EnvironmentContext]:
+    """The rollouts on the plane, and the scorer's view of ``config``."""
+    messages = MessagePlane(plane, stage="scorer")
+    for message in sent.values():
+        await messages.publish(message)
+    return messages, EnvironmentContext(env=config.env, distillation=config.on_policy_distillation)
+
+
+@pytest.mark.parametrize("teachers", ["in_process", "served"])
 async def test_each_agent_is_scored_by_its_teacher_and_an_unmapped_agent_is_dead_lettered(
-    data_plane_config, teacher_dirs, tmp_path
+    data_plane_config, teacher_dirs, tmp_path, teachers, request
 ):
-    config = opd_config(teacher_dirs)
+    urls = request.getfixturevalue("teacher_urls") if teachers == "served" else None
+    config = opd_config(teacher_dirs, urls)
     sent = rollouts_from_a_file_dataset(tmp_path)
     async with JetStreamPlane(data_plane_config) as plane:
-        messages = MessagePlane(plane, stage="scorer")
-        for message in sent.values():
-            await messages.publish(message)
-        context = EnvironmentContext(env=config.env, distillation=config.on_policy_distillation)
+        messages, context = await published(plane, sent, config)
         async with running_scorer(messages, context):
             await wait_for(lambda: _count(plane, plane.names.scored, 2), timeout_s=120)
             await wait_for(lambda: _count(plane, plane.names.dead_letters, 1), timeout_s=60)
@@ -168,3 +198,40 @@ async def test_each_agent_is_scored_by_its_teacher_and_an_unmapped_agent_is_dead
             assert not outside.any()
             assert np.abs(by_hand).max() > 1e-3  # a zero advantage would prove nothing
             row += 1
+
+
+def closed_port_url() -> str:
+    # A port the system just handed out and nobody listens on: connections are refused.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def test_a_teacher_server_that_is_down_fails_scoring_retried_then_dead_lettered(
+    data_plane_config, teacher_dirs, tmp_path
+):
+    down = closed_port_url()
+    config = opd_config(teacher_dirs, {alias: down for alias in teacher_dirs})
+    sent = rollouts_from_a_file_dataset(tmp_path)
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages, context = await published(plane, sent, config)
+        async with running_scorer(messages, context) as scorer:
+            await wait_for(lambda: _count(plane, plane.names.dead_letters, 3), timeout_s=120)
+        letters = [
+            decode(m.headers, m.data, expected=DeadLetter)
+            for m in await stored(plane, plane.names.dead_letters)
+        ]
+        lag = await plane.consumer_lag(plane.names.rollout_consumer)
+        scored = await stored(plane, plane.names.scored)
+
+    assert scored == []
+    assert lag.backlog == 0  # every rollout settled: scored, retried or dead-lettered
+    by_reason = sorted((letter.reason, down in letter.message) for letter in letters)
+    # The two routed rollouts failed on the server (named in the message) on every delivery;
+    # the stranger has no teacher whatever the servers do.
+    assert by_reason == [
+        ("environment_error", True),
+        ("environment_error", True),
+        ("no_teacher", False),
+    ]
+    assert scorer.stats.by_env["teacher"].failures == 2 * scorer.max_deliver

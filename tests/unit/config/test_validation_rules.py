@@ -70,6 +70,20 @@ INVALID_CASES: list[tuple[str, list[str], str]] = [
         "on_policy_distillation.teacher_model_by_agent_name.a",
     ),
     (
+        "served teacher with a precision it cannot apply",
+        [
+            *OPD_OK,
+            "+on_policy_distillation.teachers.math_expert.base_url=http://127.0.0.1:8000",
+            "+on_policy_distillation.teachers.math_expert.precision=float32",
+        ],
+        "on_policy_distillation.teachers.math_expert.precision",
+    ),
+    (
+        "served teacher without an http URL",
+        [*OPD_OK, "+on_policy_distillation.teachers.math_expert.base_url=127.0.0.1:8000"],
+        "on_policy_distillation.teachers.math_expert.base_url",
+    ),
+    (
         "skip prev with IS",
         [
             "policy.skip_prev_logprobs=true",
@@ -265,6 +279,10 @@ VALID_CASES: list[tuple[str, list[str]]] = [
     ("minimal", []),
     ("async with IS", ASYNC_OK),
     ("opd", OPD_OK),
+    (
+        "opd with a served teacher",
+        [*OPD_OK, "+on_policy_distillation.teachers.math_expert.base_url=http://10.0.0.2:8000"],
+    ),
     (
         "sync with dynamic sampling, scaling and shaping",
         [
