@@ -142,7 +142,7 @@ def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) ->
 def _apply(
     tokenizer: object, messages: list[dict[str, str]], template: str, tools: ToolSchemas
 ) -> str:
-    text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+    text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]  # a transformers tokenizer, typed object here
         messages,
         tools=[dict(tool) for tool in tools] or None,
         chat_template=template,

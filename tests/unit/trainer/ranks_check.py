@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dockyard.config.loader import load_config
 from dockyard.config.sections.grpo import WorkerTrustConfig
 from dockyard.consumers.trainer.batch import TrainingBatch, build_batch
 from dockyard.consumers.trainer.policy_trainer import token_logprobs
@@ -18,7 +19,7 @@ from dockyard.consumers.trainer.ranks import TrainerRanks
 from dockyard.consumers.trainer.trainer_checkpoint import TrainerState, write_checkpoint
 from dockyard.consumers.trainer.worker_trust import WorkerTrust, agreements_of
 from dockyard.schemas import ScoredRollout
-from tests.unit.trainer.test_packing import PAD, tiny_model, varied_groups
+from tests.unit.trainer.test_packing import BASE, PAD, tiny_model, varied_groups
 
 if TYPE_CHECKING:
     from dockyard.models.lora import PeftCheckpoint
@@ -100,8 +101,11 @@ def screened_batch() -> tuple[list[ScoredRollout], TrainingBatch, list[str]]:
 
 
 def logprobs_of(model: torch.nn.Module, batch: TrainingBatch) -> torch.Tensor:
+    """What a worker with ``model`` reports: log-probs at the sampling temperature the
+    trainers' config (the quickstart's) names, as the trainer's own pass computes them."""
+    temperature = load_config("configs/quickstart.yaml", BASE).policy.generation.temperature
     with torch.no_grad():
-        return token_logprobs(model, batch)
+        return token_logprobs(model, batch, temperature)
 
 
 def screen(ranks: TrainerRanks) -> dict[str, object]:

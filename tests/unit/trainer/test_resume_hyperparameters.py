@@ -14,7 +14,10 @@ from tests.unit.trainer.test_packing import BASE, tiny_model
 
 
 def trainer(*overrides: str) -> PolicyTrainer:
-    config = load_config("configs/quickstart.yaml", [*BASE, *overrides])
+    # A constant schedule unless a test says otherwise (the quickstart warms up).
+    config = load_config(
+        "configs/quickstart.yaml", [*BASE, "policy.scheduler.warmup_steps=0", *overrides]
+    )
     torch.manual_seed(0)
     return PolicyTrainer(tiny_model("qwen2"), config, torch.device("cpu"))
 
