@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings, find_nats_server
+from dockyard.broker.sites import hub_leafnodes, leaf_remote
 from tests.wan_proxy import LinkCounters
 
 #: A pool of private /29s (one per instance: two /30 access subnets) in the root namespace.
@@ -42,6 +44,8 @@ _BLOCKS = _ACCESS_POOL.num_addresses // 8
 #: The WAN subnet lives inside the namespaces only, so every instance may use the same one.
 WAN_A = "10.247.0.1"
 WAN_B = "10.247.0.2"
+#: Site A's leaf-node port, on its WAN address inside namespace A (nothing else listens there).
+LEAF_PORT = 7422
 _instances = count()
 
 
@@ -85,6 +89,7 @@ class NetnsSites:
     #: the same name that another instance owns).
     created_namespaces: list[str] = field(default_factory=list)
     created_root_devices: list[str] = field(default_factory=list)
+    servers: list[EmbeddedNatsServer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Names must be unique on the machine (other test runs share it); a veth name has at
@@ -134,6 +139,8 @@ class NetnsSites:
 
     def close(self) -> None:
         """Kill what was started in the namespaces, then remove them (their veths go too)."""
+        for server in self.servers:
+            server.kill()
         for process in self.processes:
             if process.poll() is None:
                 process.kill()
@@ -167,6 +174,31 @@ class NetnsSites:
         path.write_text(f'#!/bin/sh\nexec ip netns exec {ns} {binary} "$@"\n')
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
         return path
+
+    def start_site(self, site: str, store_dir: Path, leaf_namespace: str) -> EmbeddedNatsServer:
+        """Site ``a`` (the hub: JetStream domain ``a``, leaf nodes accepted on its WAN address)
+        or ``b`` (domain ``b``, a leaf of A across the WAN veth), a nats-server inside that
+        site's namespace whose client port is on the site's access address; killed by
+        :meth:`close`."""
+        if site == "a":
+            ns, host, leafnodes = self.a, self.a_access, hub_leafnodes(f"{WAN_A}:{LEAF_PORT}")
+        elif site == "b":
+            ns, host = self.b, self.b_access
+            leafnodes = leaf_remote(f"nats://{WAN_A}:{LEAF_PORT}", leaf_namespace)
+        else:
+            raise ValueError(f"site must be 'a' or 'b', not {site!r}")
+        server = EmbeddedNatsServer(
+            EmbeddedServerSettings(
+                store_dir=store_dir,
+                host=host,
+                jetstream_extra={"domain": site},
+                extra={"server_name": f"site_{site}", "leafnodes": leafnodes},
+            ),
+            binary=self.launcher(ns, find_nats_server(), store_dir.parent),
+        )
+        self.servers.append(server)
+        server.start()
+        return server
 
     # -- the WAN link ----------------------------------------------------------------------
     def cut(self) -> None:

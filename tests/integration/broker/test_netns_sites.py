@@ -22,8 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings, find_nats_server
-from dockyard.broker.sites import hub_leafnodes, leaf_remote
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from tests.conftest import fresh_namespace
 from tests.integration.broker.broker_test_utils import eventually
@@ -33,11 +31,10 @@ from tests.integration.broker.test_two_sites import (
     test_experience_stored_at_b_during_a_partition_reaches_a_once,
     test_prompts_published_at_a_reach_the_workers_at_b_once_across_a_partition,
 )
-from tests.netns_link import WAN_A, NetnsSites, require_netns
+from tests.netns_link import NetnsSites, require_netns
 
 #: The WAN's bandwidth each way.
 RATE_MBIT = 50
-LEAF_PORT = 7422  # the hub's leaf port, inside namespace A (nothing else listens there)
 
 __all__ = [  # the claims of test_two_sites.py, collected here to run over the kernel link
     "test_a_weight_version_crosses_the_link_once_for_every_worker_at_b",
@@ -53,18 +50,6 @@ def netns_sites() -> Iterator[NetnsSites]:
         yield link
 
 
-def _server_in(
-    link: NetnsSites, ns: str, host: str, store: Path, **settings: object
-) -> EmbeddedNatsServer:
-    binary = link.launcher(ns, find_nats_server(), store.parent)
-    server = EmbeddedNatsServer(
-        EmbeddedServerSettings(store_dir=store, host=host, **settings),  # type: ignore[arg-type]  # the settings' own field types
-        binary=binary,
-    )
-    server.start()
-    return server
-
-
 @pytest.fixture
 async def sites(
     netns_sites: NetnsSites,
@@ -77,41 +62,15 @@ async def sites(
     for ns, dev in ((link.a, link.wan_a), (link.b, link.wan_b)):
         shown = link.qdisc(ns, dev)
         assert "qdisc tbf" in shown and f"rate {RATE_MBIT}Mbit" in shown, shown
-    servers: list[EmbeddedNatsServer] = []
-    try:
-        servers.append(
-            _server_in(
-                link,
-                link.a,
-                link.a_access,
-                tmp_path / "site-a",
-                jetstream_extra={"domain": "a"},
-                extra={"server_name": "site_a", "leafnodes": hub_leafnodes(f"{WAN_A}:{LEAF_PORT}")},
-            )
-        )
-        servers.append(
-            _server_in(
-                link,
-                link.b,
-                link.b_access,
-                tmp_path / "site-b",
-                jetstream_extra={"domain": "b"},
-                extra={
-                    "server_name": "site_b",
-                    "leafnodes": leaf_remote(f"nats://{WAN_A}:{LEAF_PORT}", namespace),
-                },
-            )
-        )
-        hub = servers[0]
+    hub = link.start_site("a", tmp_path / "site-a", namespace)
+    link.start_site("b", tmp_path / "site-b", namespace)
 
-        async def leaf_connected() -> bool:
-            return "Leafnode connection created" in hub.log_tail
+    async def leaf_connected() -> bool:
+        return "Leafnode connection created" in hub.log_tail
 
-        await eventually(leaf_connected, timeout_s=60, what="B's leaf connection over the veth")
-        yield TwoSites(servers[0], servers[1], link, namespace, data_plane_config_factory)
-    finally:
-        for server in servers:
-            server.kill()
+    await eventually(leaf_connected, timeout_s=60, what="B's leaf connection over the veth")
+    yield TwoSites(hub, link.servers[1], link, namespace, data_plane_config_factory)
+    # The servers die with the namespaces (netns_sites' teardown).
 
 
 def _namespaces() -> set[str]:
