@@ -22,12 +22,14 @@ Everything created here is removed by :meth:`NetnsSites.close` (processes starte
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import os
 import shutil
 import stat
 import subprocess
+import time
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -47,6 +49,15 @@ WAN_B = "10.247.0.2"
 #: Site A's leaf-node port, on its WAN address inside namespace A (nothing else listens there).
 LEAF_PORT = 7422
 _instances = count()
+
+
+async def leaf_connected(hub: EmbeddedNatsServer, timeout_s: float = 60.0) -> None:
+    """Until the hub's log says a leaf connected (the servers have no monitoring port)."""
+    deadline = time.monotonic() + timeout_s
+    while "Leafnode connection created" not in hub.log_tail:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no leaf connected within {timeout_s}s:\n{hub.log_tail}")
+        await asyncio.sleep(0.05)  # polling the log, not a synchronisation point
 
 
 def netns_unavailable() -> str | None:

@@ -24,14 +24,13 @@ import pytest
 
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from tests.conftest import fresh_namespace
-from tests.integration.broker.broker_test_utils import eventually
 from tests.integration.broker.test_two_sites import (
     TwoSites,
     test_a_weight_version_crosses_the_link_once_for_every_worker_at_b,
     test_experience_stored_at_b_during_a_partition_reaches_a_once,
     test_prompts_published_at_a_reach_the_workers_at_b_once_across_a_partition,
 )
-from tests.netns_link import NetnsSites, require_netns
+from tests.netns_link import NetnsSites, leaf_connected, require_netns
 
 #: The WAN's bandwidth each way.
 RATE_MBIT = 50
@@ -64,11 +63,7 @@ async def sites(
         assert "qdisc tbf" in shown and f"rate {RATE_MBIT}Mbit" in shown, shown
     hub = link.start_site("a", tmp_path / "site-a", namespace)
     link.start_site("b", tmp_path / "site-b", namespace)
-
-    async def leaf_connected() -> bool:
-        return "Leafnode connection created" in hub.log_tail
-
-    await eventually(leaf_connected, timeout_s=60, what="B's leaf connection over the veth")
+    await leaf_connected(hub)
     yield TwoSites(hub, link.servers[1], link, namespace, data_plane_config_factory)
     # The servers die with the namespaces (netns_sites' teardown).
 
