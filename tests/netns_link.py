@@ -77,6 +77,12 @@ def require_netns() -> None:
         pytest.skip(reason)
 
 
+@dataclass(frozen=True)
+class Qdisc:
+    kind: str
+    rate_bytes_per_s: int  # tbf's rate (tc reports bytes per second); 0 for other kinds
+
+
 def _ip(*args: str) -> None:
     result = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -219,14 +225,16 @@ class NetnsSites:
     def heal(self) -> None:
         _ip("-n", self.a, "link", "set", self.wan_a, "up")
 
-    def qdisc(self, ns: str, dev: str) -> str:
-        """``tc qdisc show`` of one WAN end (to check the cap is in place)."""
-        return subprocess.run(
-            ["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", dev],
+    def qdisc(self, ns: str, dev: str) -> Qdisc:
+        """The root qdisc of one WAN end (to check the cap is in place)."""
+        shown = subprocess.run(
+            ["ip", "netns", "exec", ns, "tc", "-j", "qdisc", "show", "dev", dev],
             capture_output=True,
             text=True,
             check=True,
         ).stdout
+        root = next(q for q in json.loads(shown) if q.get("root"))
+        return Qdisc(str(root["kind"]), int(root.get("options", {}).get("rate", 0)))
 
     def _tx_bytes(self, ns: str, dev: str) -> int:
         shown = subprocess.run(

@@ -59,8 +59,8 @@ async def sites(
     namespace = fresh_namespace()
     # Both ends of the WAN veth carry the cap (each shapes what it sends).
     for ns, dev in ((link.a, link.wan_a), (link.b, link.wan_b)):
-        shown = link.qdisc(ns, dev)
-        assert "qdisc tbf" in shown and f"rate {RATE_MBIT}Mbit" in shown, shown
+        shaping = link.qdisc(ns, dev)
+        assert (shaping.kind, shaping.rate_bytes_per_s) == ("tbf", RATE_MBIT * 1_000_000 // 8)
     hub = link.start_site("a", tmp_path / "site-a", namespace)
     link.start_site("b", tmp_path / "site-b", namespace)
     await leaf_connected(hub)
