@@ -24,8 +24,13 @@ named: generating a group and the training step are fixed waits (``--gen-s``, ``
 this machine has no accelerator), and workers move a version's bytes without applying them
 (apply times are in the "Weight patches" section).
 
-    python benchmarks/bench_two_sites.py [--mbit 100] [--delay-ms 20] [--workers 3]
-        [--steps 5] [--batch 4] [--gen-s 1.0] [--train-s 2.0] [--group-kib 64] [--write-docs]
+With ``--link netns`` (root) the link is a kernel one instead: site A's server in network
+namespace A, B's in namespace B, a veth between them shaped by ``tc tbf`` at ``--mbit`` on both
+ends (``tests/netns_link.py``; no added latency, this kernel has no netem).
+
+    python benchmarks/bench_two_sites.py [--link proxy|netns] [--mbit 100] [--delay-ms 20]
+        [--workers 3] [--steps 5] [--batch 4] [--gen-s 1.0] [--train-s 2.0] [--group-kib 64]
+        [--write-docs]
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.planning.fleet import FleetSpec, PipelineRules, Prediction, StageCosts
 from dockyard.planning.simulator import simulate
 from dockyard.utils.logging import get_logger
-from tests.wan_proxy import WanLink
+from tests.netns_link import NetnsSites, leaf_connected, netns_unavailable
+from tests.wan_proxy import SiteLink, WanLink
 
 log = get_logger("bench_two_sites")
 
@@ -102,7 +108,11 @@ def weight_blobs(seed: int) -> tuple[bytes, bytes, int]:
 
 
 async def time_to_every_worker(
-    trainer: JetStreamPlane, workers: list[JetStreamPlane], link: WanLink, blob: bytes, version: int
+    trainer: JetStreamPlane,
+    workers: list[JetStreamPlane],
+    link: SiteLink,
+    blob: bytes,
+    version: int,
 ) -> tuple[float, int]:
     store = create_weight_store(trainer, reader_id="trainer")
     before = link.counters.to_downstream
@@ -227,7 +237,7 @@ class _Dispatcher:
 async def pipelined_run(
     trainer: JetStreamPlane,
     planes: list[JetStreamPlane],
-    link: WanLink,
+    link: SiteLink,
     blob: bytes,
     args: argparse.Namespace,
     mode: str,
@@ -303,12 +313,10 @@ async def pipelined_run(
 
 
 @contextlib.asynccontextmanager
-async def two_sites(
-    args: argparse.Namespace,
-) -> AsyncIterator[tuple[JetStreamPlane, list[JetStreamPlane], WanLink]]:
-    """Fresh servers A and B joined by a capped link, the trainer's plane at A and the
-    workers' at B (every measurement starts from empty streams)."""
-    store = Path(tempfile.mkdtemp(prefix="bench-two-sites-"))
+async def proxy_sites(
+    args: argparse.Namespace, store: Path
+) -> AsyncIterator[tuple[str, str, SiteLink]]:
+    """Servers A and B on loopback, B's leaf connection through the userspace proxy."""
     leaf_port = _free_port()
     hub = EmbeddedNatsServer(
         EmbeddedServerSettings(
@@ -338,22 +346,51 @@ async def two_sites(
         )
     )
     leaf.start()
-    planes: list[JetStreamPlane] = []
     try:
         await link.wait_connected()
-        rollout_site = {"domain": "b", "trainer_domain": "a"}
-        workers = [JetStreamPlane(_config(leaf.url, rollout_site)) for _ in range(args.workers)]
-        trainer = JetStreamPlane(_config(hub.url, {"domain": "a", "rollout_domains": ["b"]}))
-        planes = [*workers, trainer]
-        for plane in planes:
-            await plane.start()
-        yield trainer, workers, link
+        yield hub.url, leaf.url, link
     finally:
-        for plane in planes:
-            await plane.close()
         await link.close()
         leaf.kill()
         hub.kill()
+
+
+@contextlib.asynccontextmanager
+async def netns_sites(
+    args: argparse.Namespace, store: Path
+) -> AsyncIterator[tuple[str, str, SiteLink]]:
+    """Server A in network namespace A, B in namespace B, B's leaf connection across a veth
+    shaped by ``tc tbf`` at ``--mbit`` on both ends (``tests/netns_link.py``)."""
+    with NetnsSites(rate_mbit=args.mbit) as link:
+        hub = link.start_site("a", store / "a", "bench")
+        leaf = link.start_site("b", store / "b", "bench")
+        await leaf_connected(hub)
+        yield hub.url, leaf.url, link
+
+
+@contextlib.asynccontextmanager
+async def two_sites(
+    args: argparse.Namespace,
+) -> AsyncIterator[tuple[JetStreamPlane, list[JetStreamPlane], SiteLink]]:
+    """Fresh servers A and B joined by a capped link (``--link``), the trainer's plane at A
+    and the workers' at B (every measurement starts from empty streams)."""
+    store = Path(tempfile.mkdtemp(prefix="bench-two-sites-"))
+    sites = netns_sites if args.link == "netns" else proxy_sites
+    planes: list[JetStreamPlane] = []
+    try:
+        async with sites(args, store) as (hub_url, leaf_url, link):
+            rollout_site = {"domain": "b", "trainer_domain": "a"}
+            workers = [JetStreamPlane(_config(leaf_url, rollout_site)) for _ in range(args.workers)]
+            trainer = JetStreamPlane(_config(hub_url, {"domain": "a", "rollout_domains": ["b"]}))
+            planes = [*workers, trainer]
+            try:
+                for plane in planes:
+                    await plane.start()
+                yield trainer, workers, link
+            finally:
+                for plane in planes:
+                    await plane.close()
+    finally:
         shutil.rmtree(store, ignore_errors=True)  # gigabytes of blobs
 
 
@@ -468,7 +505,19 @@ def simulator_table(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mbit", type=float, default=100.0)
-    parser.add_argument("--delay-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--delay-ms",
+        type=float,
+        default=None,
+        help="one-way latency of the proxy link (default 20); the netns link has none",
+    )
+    parser.add_argument(
+        "--link",
+        choices=("proxy", "netns"),
+        default="proxy",
+        help="proxy: the userspace link of tests/wan_proxy.py (cap paced in the proxy); "
+        "netns: each site in a network namespace, a veth capped by tc tbf (needs root)",
+    )
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=5, help="pipelined steps per mode; 0: none")
@@ -485,6 +534,15 @@ def main() -> int:
     )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
+    if args.link == "netns":
+        reason = netns_unavailable()
+        if reason is not None:
+            parser.error(f"--link netns: {reason}")
+        if args.delay_ms:  # a kernel delay needs netem, which this kernel lacks
+            parser.error("--delay-ms: the netns link has no delay (this kernel has no netem)")
+        args.delay_ms = 0.0
+    elif args.delay_ms is None:
+        args.delay_ms = 20.0
     full, patch, params = weight_blobs(args.seed)
     r, runs = asyncio.run(measure(args, full, patch))
     wire_s = r["full_bytes"] * 8 / (args.mbit * 1e6)
@@ -503,7 +561,33 @@ def main() -> int:
     print("\n".join(pipelined))
     predicted = simulator_table(args, r, runs) if runs else []
     print("\n".join(predicted))
-    if args.write_docs:
+    if args.write_docs and args.link == "netns":
+        replace_section(
+            "two-sites",
+            [
+                f"### Over a kernel link: network namespaces and `tc tbf` ({args.mbit:g} Mbit/s)",
+                "",
+                f"Measured {date.today().isoformat()}, `python benchmarks/bench_two_sites.py "
+                f"--link netns --mbit {args.mbit:g} --workers {args.workers} --steps 0 "
+                "--write-docs` (as root): the same measurement, but site A's nats-server runs "
+                "in network namespace A and site B's in namespace B, and B's leaf connection "
+                f"crosses a veth pair shaped by `tc qdisc ... tbf rate {args.mbit:g}mbit` on "
+                "both ends (`tests/netns_link.py`; the recipe is in docs/operations.md). No "
+                "added latency (no netem here). Bytes across are what the veth sent A → B: IP "
+                "packets, headers included.",
+                "",
+                *lines,
+                "",
+                "Reading: one copy crosses for all the workers here too (the veth's count is "
+                "the blob plus headers and API traffic). With the kernel doing the shaping and "
+                f"no proxy in the path, the full snapshot took {r['full_s'] / wire_s:.2f}× its "
+                f"wire time ({wire_s:.1f} s); the rest is the mirror's writes at B and the "
+                f"reads on this loaded machine. The patch needs {r['patch_s']:.2f} s, "
+                f"{r['full_s'] / r['patch_s']:.0f}× less.",
+            ],
+            subsection="### Over a kernel link: network namespaces and `tc tbf`",
+        )
+    elif args.write_docs:
         replace_section(
             "two-sites",
             [
@@ -527,11 +611,12 @@ def main() -> int:
                 "below by the mirror's start-up and the round trips, not the bandwidth; the "
                 f"full snapshot's by the wire ({wire_s:.1f} s alone; the rest is this loaded "
                 "machine: the userspace link, the mirror's writes, the reads at B). The cap "
-                "is paced in the proxy (this kernel has no netem); `tc tbf` in network "
-                "namespaces was not used.",
+                "is paced in the proxy here; the same measurement across a veth capped by "
+                "`tc tbf` between network namespaces is in the subsection below "
+                "(`--link netns`).",
             ],
         )
-    if args.write_docs and runs:
+    if args.write_docs and runs and args.link == "proxy":
         replace_section(
             "two-sites",
             [

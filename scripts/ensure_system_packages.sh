@@ -6,7 +6,9 @@
 # - openssl: the sandbox service's TLS tests make their certificates with it;
 # - python3-pytest: pytest for the sandbox's interpreter (the system python3, which the sandbox
 #   uid can run), so the SWE service can score pytest repositories;
-# - chromium: the headless browser the dashboard's tests load the page in (charts drawn, content).
+# - chromium: the headless browser the dashboard's tests load the page in (charts drawn, content);
+# - iproute2: ip and tc, for the two-site tests over network namespaces and a tc-tbf-capped veth
+#   (tests/netns_link.py).
 # Installing needs root and apt (Debian/Ubuntu).
 set -euo pipefail
 missing=()
@@ -17,6 +19,7 @@ if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c "import pytest" >/dev/null 2
 fi
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+{ command -v ip && command -v tc; } >/dev/null 2>&1 || missing+=(iproute2)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi

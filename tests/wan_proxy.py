@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 
 @dataclass
@@ -19,6 +21,18 @@ class LinkCounters:
     to_upstream: int = 0  # bytes from the connecting side (a leaf) to the listening side (a hub)
     to_downstream: int = 0
     connections: int = 0
+
+
+class SiteLink(Protocol):
+    """What a two-site test needs of its WAN link: this proxy, or the kernel link of
+    ``tests/netns_link.py`` (network namespaces, a ``tc tbf``-capped veth)."""
+
+    @property
+    def counters(self) -> LinkCounters: ...
+
+    def cut(self) -> None: ...
+
+    def heal(self) -> None: ...
 
 
 @dataclass
@@ -154,9 +168,9 @@ class WanLinkThread:
         self._thread.start()
         self.port = self._call(self.link.start())
 
-    def _call(self, coroutine: object) -> int:
-        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)  # type: ignore[arg-type]
-        return future.result(timeout=30)  # type: ignore[no-any-return]
+    def _call(self, coroutine: Coroutine[Any, Any, int]) -> int:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result(timeout=30)
 
     async def _run(self, action: str) -> int:
         getattr(self.link, action)()

@@ -32,7 +32,7 @@ from dockyard.broker.weight_blobs import create_weight_store
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from tests.conftest import fresh_namespace
 from tests.integration.broker.broker_test_utils import eventually, fetch_until
-from tests.wan_proxy import WanLink
+from tests.wan_proxy import SiteLink, WanLink
 
 MiB = 1024 * 1024
 #: How long the link stays cut. The issue asks for 30 s; the default is shorter because the
@@ -92,7 +92,7 @@ def start_site_b(
 class TwoSites:
     hub: EmbeddedNatsServer
     leaf: EmbeddedNatsServer
-    link: WanLink
+    link: SiteLink
     namespace: str
     make_config: Callable[..., DataPlaneConfig]
 
@@ -243,7 +243,7 @@ async def test_a_weight_version_crosses_the_link_once_for_every_worker_at_b(
 
         async def read(plane: JetStreamPlane, reader: str) -> bytes:
             event = await eventually(plane.current_weight_event, timeout_s=60, what="v1 at B")
-            assert event.data == ref.uri.encode()
+            assert event is not None and event.data == ref.uri.encode()
             return await create_weight_store(plane, reader_id=reader).get_bytes(ref)
 
         got = await asyncio.gather(*(read(w, f"worker-{i}") for i, w in enumerate(workers)))
