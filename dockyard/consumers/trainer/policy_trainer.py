@@ -217,7 +217,6 @@ class PolicyTrainer:
                 f"mesh has {context_ranks} context-parallel rank(s)"
             )
         if self.context_mesh is not None:
-            _check_context_parallel(config)
             enable_context_parallel(self.model, self.context_mesh.get_group())
         tensor_ranks = self.tensor_mesh.size() if self.tensor_mesh is not None else 1
         if dtensor.tensor_parallel_size != tensor_ranks:
@@ -247,8 +246,9 @@ class PolicyTrainer:
             device=str(self.device),
             precision=policy.precision,
             master_weights="float32",
-            data_parallel_ranks=self.data_mesh.size() if self.data_mesh is not None else 1,
+            data_parallel_ranks=self.batch_mesh.size() if self.batch_mesh is not None else 1,
             tensor_parallel_ranks=self.tensor_mesh.size() if self.tensor_mesh is not None else 1,
+            context_parallel_ranks=context_ranks,
             sequence_parallel=dtensor.sequence_parallel and self.tensor_mesh is not None,
             lora_rank=lora.rank if self.peft is not None else None,
             activation_checkpointing=dtensor.activation_checkpointing,
@@ -562,25 +562,6 @@ class PolicyTrainer:
 def whole_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's whole value (a collective over its mesh), a tensor itself; detached."""
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
-
-
-def _check_context_parallel(config: MasterConfig) -> None:
-    """The combinations context parallelism is not written for, refused with their key."""
-    policy = config.policy
-    refused = {
-        "policy.dtensor_cfg.tensor_parallel_size": policy.dtensor_cfg.tensor_parallel_size > 1,
-        "policy.sequence_packing.enabled": policy.sequence_packing.enabled,
-        "policy.dtensor_cfg.lora_cfg.enabled": policy.dtensor_cfg.lora_cfg.enabled,
-        "policy.dtensor_cfg.activation_checkpointing": policy.dtensor_cfg.activation_checkpointing,
-    }
-    for key, on in refused.items():
-        if on:
-            raise ValueError(
-                f"{key} with policy.dtensor_cfg.context_parallel_size > 1: not supported (the "
-                "all-gather-KV attention runs padded micro-batches on untouched, un-recomputed "
-                "decoder layers; tensor parallelism, packing's block-diagonal masks, LoRA and "
-                "activation recomputation are not combined with it here)"
-            )
 
 
 def _larger_than_one(mesh: DeviceMesh) -> DeviceMesh | None:

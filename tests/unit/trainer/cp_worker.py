@@ -3,9 +3,10 @@
     torchrun --nproc_per_node 2 tests/unit/trainer/cp_worker.py OUT_DIR
 
 Both ranks form one context-parallel group (a ``(1, 2)`` ``("dp", "cp")`` mesh), see the whole
-batch and each run the model on half of every sequence's positions. Rank ``r`` writes
-``OUT_DIR/rank<r>.pt``: the loss and prev log-probs of ``PolicyTrainer.gradients``, the whole
-gradients, and the grad norm and whole parameters after one ``step``.
+batch and each run the model on half of every sequence's positions. For each layout
+(:data:`LAYOUTS`) rank ``r`` writes ``OUT_DIR/<layout>_rank<r>.pt``: the loss and prev
+log-probs of ``PolicyTrainer.gradients``, the whole gradients, and the grad norm and whole
+parameters after one ``step``.
 """
 
 from __future__ import annotations
@@ -15,21 +16,21 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.ranks import World, join_ranks, leave_ranks
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
+from tests.unit.trainer.tp_worker import whole
 
 CP2 = ["policy.dtensor_cfg.context_parallel_size=2"]
-
-
-def whole(tensors) -> dict[str, torch.Tensor]:
-    return {
-        name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
-        for name, t in tensors
-    }
+DYNAMIC = [
+    "policy.dynamic_batching.enabled=true",
+    "policy.dynamic_batching.train_mb_tokens=32",
+    "policy.dynamic_batching.logprob_mb_tokens=48",
+    "policy.dynamic_batching.sequence_length_round=4",
+]
+LAYOUTS = {"padded": [], "dynamic": DYNAMIC}
 
 
 def main() -> None:
@@ -37,24 +38,25 @@ def main() -> None:
     mesh = join_ranks(World.from_environment(), context_parallel=2)
     assert mesh is not None and mesh.mesh_dim_names == ("dp", "cp")
     batch = on_policy(varied_batch(), "qwen2")
-    config = load_config("configs/quickstart.yaml", BASE + CP2)
-    model = tiny_model("qwen2")
-    trainer = PolicyTrainer(model, config, torch.device("cpu"), mesh=mesh)
-    result = trainer.gradients(batch)
-    grads = whole((n, p.grad) for n, p in model.named_parameters())
-    outcome = trainer.step(batch)
-    params = whole(model.named_parameters())
-    torch.save(
-        {
-            "loss": result.loss.loss,
-            "prev": result.prev_logprobs,
-            "grads": grads,
-            "grad_norm": outcome.grad_norm,
-            "params": params,
-            "attention": model.config._attn_implementation,
-        },
-        out / f"rank{dist.get_rank()}.pt",
-    )
+    for name, layout in LAYOUTS.items():
+        config = load_config("configs/quickstart.yaml", BASE + layout + CP2)
+        model = tiny_model("qwen2")
+        trainer = PolicyTrainer(model, config, torch.device("cpu"), mesh=mesh)
+        result = trainer.gradients(batch)
+        grads = whole((n, p.grad) for n, p in model.named_parameters())
+        outcome = trainer.step(batch)
+        params = whole(model.named_parameters())
+        torch.save(
+            {
+                "loss": result.loss.loss,
+                "prev": result.prev_logprobs,
+                "grads": grads,
+                "grad_norm": outcome.grad_norm,
+                "params": params,
+                "attention": model.config._attn_implementation,
+            },
+            out / f"{name}_rank{dist.get_rank()}.pt",
+        )
     leave_ranks()
 
 
