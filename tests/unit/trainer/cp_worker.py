@@ -30,17 +30,19 @@ DYNAMIC = [
     "policy.dynamic_batching.logprob_mb_tokens=48",
     "policy.dynamic_batching.sequence_length_round=4",
 ]
-LAYOUTS = {"padded": [], "dynamic": DYNAMIC}
+#: name: (architecture, overrides). Llama: the other family the attention is registered for
+#: (no q/k/v biases, different rotary defaults).
+LAYOUTS = {"padded": ("qwen2", []), "dynamic": ("qwen2", DYNAMIC), "llama": ("llama", [])}
 
 
 def main() -> None:
     out = Path(sys.argv[1])
     mesh = join_ranks(World.from_environment(), context_parallel=2)
     assert mesh is not None and mesh.mesh_dim_names == ("dp", "cp")
-    batch = on_policy(varied_batch(), "qwen2")
-    for name, layout in LAYOUTS.items():
+    for name, (arch, layout) in LAYOUTS.items():
+        batch = on_policy(varied_batch(), arch)
         config = load_config("configs/quickstart.yaml", BASE + layout + CP2)
-        model = tiny_model("qwen2")
+        model = tiny_model(arch)
         trainer = PolicyTrainer(model, config, torch.device("cpu"), mesh=mesh)
         result = trainer.gradients(batch)
         grads = whole((n, p.grad) for n, p in model.named_parameters())

@@ -1,7 +1,8 @@
 """Context parallelism (``policy.dtensor_cfg.context_parallel_size=2``): two gloo ranks under
 torchrun (real processes) each run the model on half of every sequence's positions, with the
 all-gather-KV attention; π_old, the loss, the whole gradients, the grad norm and the parameters
-after one AdamW step equal the single-process trainer's on the same batch (float32)."""
+after one AdamW step equal the single-process trainer's on the same batch (float32), for fixed and
+dynamic micro-batches, Qwen2 and Llama."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ def ranks(tmp_path_factory):
     }
 
 
-def one_process(layout: list[str]):
-    batch = on_policy(varied_batch(), "qwen2")
-    model = tiny_model("qwen2")
+def one_process(arch: str, layout: list[str]):
+    batch = on_policy(varied_batch(), arch)
+    model = tiny_model(arch)
     config = load_config("configs/quickstart.yaml", BASE + layout)
     trainer = PolicyTrainer(model, config, torch.device("cpu"))
     result = trainer.gradients(batch)
@@ -41,7 +42,7 @@ def one_process(layout: list[str]):
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_context_parallel_ranks_equal_one_process(ranks, layout):
-    result, grads, outcome, params, config = one_process(LAYOUTS[layout])
+    result, grads, outcome, params, config = one_process(*LAYOUTS[layout])
     for rank in range(2):
         check_rank(ranks[layout, rank], result, grads, outcome, params, config)
 
