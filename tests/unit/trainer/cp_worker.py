@@ -1,10 +1,10 @@
 """The ranks of the context-parallel check (run by test_context_parallel.py under torchrun).
 
-    torchrun --nproc_per_node 2 tests/unit/trainer/cp_worker.py OUT_DIR
+    torchrun --nproc_per_node 2 tests/unit/trainer/cp_worker.py OUT_DIR   (or 4)
 
 Both ranks form one context-parallel group (a ``(1, 2)`` ``("dp", "cp")`` mesh), see the whole
 batch and each run the model on half of every sequence's positions. For each layout
-(:data:`LAYOUTS`) rank ``r`` writes ``OUT_DIR/<layout>_rank<r>.pt``: the loss and prev
+(:data:`LAYOUTS`) rank ``r`` writes ``OUT_DIR/<layout>_rank<r>_of<N>.pt``: the loss and prev
 log-probs of ``PolicyTrainer.gradients``, the whole gradients, and the grad norm and whole
 parameters after one ``step``.
 """
@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from dockyard.config.loader import load_config
+from dockyard.consumers.trainer.data_parallel import shard_by_groups
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.ranks import World, join_ranks, leave_ranks
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
@@ -37,10 +38,16 @@ LAYOUTS = {"padded": ("qwen2", []), "dynamic": ("qwen2", DYNAMIC), "llama": ("ll
 
 def main() -> None:
     out = Path(sys.argv[1])
-    mesh = join_ranks(World.from_environment(), context_parallel=2)
+    world = World.from_environment()
+    mesh = join_ranks(world, context_parallel=2)
     assert mesh is not None and mesh.mesh_dim_names == ("dp", "cp")
-    for name, (arch, layout) in LAYOUTS.items():
+    data_ranks = mesh.size(0)
+    # Four ranks: two data-parallel groups of two cp ranks, each group on its share of the
+    # prompt groups (as TrainerRanks scatters them); the fixed layout only.
+    layouts = LAYOUTS if data_ranks == 1 else {"padded": LAYOUTS["padded"]}
+    for name, (arch, layout) in layouts.items():
         batch = on_policy(varied_batch(), arch)
+        batch = shard_by_groups(batch, mesh.get_coordinate()[0], data_ranks)
         config = load_config("configs/quickstart.yaml", BASE + layout + CP2)
         model = tiny_model(arch)
         trainer = PolicyTrainer(model, config, torch.device("cpu"), mesh=mesh)
@@ -57,7 +64,7 @@ def main() -> None:
                 "params": params,
                 "attention": model.config._attn_implementation,
             },
-            out / f"{name}_rank{dist.get_rank()}.pt",
+            out / f"{name}_rank{dist.get_rank()}_of{world.size}.pt",
         )
     leave_ranks()
 

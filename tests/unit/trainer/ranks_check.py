@@ -29,15 +29,15 @@ HONEST, TAMPERED = "w-honest", "w-tampered"
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def run_two_ranks(worker: str, out: Path) -> None:
-    """``torchrun --standalone --nproc_per_node=2 tests/unit/trainer/WORKER OUT``: real gloo
-    processes; fails the test with the ranks' stderr if they do."""
+def run_two_ranks(worker: str, out: Path, processes: int = 2) -> None:
+    """``torchrun --standalone --nproc_per_node=2 tests/unit/trainer/WORKER OUT`` (or
+    ``processes`` ranks): real gloo processes; fails the test with the ranks' stderr if they do."""
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
-        "--nproc_per_node=2",
+        f"--nproc_per_node={processes}",
         str(ROOT / "tests/unit/trainer" / worker),
         str(out),
     ]

@@ -22,7 +22,7 @@ def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("cp")
     run_two_ranks("cp_worker.py", out)
     return {
-        (layout, r): torch.load(out / f"{layout}_rank{r}.pt", weights_only=False)
+        (layout, r): torch.load(out / f"{layout}_rank{r}_of2.pt", weights_only=False)
         for layout in LAYOUTS
         for r in range(2)
     }
@@ -45,6 +45,27 @@ def test_two_context_parallel_ranks_equal_one_process(ranks, layout):
     result, grads, outcome, params, config = one_process(*LAYOUTS[layout])
     for rank in range(2):
         check_rank(ranks[layout, rank], result, grads, outcome, params, config)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cp4")
+    run_two_ranks("cp_worker.py", out, processes=4)
+    return [torch.load(out / f"padded_rank{r}_of4.pt", weights_only=False) for r in range(4)]
+
+
+def test_two_data_parallel_groups_of_two_context_parallel_ranks_equal_one_process(four_ranks):
+    result, grads, outcome, params, config = one_process(*LAYOUTS["padded"])
+    # Ranks 0, 1 train the first share of the prompt groups, ranks 2, 3 the rest; each share's
+    # loss is normalised by the whole batch's counts, so the two shares' losses add up to it.
+    first, second = four_ranks[0], four_ranks[2]
+    assert first["loss"] + second["loss"] == pytest.approx(result.loss.loss, rel=1e-5, abs=1e-7)
+    for split in four_ranks:
+        for name, grad in grads.items():
+            torch.testing.assert_close(split["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert split["grad_norm"] == pytest.approx(outcome.grad_norm, rel=1e-5)
+        eps = config.policy.optimizer.eps
+        assert_first_step_params_close(split["params"], params, grads, eps)
 
 
 def check_rank(split, result, grads, outcome, params, config):
