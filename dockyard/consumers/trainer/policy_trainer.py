@@ -193,22 +193,10 @@ class PolicyTrainer:
         self.tensor_mesh = mesh[TP] if mesh is not None and TP in names else None
         #: The context-parallel ranks (one data-parallel group's), see :mod:`.context_parallel`.
         self.context_mesh = mesh[CP] if mesh is not None and CP in names else None
-        #: The ranks FSDP2 shards over (None: not sharded by FSDP2): the data-parallel ones;
-        #: with context parallelism every rank (data × context flattened: FSDP2's gradient
-        #: reduction then also sums the context ranks' shares).
-        self.data_mesh = (
-            mesh
-            if self.tensor_mesh is None and self.context_mesh is None
-            else mesh._flatten()  # type: ignore[union-attr]  # context_mesh is set only with a mesh; _flatten: torch's (and torchtitan's) way to a flattened dp×cp mesh
-            if self.context_mesh is not None
-            else _larger_than_one(mesh[DP])  # type: ignore[index]  # tensor_mesh is set only with a 2-D mesh
-        )
-        #: The ranks holding different shares of the batch, whose counts add up (global counts);
-        #: the tp / cp ranks of one group hold the same share.
-        self.batch_mesh = (
-            _larger_than_one(mesh[DP])  # type: ignore[index]  # context_mesh is set only with a 2-D mesh
-            if self.context_mesh is not None
-            else self.data_mesh
+        #: The ranks FSDP2 shards over (None: not sharded by FSDP2), and those holding different
+        #: shares of the batch (their counts add up), see :func:`_sharding_meshes`.
+        self.data_mesh, self.batch_mesh = _sharding_meshes(
+            mesh, tensor=self.tensor_mesh is not None, context=self.context_mesh is not None
         )
         context_ranks = self.context_mesh.size() if self.context_mesh is not None else 1
         if dtensor.context_parallel_size != context_ranks:
@@ -562,6 +550,22 @@ class PolicyTrainer:
 def whole_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's whole value (a collective over its mesh), a tensor itself; detached."""
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+
+
+def _sharding_meshes(
+    mesh: DeviceMesh | None, *, tensor: bool, context: bool
+) -> tuple[DeviceMesh | None, DeviceMesh | None]:
+    """``(FSDP2's mesh, the batch shares' mesh)``. 1-D: the data-parallel ranks, both. With
+    ``tp``: FSDP2 over ``dp`` (the tp ranks hold the same share). With ``cp``: FSDP2 over every
+    rank (``dp × cp`` flattened, so its gradient reduction also sums the cp ranks' shares of the
+    gradient), the shares over ``dp`` only (the cp ranks of a group hold the same rows)."""
+    if mesh is None or not (tensor or context):
+        return mesh, mesh
+    data = _larger_than_one(mesh[DP])
+    if tensor:
+        return data, data
+    # _flatten: how torch (and torchtitan) make the flattened dp×cp mesh of a 2-D one.
+    return mesh._flatten(), data
 
 
 def _larger_than_one(mesh: DeviceMesh) -> DeviceMesh | None:
