@@ -63,7 +63,8 @@ def _trainer(args: argparse.Namespace) -> int:
         check_jax_devices(config)
     except LaunchRefused as refused:
         raise CliError(str(refused), exit_code=EXIT_INVALID_CONFIG) from None
-    mesh = join_ranks(world, config.policy.dtensor_cfg.tensor_parallel_size)
+    dtensor = config.policy.dtensor_cfg
+    mesh = join_ranks(world, dtensor.tensor_parallel_size, dtensor.context_parallel_size)
     try:
         if world.rank != 0:
             assert mesh is not None

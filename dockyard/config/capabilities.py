@@ -180,18 +180,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         for name in ("sequence_packing", "dynamic_batching")
     ),
     Unsupported(
-        "policy.dtensor_cfg.context_parallel_size",
-        "refused",
-        "context parallelism (the sequence split over ranks for attention) is not implemented: "
-        "torch's context_parallel has no sharding rule for the CPU attention kernel "
-        "(aten._scaled_dot_product_flash_attention_for_cpu, torch 2.13), and an all-gather-KV "
-        "attention with the trainer's sequence-split loss is not written yet (tensor_parallel_"
-        "size, sequence_parallel and FSDP2 data parallelism are; set 1)",
-        TRAINER_AT_SCALE,
-        when=_dtensor_on,
-        triggered=_more_than_one,
-    ),
-    Unsupported(
         "policy.dtensor_cfg.expert_parallel_size",
         "refused",
         "expert parallelism splits a mixture-of-experts layer's experts over ranks; the models "

@@ -77,6 +77,7 @@ class MasterConfig(Section):
             self._estimator_issues,
             self._prev_logprob_issues,
             self._parallelism_issues,
+            self._context_parallel_issues,
             self._sequence_budget_issues,
         ]
 
@@ -181,6 +182,40 @@ class MasterConfig(Section):
                 )
             )
         return issues
+
+    def _context_parallel_issues(self) -> list[ConfigIssue]:
+        """What context parallelism (the all-gather-KV attention over padded micro-batches,
+        dockyard.consumers.trainer.context_parallel) is not combined with."""
+        policy = self.policy
+        dtensor = policy.dtensor_cfg
+        if not dtensor.enabled or dtensor.context_parallel_size == 1:
+            return []
+        combined = {
+            "policy.dtensor_cfg.tensor_parallel_size": (
+                dtensor.tensor_parallel_size > 1,
+                "tensor parallelism splits the attention heads the context-parallel attention "
+                "gathers: set one of the two to 1",
+            ),
+            "policy.sequence_packing.enabled": (
+                policy.sequence_packing.enabled,
+                "packed rows need block-diagonal masks; the context-parallel attention is plain "
+                "causal over right-padded rows: set it false (dynamic_batching is supported)",
+            ),
+            "policy.dtensor_cfg.lora_cfg.enabled": (
+                dtensor.lora_cfg.enabled,
+                "LoRA with context parallelism is not tested here: set it false",
+            ),
+            "policy.dtensor_cfg.activation_checkpointing": (
+                dtensor.activation_checkpointing,
+                "recomputing a layer in backward would re-run its K/V all-gathers, which is not "
+                "tested here: set it false",
+            ),
+        }
+        return [
+            ConfigIssue(key, f"not supported with context_parallel_size > 1: {reason}")
+            for key, (on, reason) in combined.items()
+            if on
+        ]
 
     def _parallelism_issues(self) -> list[ConfigIssue]:
         total_gpus = self.cluster.total_gpus

@@ -92,6 +92,13 @@ def check_ranks_can_run(config: MasterConfig, world_size: int) -> None:
             "policy.dtensor_cfg.tensor_parallel_size",
             f"{tensor} must divide the {world_size} trainer rank(s)",
         )
+    context = dtensor.context_parallel_size
+    if world_size % (tensor * context):
+        raise LaunchRefused(
+            "policy.dtensor_cfg.context_parallel_size",
+            f"tensor × context parallel = {tensor} × {context} must divide the {world_size} "
+            "trainer rank(s)",
+        )
     if world_size // tensor == 1 and dtensor.enabled and dtensor.cpu_offload:
         raise LaunchRefused(
             "policy.dtensor_cfg.cpu_offload",

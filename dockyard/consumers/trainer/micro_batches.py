@@ -229,13 +229,19 @@ def micro_token_logprobs(
 def next_token_logprobs(
     logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0
 ) -> torch.Tensor:
-    """``[R, T-1]``: ``log p(input_ids[:, t+1] | …)`` under ``logits / temperature``.
+    """``[R, T-1]``: ``log p(input_ids[:, t+1] | …)`` under ``logits / temperature``."""
+    return target_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
+
+
+def target_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """``[R, T]``: ``log p(targets[:, t])`` under ``logits[:, t] / temperature``.
 
     ``logit[target] − logsumexp(logits)``: the same value as gathering from ``log_softmax``,
     without materialising a second ``[R, T, V]`` tensor (and its saved copy for backward).
     """
-    logits = logits[:, :-1].float()
+    logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)

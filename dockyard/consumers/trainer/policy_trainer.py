@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -34,6 +35,12 @@ from dockyard.algorithms.loss_metrics import LossMetrics, merge_loss_metrics
 from dockyard.algorithms.masked import per_sequence_mean
 from dockyard.algorithms.rewards import overlong_filter, prepare_rewards
 from dockyard.consumers.trainer.batch import TrainingBatch
+from dockyard.consumers.trainer.context_parallel import (
+    CP,
+    context_parallel_logprobs,
+    enable_context_parallel,
+    loss_share,
+)
 from dockyard.consumers.trainer.data_parallel import (
     broadcast_from_first_rank,
     global_counts,
@@ -182,11 +189,23 @@ class PolicyTrainer:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.mesh = mesh
-        self.tensor_mesh = mesh[TP] if mesh is not None and mesh.ndim == 2 else None
-        #: The data-parallel ranks (None: not sharded by FSDP2).
-        self.data_mesh = (
-            mesh if self.tensor_mesh is None else _larger_than_one(mesh[DP])  # type: ignore[index]  # tensor_mesh is set only with a 2-D mesh
+        names = (mesh.mesh_dim_names or ()) if mesh is not None else ()
+        self.tensor_mesh = mesh[TP] if mesh is not None and TP in names else None
+        #: The context-parallel ranks (one data-parallel group's), see :mod:`.context_parallel`.
+        self.context_mesh = mesh[CP] if mesh is not None and CP in names else None
+        #: The ranks FSDP2 shards over (None: not sharded by FSDP2), and those holding different
+        #: shares of the batch (their counts add up), see :func:`_sharding_meshes`.
+        self.data_mesh, self.batch_mesh = _sharding_meshes(
+            mesh, tensor=self.tensor_mesh is not None, context=self.context_mesh is not None
         )
+        context_ranks = self.context_mesh.size() if self.context_mesh is not None else 1
+        if dtensor.context_parallel_size != context_ranks:
+            raise ValueError(
+                f"policy.dtensor_cfg.context_parallel_size={dtensor.context_parallel_size} but the "
+                f"mesh has {context_ranks} context-parallel rank(s)"
+            )
+        if self.context_mesh is not None:
+            enable_context_parallel(self.model, self.context_mesh.get_group())
         tensor_ranks = self.tensor_mesh.size() if self.tensor_mesh is not None else 1
         if dtensor.tensor_parallel_size != tensor_ranks:
             raise ValueError(
@@ -215,8 +234,9 @@ class PolicyTrainer:
             device=str(self.device),
             precision=policy.precision,
             master_weights="float32",
-            data_parallel_ranks=self.data_mesh.size() if self.data_mesh is not None else 1,
+            data_parallel_ranks=self.batch_mesh.size() if self.batch_mesh is not None else 1,
             tensor_parallel_ranks=self.tensor_mesh.size() if self.tensor_mesh is not None else 1,
+            context_parallel_ranks=context_ranks,
             sequence_parallel=dtensor.sequence_parallel and self.tensor_mesh is not None,
             lora_rank=lora.rank if self.peft is not None else None,
             activation_checkpointing=dtensor.activation_checkpointing,
@@ -243,7 +263,14 @@ class PolicyTrainer:
     def forward_logprobs(self, model: torch.nn.Module, micro: MicroBatch) -> torch.Tensor:
         """``[n, columns]`` log-probs of ``micro`` under ``model`` in ``policy.precision``."""
         with compute_precision(self.device, self.config.policy.precision):
+            group = self._context_group
+            if group is not None and model is self.model:  # the reference stays whole
+                return context_parallel_logprobs(model, micro, group, self.temperature)
             return micro_token_logprobs(model, micro, self.temperature)
+
+    @property
+    def _context_group(self) -> dist.ProcessGroup | None:
+        return self.context_mesh.get_group() if self.context_mesh is not None else None
 
     @torch.no_grad()
     def batch_logprobs(self, model: torch.nn.Module, batch: TrainingBatch) -> torch.Tensor:
@@ -336,7 +363,8 @@ class PolicyTrainer:
                 rewards=part.rewards,
             )
             loss, metrics = self.loss(inputs, counts)
-            self.scaler.scale(loss * gradient_scale(self.data_mesh)).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+            scale = gradient_scale(self.data_mesh) * loss_share(self._context_group)
+            self.scaler.scale(loss * scale).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
             parts.append(metrics)
         return parts
 
@@ -354,8 +382,8 @@ class PolicyTrainer:
         batch, masked_fraction = self.filter_samples(batch, prev)
         advantages = self.advantages(batch, prev, reference)
         counts = GlobalCounts.from_batch(batch.token_mask, batch.sample_mask, batch.rewards)
-        if self.data_mesh is not None:
-            counts = global_counts(counts, self.device, self.data_mesh)
+        if self.batch_mesh is not None:
+            counts = global_counts(counts, self.device, self.batch_mesh)
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -522,6 +550,22 @@ class PolicyTrainer:
 def whole_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's whole value (a collective over its mesh), a tensor itself; detached."""
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+
+
+def _sharding_meshes(
+    mesh: DeviceMesh | None, *, tensor: bool, context: bool
+) -> tuple[DeviceMesh | None, DeviceMesh | None]:
+    """``(FSDP2's mesh, the batch shares' mesh)``. 1-D: the data-parallel ranks, both. With
+    ``tp``: FSDP2 over ``dp`` (the tp ranks hold the same share). With ``cp``: FSDP2 over every
+    rank (``dp × cp`` flattened, so its gradient reduction also sums the cp ranks' shares of the
+    gradient), the shares over ``dp`` only (the cp ranks of a group hold the same rows)."""
+    if mesh is None or not (tensor or context):
+        return mesh, mesh
+    data = _larger_than_one(mesh[DP])
+    if tensor:
+        return data, data
+    # _flatten: how torch (and torchtitan) make the flattened dp×cp mesh of a 2-D one.
+    return mesh._flatten(), data
 
 
 def _larger_than_one(mesh: DeviceMesh) -> DeviceMesh | None:

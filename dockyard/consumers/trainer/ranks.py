@@ -49,6 +49,7 @@ from dockyard.algorithms.loss_metrics import merge_loss_metrics
 from dockyard.consumers.trainer.agreement import agreement_sums
 from dockyard.consumers.trainer.backend import TrainerBackend
 from dockyard.consumers.trainer.batch import TrainingBatch
+from dockyard.consumers.trainer.context_parallel import CP
 from dockyard.consumers.trainer.data_parallel import shard_by_groups
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
 from dockyard.consumers.trainer.tensor_parallel import DP, TP
@@ -89,25 +90,36 @@ class World:
         )
 
 
-def join_ranks(world: World, tensor_parallel: int = 1) -> DeviceMesh | None:
+def join_ranks(
+    world: World, tensor_parallel: int = 1, context_parallel: int = 1
+) -> DeviceMesh | None:
     """The mesh of every rank (None for one process): 1-D data parallel, or 2-D ``("dp", "tp")``
-    with ``tensor_parallel`` consecutive ranks per data-parallel group. NCCL on GPUs, gloo on
-    CPUs."""
+    / ``("dp", "cp")`` with ``tensor_parallel`` / ``context_parallel`` consecutive ranks per
+    data-parallel group (the two together are refused). NCCL on GPUs, gloo on CPUs."""
     if world.size == 1:
         return None
-    if world.size % tensor_parallel:
+    if tensor_parallel > 1 and context_parallel > 1:
         raise ValueError(
-            f"policy.dtensor_cfg.tensor_parallel_size={tensor_parallel} must divide the "
-            f"{world.size} trainer ranks"
+            "policy.dtensor_cfg.context_parallel_size > 1 with tensor_parallel_size > 1: not "
+            "supported (set one of them to 1)"
+        )
+    model_parallel, name, key = (
+        (context_parallel, CP, "context_parallel_size")
+        if context_parallel > 1
+        else (tensor_parallel, TP, "tensor_parallel_size")
+    )
+    if world.size % model_parallel:
+        raise ValueError(
+            f"policy.dtensor_cfg.{key}={model_parallel} must divide the {world.size} trainer ranks"
         )
     device = training_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL's object collectives use the current device
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if tensor_parallel == 1:
+    if model_parallel == 1:
         return init_device_mesh(device.type, (world.size,))
-    shape = (world.size // tensor_parallel, tensor_parallel)
-    return init_device_mesh(device.type, shape, mesh_dim_names=(DP, TP))
+    shape = (world.size // model_parallel, model_parallel)
+    return init_device_mesh(device.type, shape, mesh_dim_names=(DP, name))
 
 
 def leave_ranks() -> None:
@@ -133,9 +145,10 @@ class TrainerRanks:
         self.trainer = trainer
         self.mesh = trainer.mesh
         self.size = self.mesh.size() if self.mesh is not None else 1
-        # The tp ranks of one data-parallel group (consecutive ranks) train on the same share.
-        tensor = trainer.tensor_mesh
-        self.tensor_size = tensor.size() if tensor is not None else 1
+        # The tp (or cp) ranks of one data-parallel group (consecutive ranks, the mesh's second
+        # dimension) train on the same share.
+        mesh = self.mesh
+        self.tensor_size = mesh.size(1) if mesh is not None and mesh.ndim == 2 else 1
         self.last_scatter_s = 0.0
 
     def _announce(self, kind: CommandKind, payload: dict[str, object] | None = None) -> None:

@@ -112,3 +112,23 @@ def test_two_trainer_ranks_screen_workers_and_train_an_honest_fleet(tmp_path, sm
     assert measured, "no worker was measured"
     assert all(m["workers/flagged"] == 0 for m in steps)
     assert len(assert_exactly_once(run_dir)) == 2 * 4
+
+
+def test_two_context_parallel_ranks_train_every_group_once(tmp_path, small_run):
+    # policy.dtensor_cfg.context_parallel_size=2: both ranks hold the same share and each runs
+    # half of every sequence's positions (the all-gather-KV attention).
+    run_dir = tmp_path / "run"
+    result = run_two_ranks(
+        run_dir, small_run, "grpo.max_num_steps=2", "policy.dtensor_cfg.context_parallel_size=2"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    placements = [e for e in trainer_events(run_dir) if e["event"] == "trainer.placement"]
+    assert [(e["context_parallel_ranks"], e["data_parallel_ranks"]) for e in placements] == [
+        (2, 1),
+        (2, 1),
+    ]
+    assert metric_steps(run_dir) == [1, 2]
+    # One data-parallel group: each step trains the whole batch (4 groups × 4 samples) once.
+    assert all(m["loss/num_valid_samples"] == 4 * 4 for m in step_metrics(run_dir))
+    assert len(assert_exactly_once(run_dir)) == 2 * 4
+    assert (run_dir / "checkpoints" / "step_2" / "optimizer.pt").is_file()

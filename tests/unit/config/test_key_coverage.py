@@ -79,6 +79,11 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "policy.scheduler.*": ("consumers/trainer/optim.py",),
     "policy.dtensor_cfg.enabled": ("config/capabilities.py",),
     "policy.dtensor_cfg.sequence_parallel": ("consumers/trainer/policy_trainer.py",),
+    # The mesh's cp ranks (commands/trainer.py joins them) and the trainer's check of them.
+    "policy.dtensor_cfg.context_parallel_size": (
+        "consumers/trainer/policy_trainer.py",
+        "commands/trainer.py",
+    ),
     "policy.jax_cfg.*": ("consumers/trainer/backend.py", "consumers/trainer/jax_backend/mesh.py"),
     # The budgets are resolved by PolicyConfig.token_budget, which micro_batches.py calls.
     "policy.sequence_packing.*": (

@@ -146,3 +146,13 @@ def test_the_worker_screen_runs_on_any_number_of_trainer_ranks():
     config = load_config(QUICKSTART, ["grpo.worker_trust.enabled=true", "sft.enabled=false"])
     check_ranks_can_run(config, 1)
     check_ranks_can_run(config, 2)
+
+
+def test_tensor_times_context_parallel_size_must_divide_the_ranks():
+    config = load_config(
+        QUICKSTART, ["policy.dtensor_cfg.context_parallel_size=2", "sft.enabled=false"]
+    )
+    with pytest.raises(LaunchRefused, match="1 × 2 must divide the 3 trainer rank") as refused:
+        check_ranks_can_run(config, 3)
+    assert refused.value.key == "policy.dtensor_cfg.context_parallel_size"
+    check_ranks_can_run(config, 2)
