@@ -19,6 +19,7 @@ import pytest
 
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.cli import main
+from dockyard.config.loader import load_config
 from dockyard.schemas import WeightVersion, decode
 from tests.unit.trainer.test_trainer_accounting import next_incarnation, trainer
 
@@ -148,7 +149,8 @@ def test_an_override_is_an_experiment_written_beside_the_run(
     before = hashlib.sha256((tmp_path / "metrics.jsonl").read_bytes()).hexdigest()
     capsys.readouterr()
 
-    # quickstart's schedule is constant (no warm-up): the step's learning rate is the override.
+    # The quickstart's schedule: a linear warm-up over W steps, then constant, so step s
+    # (1-based) of the experiment trains at lr · min(1, s / W) of the overridden lr.
     args = ["replay", "retrain", "--run-dir", str(tmp_path), "--from-step", "3"]
     assert main([*args, *_target(data_plane_config), "policy.optimizer.lr=0.01"]) == 0
     printed = capsys.readouterr().out
@@ -157,8 +159,16 @@ def test_an_override_is_an_experiment_written_beside_the_run(
     new = _step_records(out / "metrics.jsonl")
     old = _step_records(tmp_path / "metrics.jsonl")
     assert sorted(new) == [3, 4]
-    assert [new[s][0]["train/learning_rate"] for s in (3, 4)] == [0.01, 0.01]
-    assert [old[s][0]["train/learning_rate"] for s in (3, 4)] == [1e-4, 1e-4]
+    policy = load_config("configs/quickstart.yaml").policy
+    warmup = policy.scheduler.warmup_steps
+
+    def rates(lr: float) -> list[float]:
+        return [lr * min(1.0, s / warmup) if warmup else lr for s in (3, 4)]
+
+    assert [new[s][0]["train/learning_rate"] for s in (3, 4)] == pytest.approx(rates(0.01))
+    assert [old[s][0]["train/learning_rate"] for s in (3, 4)] == pytest.approx(
+        rates(policy.optimizer.lr)
+    )
     # Step 3 starts from the same weights (the same gradients); step 4 from weights that
     # lr=0.01 moved further.
     assert new[3][0]["train/grad_norm"] == old[3][0]["train/grad_norm"]
