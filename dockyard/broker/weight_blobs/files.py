@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from dockyard.broker.weight_blobs.base import (
     source_to_bytes,
 )
 from dockyard.broker.weight_blobs.leases import BlobLeases
+from dockyard.broker.weight_blobs.manifest import BlobManifest, decode_manifest, encode_manifest
 
 
 class FilesystemBlobStore(WeightBlobStore):
@@ -75,14 +75,14 @@ class FilesystemBlobStore(WeightBlobStore):
             else:
                 tmp.write_bytes(data)
             tmp.replace(target)
-        manifest = {
-            "version": ref.version,
-            "digest": ref.digest,
-            "nbytes": ref.nbytes,
-            "created_at_unix_s": ref.created_at_unix_s,
-        }
+        manifest = BlobManifest(
+            version=ref.version,
+            digest=ref.digest,
+            nbytes=ref.nbytes,
+            created_at_unix_s=ref.created_at_unix_s,
+        )
         manifest_tmp = self._manifest_path(hex_digest).with_suffix(".json.partial")
-        manifest_tmp.write_text(json.dumps(manifest))
+        manifest_tmp.write_bytes(encode_manifest(manifest))
         manifest_tmp.replace(self._manifest_path(hex_digest))
         return ref
 
@@ -107,17 +107,9 @@ class FilesystemBlobStore(WeightBlobStore):
 
     async def refs(self) -> list[BlobRef]:
         out = []
-        for manifest in self.directory.glob("*.json"):
-            fields = json.loads(manifest.read_text())
-            out.append(
-                BlobRef(
-                    fields["version"],
-                    fields["digest"],
-                    fields["nbytes"],
-                    self.uri_for(manifest.stem),
-                    fields["created_at_unix_s"],
-                )
-            )
+        for path in self.directory.glob("*.json"):
+            manifest = decode_manifest(path.read_bytes(), hex_digest=path.stem, where=str(path))
+            out.append(manifest.ref(self.uri_for(path.stem)))
         return sorted(out, key=lambda r: r.version)
 
     async def delete(self, ref: BlobRef) -> None:

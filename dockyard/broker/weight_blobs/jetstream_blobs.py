@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.plane import DataPlaneError, OutgoingMessage
@@ -30,6 +29,12 @@ from dockyard.broker.weight_blobs.base import (
     source_to_bytes,
 )
 from dockyard.broker.weight_blobs.leases import BlobLeases
+from dockyard.broker.weight_blobs.manifest import (
+    BlobManifest,
+    BlobManifestError,
+    decode_manifest,
+    encode_manifest,
+)
 
 
 class JetStreamBlobStore(WeightBlobStore):
@@ -52,9 +57,12 @@ class JetStreamBlobStore(WeightBlobStore):
     def uri_for(self, hex_digest: str) -> str:
         return f"nats-blob://{self.names.blobs_stream.name}/{hex_digest}"
 
-    async def _manifest(self, hex_digest: str) -> dict[str, object] | None:
-        stored = await self.plane.latest(self.names.blob_manifest_subject(hex_digest))
-        return None if stored is None else json.loads(stored.data)
+    async def _manifest(self, hex_digest: str) -> BlobManifest | None:
+        subject = self.names.blob_manifest_subject(hex_digest)
+        stored = await self.plane.latest(subject)
+        if stored is None:
+            return None
+        return decode_manifest(stored.data, hex_digest=hex_digest, where=subject)
 
     async def put(self, version: int, source: BlobSource) -> BlobRef:
         data = await asyncio.to_thread(source_to_bytes, source)
@@ -62,7 +70,7 @@ class JetStreamBlobStore(WeightBlobStore):
         hex_digest = digest.removeprefix(DIGEST_PREFIX)
         existing = await self._manifest(hex_digest)
         if existing is not None:  # content-addressed: the same bytes are stored once
-            return self._ref_from_manifest(existing)
+            return existing.ref(self.uri_for(hex_digest))
         chunk_size = min(self.chunk_size, self.plane.usable_payload)
         view = memoryview(data)
         subject = self.names.blob_data_subject(hex_digest)
@@ -74,42 +82,33 @@ class JetStreamBlobStore(WeightBlobStore):
         ]
         await self.plane.publish_many(chunks)
         ref = new_ref(version, digest, len(data), self.uri_for(hex_digest))
-        manifest = {
-            "version": ref.version,
-            "digest": ref.digest,
-            "nbytes": ref.nbytes,
-            "chunks": len(chunks),
-            "chunk_size": chunk_size,
-            "created_at_unix_s": ref.created_at_unix_s,
-        }
+        manifest = BlobManifest(
+            version=ref.version,
+            digest=ref.digest,
+            nbytes=ref.nbytes,
+            chunks=len(chunks),
+            chunk_size=chunk_size,
+            created_at_unix_s=ref.created_at_unix_s,
+        )
         await self.plane.publish(
             self.names.blob_manifest_subject(hex_digest),
-            json.dumps(manifest).encode(),
+            encode_manifest(manifest),
             msg_id=f"blob:{hex_digest}:manifest",
         )
         return ref
 
-    def _ref_from_manifest(self, manifest: dict[str, object]) -> BlobRef:
-        digest = str(manifest["digest"])
-        return BlobRef(
-            int(manifest["version"]),  # type: ignore[call-overload]  # a manifest's JSON value
-            digest,
-            int(manifest["nbytes"]),  # type: ignore[call-overload]  # a manifest's JSON value
-            self.uri_for(digest.removeprefix(DIGEST_PREFIX)),
-            float(manifest["created_at_unix_s"]),  # type: ignore[arg-type]  # a manifest's JSON value
-        )
-
-    async def _manifest_arriving(self, hex_digest: str) -> dict[str, object] | None:
+    async def _manifest_arriving(self, hex_digest: str) -> BlobManifest | None:
         """At a rollout site the blobs are a mirror of the trainer site's, copied alongside the
         weight-event mirror but not in step with it: a worker can see a version's event before
         its blob. Wait for the manifest (the last thing a blob's writer stores, so its chunks
         are here too) as long as a stalled fetch is waited for."""
         if self.plane.config.site.trainer_domain is None:
             return None  # single site: the event is published after the blob, so it is gone
+        subject = self.names.blob_manifest_subject(hex_digest)
         try:
             async with asyncio.timeout(self.stall_timeout_s):
-                async for stored in self.plane.watch(self.names.blob_manifest_subject(hex_digest)):
-                    return json.loads(stored.data)  # type: ignore[no-any-return]  # a manifest is a JSON object
+                async for stored in self.plane.watch(subject):
+                    return decode_manifest(stored.data, hex_digest=hex_digest, where=subject)
         except TimeoutError:
             return None
         return None
@@ -118,8 +117,11 @@ class JetStreamBlobStore(WeightBlobStore):
         manifest = await self._manifest(ref.hex) or await self._manifest_arriving(ref.hex)
         if manifest is None:
             raise BlobNotFound(f"no blob {ref.digest} in stream {self.names.blobs_stream.name}")
-        nbytes = int(manifest["nbytes"])  # type: ignore[call-overload]  # a manifest's JSON value
-        expected_chunks = int(manifest["chunks"])  # type: ignore[call-overload]  # a manifest's JSON value
+        if manifest.chunks is None:
+            raise BlobManifestError(
+                f"blob manifest {self.names.blob_manifest_subject(ref.hex)} has no chunk count"
+            )
+        nbytes, expected_chunks = manifest.nbytes, manifest.chunks
         stream = self.names.blobs_stream.name
         subject = self.names.blob_data_subject(ref.hex)
         buffer = bytearray(nbytes)
@@ -150,7 +152,9 @@ class JetStreamBlobStore(WeightBlobStore):
     async def refs(self) -> list[BlobRef]:
         out = []
         async for stored in self.plane.replay(self.names.blob_manifests_wildcard):
-            out.append(self._ref_from_manifest(json.loads(stored.data)))
+            hex_digest = stored.subject.split(".")[-2]  # <ns>.blobs.<hex>.meta
+            manifest = decode_manifest(stored.data, hex_digest=hex_digest, where=stored.subject)
+            out.append(manifest.ref(self.uri_for(hex_digest)))
         return sorted(out, key=lambda r: r.version)
 
     async def delete(self, ref: BlobRef) -> None:

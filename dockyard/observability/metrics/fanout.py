@@ -42,6 +42,7 @@ from dockyard.observability.metrics.base import (
     import_backend_package,
 )
 from dockyard.observability.metrics.jsonl_backend import JsonlBackend
+from dockyard.observability.metrics.redaction import redact_secrets
 from dockyard.observability.metrics.summarize import to_scalars, validate_metric
 from dockyard.observability.metrics.timeline import (
     Timeline,
@@ -196,14 +197,16 @@ class MetricsLogger:
         return summary
 
     def log_hyperparams(self, config: Mapping[str, object] | BaseModel) -> None:
-        """Log the resolved config once, to every backend."""
+        """Log the resolved config once, to every backend: whole to ``hyperparams.json`` (the
+        run directory is private and a retrain reads it), without secrets to the trackers."""
         self._check_open()
         if self._hyperparams_logged:
             raise MetricsLoggerError("hyperparameters were already logged for this run")
         params = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
+        redacted = redact_secrets(params)
         self._hyperparams_logged = True
         for backend in self._backends:
-            backend.log_hyperparams(params)
+            backend.log_hyperparams(params if isinstance(backend, JsonlBackend) else redacted)
 
     def close(self) -> None:
         """Finish every backend's run (idempotent)."""

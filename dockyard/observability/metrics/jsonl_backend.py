@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dockyard.observability.metrics.base import MetricValue
+from dockyard.utils.private_files import write_private_text
 
 METRICS_FILE = "metrics.jsonl"
 HYPERPARAMS_FILE = "hyperparams.json"
@@ -43,8 +44,9 @@ class JsonlBackend:
         self._file.write(json.dumps(record, default=_json_default, allow_nan=True) + "\n")
 
     def log_hyperparams(self, params: Mapping[str, object]) -> None:
-        self.hyperparams_path.write_text(
-            json.dumps(params, default=str, indent=2, sort_keys=True), encoding="utf-8"
+        # The whole config, credentials included: created 0600 before a byte is written.
+        write_private_text(
+            self.hyperparams_path, json.dumps(params, default=str, indent=2, sort_keys=True)
         )
 
     def close(self) -> None:

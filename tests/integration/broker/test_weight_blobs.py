@@ -14,6 +14,7 @@ from dockyard.broker.weight_blobs import create_weight_store as make_store
 from dockyard.broker.weight_blobs.base import BlobRef
 from dockyard.broker.weight_blobs.files import FilesystemBlobStore
 from dockyard.broker.weight_blobs.jetstream_blobs import JetStreamBlobStore
+from dockyard.broker.weight_blobs.manifest import BlobManifestError
 
 MiB = 1024 * 1024
 
@@ -63,6 +64,48 @@ async def test_a_blob_that_does_not_match_its_digest_is_refused(store: WeightBlo
     await _tamper(store, ref)
     with pytest.raises(BlobDigestMismatch, match="refusing to load"):
         await store.get_bytes(ref)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "reason"),
+    [
+        (b"{not json", "unreadable"),
+        (b'{"version": 1, "digest": "sha256:%s", "created_at_unix_s": 1.0}', "nbytes"),
+        (
+            b'{"version": 1, "digest": "sha256:%s", "nbytes": "big", "created_at_unix_s": 1.0}',
+            "int",
+        ),
+        (
+            b'{"version": 1, "digest": "sha256:%s", "nbytes": 3, "created_at_unix_s": 1, "x": 1}',
+            "x",
+        ),
+        (b'{"version": 1, "digest": "sha256:%s", "nbytes": 3, "created_at_unix_s": 1.0}', "names"),
+    ],
+    ids=["not-json", "missing-field", "wrong-type", "unknown-field", "another-blob"],
+)
+async def test_a_damaged_manifest_is_refused_with_where_it_is(
+    store: WeightBlobStore, manifest: bytes, reason: str
+) -> None:
+    """Manifests are read by other processes and sites: one that is not what a store writes is
+    a clear error naming it, not a KeyError or JSON error from inside a refit."""
+    if not isinstance(store, JetStreamBlobStore | FilesystemBlobStore):
+        pytest.skip("the in-memory store keeps refs, not manifests")
+    ref = await store.put(1, b"genuine weights" * 1000)
+    named = ref.hex if reason != "names" else "0" * 64  # the last case names another blob
+    damaged = manifest.replace(b"%s", named.encode())
+    if isinstance(store, JetStreamBlobStore):
+        where = store.names.blob_manifest_subject(ref.hex)
+        await store.plane.js.purge_stream(store.names.blobs_stream.name, subject=where)
+        await store.plane.js.publish(where, damaged)
+    else:
+        where = str(store.directory / f"{ref.hex}.json")
+        Path(where).write_bytes(damaged)
+    with pytest.raises(BlobManifestError, match=reason) as refused:
+        await store.refs()
+    assert where in str(refused.value)
+    if isinstance(store, JetStreamBlobStore):  # it reads the manifest to fetch the chunks
+        with pytest.raises(BlobManifestError, match=reason):
+            await store.get_bytes(ref)
 
 
 async def _tamper(store: WeightBlobStore, ref: BlobRef) -> None:

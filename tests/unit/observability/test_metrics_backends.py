@@ -120,3 +120,34 @@ def test_swanlab_offline_run(tmp_path: Path) -> None:
     assert not any(key == "train/lengths" for key, _ in points)
     config = yaml.safe_load(swanlab_config_file(tmp_path / "swanlab").read_text())
     assert config["policy"]["value"] == {"model_name": "tiny", "lr": 1e-5}
+
+
+def test_trackers_get_the_config_without_its_secrets(tmp_path: Path) -> None:
+    """A tracker run is often shared or uploaded: the broker password, token and URL password
+    must not reach it, while the private hyperparams.json (what a retrain reconnects with)
+    keeps them, readable by its owner only."""
+    secrets = {
+        "data_plane": {
+            "servers": ["nats://trainer:s3cret-url@broker:4222", "nats://broker-2:4222"],
+            "credentials": {"user": "trainer", "password": "s3cret-pw", "token": None},
+        },
+        "sandbox": {"token": "s3cret-token"},
+    }
+    with MetricsLogger(LoggerConfig(tensorboard_enabled=True), log_dir=tmp_path) as logger:
+        logger.log_hyperparams(secrets)
+    text = read_tensorboard_text(tmp_path / "tensorboard", "hyperparams")
+    assert "s3cret" not in text
+    shown = json.loads(text.removeprefix("```json\n").removesuffix("\n```"))
+    assert shown["data_plane"]["servers"] == [
+        "nats://trainer:<redacted>@broker:4222",
+        "nats://broker-2:4222",
+    ]
+    assert shown["data_plane"]["credentials"] == {
+        "user": "trainer",
+        "password": "<redacted>",
+        "token": None,
+    }
+    assert shown["sandbox"] == {"token": "<redacted>"}
+    private = tmp_path / "hyperparams.json"
+    assert json.loads(private.read_text()) == secrets
+    assert private.stat().st_mode & 0o777 == 0o600
