@@ -23,7 +23,7 @@ from dockyard.environments.base import (
 from dockyard.environments.osworld.environment import OsworldEnvironment
 from dockyard.environments.registry import build_environment
 from dockyard.environments.tools.toolbox import NOT_RUN_PREFIX, TaskRefused, toolbox_class
-from dockyard.producers.episodes import EpisodeRunner, EpisodeSettings
+from dockyard.producers.episodes import Episode, EpisodeRunner, EpisodeSettings
 from dockyard.schemas import FinishReason
 from tests.osworld_simulator import simulator_command
 from tests.sandbox_service import sandbox_service
@@ -153,6 +153,29 @@ async def test_a_task_that_cannot_be_read_is_refused_not_scored(env, task, reaso
     assert refused.value.reason_code == reason
 
 
+async def run_episode(turns: list[str], settings: OsworldEnvConfig) -> Episode:
+    """One episode of osw-fill-name, the model's turns scripted, through the osworld toolbox."""
+    engine, tok = scripted_engine(turns)
+    episode_settings = EpisodeSettings(
+        max_turns=8,
+        tool_call_format="hermes",
+        max_tool_calls_per_turn=1,
+        max_total_sequence_length=8192,
+    )
+    runner = EpisodeRunner(
+        engine,
+        SamplingParams(max_new_tokens=256),
+        episode_settings,
+        tok,
+        EnvConfig(osworld=settings),
+    )
+    record = RECORDS["osw-fill-name"]
+    prompt = tok.encode(record["prompt"], add_special_tokens=False)
+    [episode] = await runner.run_prompts("osworld", [("ep-0", prompt, {"task": record["task"]})])
+    await runner.aclose()
+    return episode
+
+
 def computer(action: str) -> str:
     call = {"name": "computer", "arguments": {"action": action}}
     return f"<tool_call>{json.dumps(call)}</tool_call>"
@@ -167,19 +190,7 @@ async def test_an_episode_drives_its_own_desktop_and_the_replay_scores_it(simula
         computer("DONE"),
         "The form is submitted.",
     ]
-    engine, tok = scripted_engine(turns)
-    env_config = EnvConfig(osworld=OsworldEnvConfig(simulator_url=simulator_url))
-    settings = EpisodeSettings(
-        max_turns=8,
-        tool_call_format="hermes",
-        max_tool_calls_per_turn=1,
-        max_total_sequence_length=8192,
-    )
-    runner = EpisodeRunner(engine, SamplingParams(max_new_tokens=256), settings, tok, env_config)
-    record = RECORDS["osw-fill-name"]
-    prompt = tok.encode(record["prompt"], add_special_tokens=False)
-    [episode] = await runner.run_prompts("osworld", [("ep-0", prompt, {"task": record["task"]})])
-    await runner.aclose()
+    episode = await run_episode(turns, OsworldEnvConfig(simulator_url=simulator_url))
     assert episode.finish_reason is FinishReason.STOP
     results = [call.result or "" for call in episode.tool_calls]
     assert len(results) == 5
@@ -313,21 +324,8 @@ async def test_a_computer_13_episode_solves_its_task_and_malformed_calls_are_too
         computer13({"action_type": "DONE"}),
         "The form is submitted.",
     ]
-    engine, tok = scripted_engine(turns)
     settings13 = OsworldEnvConfig(simulator_url=simulator_url, action_space="computer_13")
-    settings = EpisodeSettings(
-        max_turns=8,
-        tool_call_format="hermes",
-        max_tool_calls_per_turn=1,
-        max_total_sequence_length=8192,
-    )
-    runner = EpisodeRunner(
-        engine, SamplingParams(max_new_tokens=256), settings, tok, EnvConfig(osworld=settings13)
-    )
-    record = RECORDS["osw-fill-name"]
-    prompt = tok.encode(record["prompt"], add_special_tokens=False)
-    [episode] = await runner.run_prompts("osworld", [("ep-0", prompt, {"task": record["task"]})])
-    await runner.aclose()
+    episode = await run_episode(turns, settings13)
     assert episode.finish_reason is FinishReason.STOP
     results = [call.result or "" for call in episode.tool_calls]
     errors = [call.error for call in episode.tool_calls]
