@@ -4,7 +4,9 @@ Real OSWorld tasks run in a full Ubuntu VM; none can run on this project's machi
 simulator service (:mod:`.simulator`) hosts these small desktops instead: text fields, buttons,
 checkboxes, drop-down menus and labels laid out by a task's ``config``. It applies the actions of
 :mod:`.actions` the way a GUI toolkit would (a click focuses or toggles, typing goes to the
-focused field, ``tab`` moves the focus, a menu opens on click and selects an option), renders a
+focused field, ``tab`` moves the focus, a menu opens on click and selects an option, a modifier
+held down with ``keyDown`` modifies the keys pressed until ``keyUp``, a ``mouseDown`` and
+``mouseUp`` on the same target make a click), renders a
 screenshot with PIL, and describes itself as an accessibility tree in the XML shape OSWorld's
 in-VM server returns (AT-SPI roles, ``st:``/``cp:`` attributes in OSWorld's namespaces), so an
 agent and an evaluator written for the real tree read this one too.
@@ -50,6 +52,7 @@ _MODIFIERS = frozenset(
     {"ctrl", "ctrlleft", "ctrlright", "shift", "shiftleft", "shiftright", "alt", "altleft"}
     | {"altright", "command", "win", "winleft", "winright", "option", "optionleft", "optionright"}
 )
+_SHIFTS = frozenset({"shift", "shiftleft", "shiftright"})
 #: Key names that are another key's alias (pyautogui's own: ``'\n'`` presses enter).
 _ALIASES = {"\n": "enter", "\r": "enter", "\t": "tab", " ": "space", "del": "delete"}
 _ALIASES |= {"pgup": "pageup", "pgdn": "pagedown"}
@@ -287,10 +290,12 @@ class Desktop:
         control = chord & {"ctrl", "ctrlleft", "ctrlright", "command"}
         if control and "a" in chord and self._focused("text_field") is not None:
             self.select_all = True
-        elif chord & {"shift", "shiftleft", "shiftright"} and "tab" in chord:
+        elif chord & _SHIFTS and "tab" in chord:
             self._move_focus(-1)
         elif len(keys) == 1:
             self._key(keys[0])
+        elif len(chord - _SHIFTS) == 1 and len(keys[-1]) == 1 and keys[-1].isalpha():
+            self._type(keys[-1].upper())  # shift and a letter: the capital
 
     def _move_focus(self, step: int) -> None:
         focusable = [i for i, w in enumerate(self.widgets) if w.kind in _FOCUSABLE]

@@ -183,8 +183,11 @@ async def test_computer_13_keys_held_down_modify_the_keys_pressed(simulator):
         {"action_type": "KEY_UP", "key": "ctrl"},
         {"action_type": "TYPING", "text": "new"},  # replaces the selection
         {"action_type": "PRESS", "key": "b"},  # ctrl released: the letter
+        {"action_type": "KEY_DOWN", "key": "shift"},
+        {"action_type": "PRESS", "key": "c"},  # shift held: the capital
+        {"action_type": "KEY_UP", "key": "shift"},
     )
-    assert states(await desktop.accessibility_tree())["Search"][0] == "newb"
+    assert states(await desktop.accessibility_tree())["Search"][0] == "newbC"
     # '\t' is the tab key (pyautogui's name): the focus moves on to Go; '\n' presses it.
     await run_computer13(
         desktop,
