@@ -1,5 +1,6 @@
 """``dockyard osworld serve``: the desktop simulator service the ``osworld`` environment and its
-episode toolbox call (``env.osworld.simulator_url``).
+episode toolbox call (``env.osworld.simulator_url``). ``dockyard osworld prompts``: a dataset's
+records with their prompts rendered for an action space (``env.osworld.action_space``).
 
 A STAND-IN for OSWorld's VMs, which cannot run here: simulated desktops of widgets behind the
 real controller API's requests (docs/configuration.md, "Computer use on simulated desktops";
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import socket
+from pathlib import Path
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
 
@@ -37,6 +40,37 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prompts(args: argparse.Namespace) -> int:
+    """Each record's ``prompt`` rendered from its ``task`` for the action space; every other
+    field kept. A record that is not JSON or has no readable task is refused with its line."""
+    from dockyard.environments.osworld.prompts import task_prompt
+    from dockyard.environments.osworld.tasks import TaskError, parse_task
+
+    try:
+        lines = Path(args.input).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise CliError(f"{args.input}: cannot read: {error}") from None
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{args.input}:{number}"
+        try:
+            record = json.loads(line)
+        except ValueError as error:
+            raise CliError(f"{where}: not JSON: {error}") from None
+        if not isinstance(record, dict) or "task" not in record:
+            raise CliError(f"{where}: a record is a JSON object with its 'task'")
+        try:
+            task = parse_task(record["task"])
+        except TaskError as error:
+            raise CliError(f"{where}: {error}") from None
+        record["prompt"] = task_prompt(task, args.action_space)
+        records.append(json.dumps(record) + "\n")
+    Path(args.output).write_text("".join(records), encoding="utf-8")
+    return 0
+
+
 def register(registrar: CommandRegistrar) -> None:
     parser = registrar.add("osworld", help="The desktop simulator for OSWorld computer-use tasks")
     commands = add_subcommands(parser, dest="osworld_command")
@@ -49,3 +83,13 @@ def register(registrar: CommandRegistrar) -> None:
         "--max-desktops", type=int, default=256, help="desktops open at once (one per episode)"
     )
     serve.set_defaults(handler=lambda args: asyncio.run(_serve(args)))
+    prompts = commands.add(
+        "prompts",
+        help="Render a task dataset's prompts for an action space (env.osworld.action_space)",
+    )
+    prompts.add_argument("input", help="JSONL records, each with its 'task'")
+    prompts.add_argument("output", help="where the records go, their 'prompt' rendered anew")
+    prompts.add_argument(
+        "--action-space", choices=["pyautogui", "computer_13"], default="pyautogui"
+    )
+    prompts.set_defaults(handler=_prompts)

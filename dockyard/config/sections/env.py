@@ -224,6 +224,10 @@ class GdpvalEnvConfig(TerminalBenchEnvConfig):
     )
 
 
+#: OSWorld's two action spaces (``desktop_env``'s ``action_space``).
+OsworldActionSpace = Literal["pyautogui", "computer_13"]
+
+
 class OsworldEnvConfig(EnvSettings):
     """Computer use (``data.*.env: osworld``): the agent drives a desktop through OSWorld's VM
     controller API, one desktop per episode; the task's evaluator reads the final state. Here
@@ -233,6 +237,11 @@ class OsworldEnvConfig(EnvSettings):
         None,
         description="base URL (http://host:port) of the desktop simulator service "
         "(dockyard osworld serve); required by the env and its toolbox",
+    )
+    action_space: OsworldActionSpace = Field(
+        "pyautogui",
+        description="how the agent acts (OSWorld's action_space): pyautogui code, or "
+        "computer_13's JSON actions (the computer tool's arguments are the action)",
     )
     observation_type: Literal["a11y_tree", "screenshot", "screenshot_a11y_tree"] = Field(
         "a11y_tree",

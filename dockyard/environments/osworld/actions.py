@@ -3,11 +3,12 @@
 An OSWorld agent answers each screenshot with Python that drives ``pyautogui`` (OSWorld's
 ``action_space="pyautogui"``), or with one of the special codes ``WAIT``, ``DONE`` and ``FAIL``.
 Here that code is *read*, not run: :func:`parse_actions` accepts only a whitelist of calls —
-``pyautogui.click / doubleClick / rightClick / moveTo / write / typewrite / press / hotkey /
-scroll`` and ``time.sleep`` — with literal arguments, plus the ``import pyautogui`` /
-``import time`` lines agents write before them. Anything else (a name, an attribute chain, an
-expression as an argument, ``__import__('os')``, a loop) is refused with its reason, so a model
-can move the pointer and type but never reach the interpreter.
+``pyautogui.click / doubleClick / rightClick / moveTo / dragTo / mouseDown / mouseUp / write /
+typewrite / press / keyDown / keyUp / hotkey / scroll`` and ``time.sleep`` — with literal
+arguments, plus the ``import pyautogui`` / ``import time`` lines agents write before them.
+Anything else (a name, an attribute chain, an expression as an argument, ``__import__('os')``, a
+loop) is refused with its reason, so a model can move the pointer and type but never reach the
+interpreter. The ``computer_13`` space (:mod:`.computer13`) is translated into these calls.
 
 The same reader serves the agent's tool, the simulator's ``/execute`` and the scorer's replay,
 so all three agree on what an action is.
@@ -20,40 +21,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: Keys ``press``/``hotkey`` accept (pyautogui's names, lower case); a typo is refused, not sent.
-KEYS = frozenset(
-    {
-        "enter",
-        "return",
-        "tab",
-        "space",
-        "backspace",
-        "delete",
-        "escape",
-        "esc",
-        "up",
-        "down",
-        "left",
-        "right",
-        "home",
-        "end",
-        "pageup",
-        "pagedown",
-        "ctrl",
-        "ctrlleft",
-        "ctrlright",
-        "shift",
-        "shiftleft",
-        "shiftright",
-        "alt",
-        "altleft",
-        "altright",
-        "win",
-        "command",
-        *"abcdefghijklmnopqrstuvwxyz0123456789",
-        *(f"f{n}" for n in range(1, 13)),
-    }
-)
+from dockyard.environments.osworld.keys import COMPUTER_13_KEYS
+
+#: Keys ``press`` / ``hotkey`` / ``keyDown`` / ``keyUp`` accept (pyautogui's names, lower case):
+#: OSWorld's KEYBOARD_KEYS, which every translated ``computer_13`` action names, plus ``space``
+#: (pyautogui has it, OSWorld's copy of the list does not). A typo is refused, not sent.
+KEYS = COMPUTER_13_KEYS | {"space"}
 SPECIAL_CODES = ("WAIT", "DONE", "FAIL")
 #: The longest pause ``time.sleep`` may ask for (a simulated desktop has nothing to wait for,
 #: and a real one should not be held by a model's whim).
@@ -104,6 +77,33 @@ class Scroll:
 
 
 @dataclass(frozen=True)
+class MouseButton:
+    """``mouseDown`` / ``mouseUp``: one button pressed or released (after moving to x, y)."""
+
+    down: bool
+    button: str = "left"
+    x: int | None = None  # None: where the pointer is
+    y: int | None = None
+
+
+@dataclass(frozen=True)
+class DragTo:
+    """``dragTo``: press ``button`` where the pointer is, move to (x, y), release."""
+
+    x: int
+    y: int
+    button: str = "left"
+
+
+@dataclass(frozen=True)
+class Key:
+    """``keyDown`` / ``keyUp``: one key pressed (and held) or released."""
+
+    key: str
+    down: bool
+
+
+@dataclass(frozen=True)
 class Sleep:
     seconds: float
 
@@ -113,7 +113,9 @@ class Special:
     code: str  # one of SPECIAL_CODES
 
 
-Action = Click | MoveTo | Write | Press | Hotkey | Scroll | Sleep | Special
+Action = (
+    Click | MoveTo | Write | Press | Hotkey | Scroll | MouseButton | DragTo | Key | Sleep | Special
+)
 
 # Each allowed call: its parameters in positional order (pyautogui's own order) and which are
 # required. Parameters pyautogui has but a simulated desktop has no use for (``interval``,
@@ -128,14 +130,23 @@ _SIGNATURES: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "typewrite": (("message", "interval"), frozenset({"message"})),
     "press": (("keys", "presses", "interval"), frozenset({"keys"})),
     "scroll": (("clicks", "x", "y"), frozenset({"clicks"})),
+    "mouseDown": (("x", "y", "button", "duration", "tween"), frozenset()),
+    "mouseUp": (("x", "y", "button", "duration", "tween"), frozenset()),
+    "dragTo": (
+        ("x", "y", "duration", "tween", "button", "logScreenshot", "_pause", "mouseDownUp"),
+        frozenset({"x", "y"}),
+    ),
+    "keyDown": (("key",), frozenset({"key"})),
+    "keyUp": (("key",), frozenset({"key"})),
 }
 _BUTTONS = ("left", "right", "middle")
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
-def extract_code(response: str) -> str:
-    """The code of a response: its last fenced block, else the whole text (OSWorld's reader)."""
-    blocks = _FENCE.findall(response)
+def extract_code(response: str, fence: re.Pattern[str] = _FENCE) -> str:
+    """The code of a response: its last ``fence`` block, else the whole text (OSWorld's reader).
+    The default fence is Python's; the ``computer_13`` space passes its JSON fence."""
+    blocks = fence.findall(response)
     return blocks[-1] if blocks else response
 
 
@@ -219,13 +230,11 @@ def _call(call: ast.Call) -> Action:
 def _action(name: str, args: dict[str, object]) -> Action:
     if name in ("click", "doubleClick", "rightClick"):
         x, y = _point(args, optional=True)
-        button = "right" if name == "rightClick" else args.get("button", "left")
-        if button not in _BUTTONS:
-            raise ActionParseError(f"button must be one of {', '.join(_BUTTONS)}")
+        button = "right" if name == "rightClick" else _button(args.get("button", "left"))
         clicks = 2 if name == "doubleClick" else _int(args.get("clicks", 1), "clicks")
         if not 1 <= clicks <= 3:
             raise ActionParseError("clicks must be 1, 2 or 3")
-        return Click(x, y, str(button), clicks)
+        return Click(x, y, button, clicks)
     if name == "moveTo":
         x, y = _point(args, optional=False)
         assert x is not None and y is not None
@@ -239,6 +248,21 @@ def _action(name: str, args: dict[str, object]) -> Action:
         if len(message) > MAX_TEXT_CHARS:
             raise ActionParseError(f"text of {len(message)} characters; at most {MAX_TEXT_CHARS}")
         return Write(message)
+    if name in ("mouseDown", "mouseUp"):
+        x, y = _point(args, optional=True)
+        return MouseButton(name == "mouseDown", _button(args.get("button", "left")), x, y)
+    if name == "dragTo":
+        x, y = _point(args, optional=False)
+        assert x is not None and y is not None
+        down_up = args.get("mouseDownUp", True)
+        if not isinstance(down_up, bool):
+            raise ActionParseError("pyautogui.dragTo: mouseDownUp must be True or False")
+        if not down_up:
+            return MoveTo(x, y)  # pyautogui only moves then: no button goes down or up
+        return DragTo(x, y, _button(args.get("button", "left")))
+    if name in ("keyDown", "keyUp"):
+        [key] = _keys([args["key"]], name)
+        return Key(key, name == "keyDown")
     if name == "press":
         keys = args["keys"]
         presses = _int(args.get("presses", 1), "presses")
@@ -302,6 +326,12 @@ def _point(args: dict[str, object], *, optional: bool) -> tuple[int | None, int 
     if x is None or y is None:
         raise ActionParseError("give both x and y")
     return _int(x, "x"), _int(y, "y")
+
+
+def _button(button: object) -> str:
+    if not isinstance(button, str) or button not in _BUTTONS:
+        raise ActionParseError(f"button must be one of {', '.join(_BUTTONS)}")
+    return button
 
 
 def _keys(keys: object, what: str) -> tuple[str, ...]:

@@ -4,7 +4,9 @@ Real OSWorld tasks run in a full Ubuntu VM; none can run on this project's machi
 simulator service (:mod:`.simulator`) hosts these small desktops instead: text fields, buttons,
 checkboxes, drop-down menus and labels laid out by a task's ``config``. It applies the actions of
 :mod:`.actions` the way a GUI toolkit would (a click focuses or toggles, typing goes to the
-focused field, ``tab`` moves the focus, a menu opens on click and selects an option), renders a
+focused field, ``tab`` moves the focus, a menu opens on click and selects an option, a modifier
+held down with ``keyDown`` modifies the keys pressed until ``keyUp``, a ``mouseDown`` and
+``mouseUp`` on the same target make a click), renders a
 screenshot with PIL, and describes itself as an accessibility tree in the XML shape OSWorld's
 in-VM server returns (AT-SPI roles, ``st:``/``cp:`` attributes in OSWorld's namespaces), so an
 agent and an evaluator written for the real tree read this one too.
@@ -21,7 +23,10 @@ from PIL import Image, ImageDraw
 from dockyard.environments.osworld.actions import (
     Action,
     Click,
+    DragTo,
     Hotkey,
+    Key,
+    MouseButton,
     MoveTo,
     Press,
     Write,
@@ -43,6 +48,14 @@ ROLES = {
     "label": "label",
 }
 _FOCUSABLE = ("text_field", "button", "checkbox", "menu")
+_MODIFIERS = frozenset(
+    {"ctrl", "ctrlleft", "ctrlright", "shift", "shiftleft", "shiftright", "alt", "altleft"}
+    | {"altright", "command", "win", "winleft", "winright", "option", "optionleft", "optionright"}
+)
+_SHIFTS = frozenset({"shift", "shiftleft", "shiftright"})
+#: Key names that are another key's alias (pyautogui's own: ``'\n'`` presses enter).
+_ALIASES = {"\n": "enter", "\r": "enter", "\t": "tab", " ": "space", "del": "delete"}
+_ALIASES |= {"pgup": "pageup", "pgdn": "pagedown"}
 MAX_FIELD_CHARS = 200
 
 
@@ -80,7 +93,9 @@ class Desktop:
     open_menu: int | None = None
     highlighted: int = 0  # the option of the open menu the arrow keys are on
     select_all: bool = False  # the focused field's text is selected (typing replaces it)
-    held: set[str] = field(default_factory=set)
+    held: set[str] = field(default_factory=set)  # modifier keys down (keyDown, not yet up)
+    #: What the left button went down on (mouseDown), until it comes up.
+    pressed_on: tuple[str, int] | None = None
 
     @classmethod
     def from_spec(cls, spec: DesktopSpec) -> Desktop:
@@ -121,9 +136,60 @@ class Desktop:
         elif isinstance(action, Press):
             for _ in range(action.presses):
                 for key in action.keys:
-                    self._key(key)
+                    self._stroke(key)
         elif isinstance(action, Hotkey):
-            self._hotkey(action.keys)
+            self._hotkey(tuple(_ALIASES.get(key, key) for key in action.keys))
+        elif isinstance(action, Key):
+            self._key_event(action)
+        elif isinstance(action, MouseButton):
+            if action.x is not None and action.y is not None:
+                self.pointer = (action.x, action.y)
+            self._button_event(action.button, down=action.down)
+        elif isinstance(action, DragTo):
+            self._button_event(action.button, down=True)
+            self.pointer = (action.x, action.y)
+            self._button_event(action.button, down=False)
+
+    def _stroke(self, key: str) -> None:
+        """A key pressed and released, with whatever modifiers are held down."""
+        key = _ALIASES.get(key, key)
+        if self.held:
+            self._hotkey((*sorted(self.held), key))
+        else:
+            self._key(key)
+
+    def _key_event(self, event: Key) -> None:
+        key = _ALIASES.get(event.key, event.key)
+        if key in _MODIFIERS:
+            if event.down:
+                self.held.add(key)
+            else:
+                self.held.discard(key)
+        elif event.down:
+            self._stroke(key)  # a key going down is what types it; its release does nothing
+
+    def _target(self) -> tuple[str, int]:
+        """What a click at the pointer would hit: an open menu's option (or outside the menu),
+        else a widget, else the bare screen."""
+        x, y = self.pointer
+        if self.open_menu is not None:
+            menu = self.widgets[self.open_menu]
+            option = menu.option_at(x, y)
+            return ("option", menu.options.index(option)) if option is not None else ("off", -1)
+        index = next((i for i, w in enumerate(self.widgets) if w.contains(x, y)), -1)
+        return ("widget", index)
+
+    def _button_event(self, button: str, *, down: bool) -> None:
+        # A press and a release make a click only on the same target, as in GTK: a release
+        # elsewhere (a drag off a button) activates nothing. Other buttons do nothing here.
+        if button != "left":
+            return
+        if down:
+            self.pressed_on = self._target()
+            return
+        pressed, self.pressed_on = self.pressed_on, None
+        if pressed is not None and pressed == self._target():
+            self._click(1)
 
     def _click(self, clicks: int) -> None:
         x, y = self.pointer
@@ -224,10 +290,12 @@ class Desktop:
         control = chord & {"ctrl", "ctrlleft", "ctrlright", "command"}
         if control and "a" in chord and self._focused("text_field") is not None:
             self.select_all = True
-        elif chord & {"shift", "shiftleft", "shiftright"} and "tab" in chord:
+        elif chord & _SHIFTS and "tab" in chord:
             self._move_focus(-1)
         elif len(keys) == 1:
             self._key(keys[0])
+        elif len(chord - _SHIFTS) == 1 and len(keys[-1]) == 1 and keys[-1].isalpha():
+            self._type(keys[-1].upper())  # shift and a letter: the capital
 
     def _move_focus(self, step: int) -> None:
         focusable = [i for i, w in enumerate(self.widgets) if w.kind in _FOCUSABLE]

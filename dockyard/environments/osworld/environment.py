@@ -3,8 +3,10 @@
 Each sample is replayed on a fresh desktop of the simulator service (``env.osworld.simulator_url``,
 a STAND-IN for OSWorld's VMs) laid out by the task (metadata ``task``, :mod:`.tasks`): an episode's
 ``computer`` calls as its tool took them (the same rules, :mod:`.session`: calls the tool refused
-are refused again, calls not run are left out), or a single-turn response's action code (its last
-fenced block, else the whole response, before the first end-of-turn marker). Then the task's
+are refused again, calls not run are left out), or a single-turn response's actions (its last
+fenced block, else the whole response, before the first end-of-turn marker), both read in the
+run's action space (``env.osworld.action_space``: pyautogui code, or computer_13's JSON actions,
+:mod:`.computer13`). Then the task's
 evaluator reads the final accessibility tree: ``check_accessibility_tree`` rewards 1 when every
 rule holds; ``infeasible`` rewards 1 only for the answer FAIL, and an agent answering FAIL to a
 feasible task scores 0 (OSWorld's convention). The reward is never the worker's word.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dockyard.config.sections.env import OsworldEnvConfig
+from dockyard.config.sections.env import OsworldActionSpace, OsworldEnvConfig
 from dockyard.environments.arithmetic_env import answer_before_eos
 from dockyard.environments.base import (
     Environment,
@@ -31,28 +33,31 @@ from dockyard.environments.base import (
     ToolCallRecord,
 )
 from dockyard.environments.osworld.accessibility import TreeError, rule_failures
-from dockyard.environments.osworld.actions import ActionParseError, extract_code
+from dockyard.environments.osworld.actions import ActionParseError
 from dockyard.environments.osworld.controller_client import SimulatorClient
 from dockyard.environments.osworld.session import (
     COMPUTER_TOOL,
     ActionRefused,
     DesktopSession,
-    action_of,
+    Step,
+    call_step,
+    response_steps,
 )
 from dockyard.environments.osworld.tasks import DesktopTask, TaskError, parse_task
 from dockyard.environments.registry import register_environment
 from dockyard.environments.tools.toolbox import ToolArgumentError, ran_calls
 
 
-def replayed_actions(calls: Sequence[ToolCallRecord]) -> list[str]:
-    """The action codes of the episode's ``computer`` calls that ran, in order."""
-    codes = []
+def replayed_steps(action_space: OsworldActionSpace, calls: Sequence[ToolCallRecord]) -> list[Step]:
+    """The steps of the episode's ``computer`` calls that ran and the tool read, in order: a
+    call the tool refused to read left the desktop unchanged, so the replay leaves it out."""
+    steps = []
     for _, arguments in ran_calls(calls, {COMPUTER_TOOL}):
         try:
-            codes.append(action_of(arguments))
-        except ToolArgumentError:
+            steps.append(call_step(action_space, arguments))
+        except (ToolArgumentError, ActionParseError):
             continue
-    return codes
+    return steps
 
 
 @register_environment
@@ -78,19 +83,23 @@ class OsworldEnvironment(Environment):
         return GroupScore(group.group_id, scores)
 
     async def score_sample(self, sample: SampleInput, task: DesktopTask) -> SampleScore:
+        space = self.settings.action_space
         if sample.tool_calls is not None:
-            codes, single_turn = replayed_actions(sample.tool_calls), False
+            steps = replayed_steps(space, sample.tool_calls)
         else:
             text, _ = answer_before_eos(sample.response_text, self.settings.eos_markers)
-            codes, single_turn = [extract_code(text)], True
+            try:
+                steps = response_steps(space, text)
+            except ActionParseError as error:
+                return _zero(f"no valid action: {error}", ScoreFlag.INVALID_ACTION)
         desktop_id, controller = await self.simulator.open_desktop(task)
         try:
             session = DesktopSession(controller, self.settings)
-            for code in codes:
+            for step in steps:
                 try:
-                    await session.act(code)
-                except (ActionParseError, ActionRefused) as error:
-                    if single_turn:
+                    await session.act(step)
+                except ActionRefused as error:
+                    if sample.tool_calls is None:
                         return _zero(f"no valid action: {error}", ScoreFlag.INVALID_ACTION)
                     continue  # the tool refused it too: the episode went on without it
             try:

@@ -1,4 +1,5 @@
-"""What an OSWorld task says to the agent: the instruction, the action space, and the first
+"""What an OSWorld task says to the agent: the instruction, the action space (the run's
+``env.osworld.action_space``: what a ``computer`` call's arguments are), and the first
 observation (the desktop's accessibility tree as text, OSWorld's ``a11y_tree`` observation).
 
 The first observation is rendered from the task's own setup (:meth:`.desktop.Desktop.from_spec`
@@ -8,14 +9,20 @@ shipped records are checked against it (tests/unit/environments/test_osworld_tas
 
 from __future__ import annotations
 
+from dockyard.config.sections.env import OsworldActionSpace
 from dockyard.environments.osworld.accessibility import linearize, parse_tree
+from dockyard.environments.osworld.computer13 import ACTION_TYPES
 from dockyard.environments.osworld.desktop import Desktop
 from dockyard.environments.osworld.tasks import DesktopTask
 
-# Short on purpose: the CPU preset's tiny model has a context of 256 tokens.
-ACTION_SPACE = 'Act: computer {"action": pyautogui code|DONE|FAIL}'
+# Short on purpose: the CPU preset's tiny model has a context of 256 tokens. The line tells the
+# agent what a `computer` call's arguments are in the run's action space.
+ACTION_SPACES: dict[OsworldActionSpace, str] = {
+    "pyautogui": 'Act: computer {"action": pyautogui code|DONE|FAIL}',
+    "computer_13": 'Act: computer {"action_type": ' + "|".join(ACTION_TYPES) + ", params}",
+}
 
 
-def task_prompt(task: DesktopTask) -> str:
+def task_prompt(task: DesktopTask, action_space: OsworldActionSpace = "pyautogui") -> str:
     tree = linearize(parse_tree(Desktop.from_spec(task.desktop).accessibility_tree()))
-    return f"Task: {task.instruction}\n{ACTION_SPACE}\n{tree}\n"
+    return f"Task: {task.instruction}\n{ACTION_SPACES[action_space]}\n{tree}\n"

@@ -2,8 +2,10 @@
 
 Each episode opens its own desktop on the simulator service (``env.osworld.simulator_url``; a
 STAND-IN for OSWorld's VMs) laid out by its task (the record's metadata ``task``), so a
-redelivered group replays from scratch on fresh desktops. A call is
-``{"name": "computer", "arguments": {"action": "<pyautogui code | WAIT | DONE | FAIL>"}}``;
+redelivered group replays from scratch on fresh desktops. A call is, in the ``pyautogui`` action
+space, ``{"name": "computer", "arguments": {"action": "<pyautogui code | WAIT | DONE | FAIL>"}}``,
+and in ``computer_13`` (``env.osworld.action_space``) the action object itself,
+``{"name": "computer", "arguments": {"action_type": "CLICK", "x": 20, "y": 20}}``;
 the observation is the accessibility tree after the action, as text
 (``env.osworld.observation_type: a11y_tree``). The reward is decided by the scorer, which
 replays the actions in a fresh desktop (:mod:`dockyard.environments.osworld.environment`).
@@ -21,7 +23,7 @@ from dockyard.environments.osworld.session import (
     COMPUTER_TOOL,
     ActionRefused,
     DesktopSession,
-    action_of,
+    call_step,
 )
 from dockyard.environments.osworld.tasks import TaskError, parse_task
 from dockyard.environments.tools.toolbox import (
@@ -47,7 +49,8 @@ class DesktopToolSession(ToolSession):
 
     async def call(self, name: str, arguments: Mapping[str, Any]) -> str:
         try:
-            return await self.session.act(action_of(arguments))
+            step = call_step(self.session.settings.action_space, arguments)
+            return await self.session.act(step)
         except (ActionParseError, ActionRefused) as error:
             raise ToolArgumentError(str(error)) from None
         except ControllerUnavailable as error:

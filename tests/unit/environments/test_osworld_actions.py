@@ -8,7 +8,10 @@ import pytest
 from dockyard.environments.osworld.actions import (
     ActionParseError,
     Click,
+    DragTo,
     Hotkey,
+    Key,
+    MouseButton,
     MoveTo,
     Press,
     Scroll,
@@ -38,6 +41,17 @@ from dockyard.environments.osworld.actions import (
         ("pyautogui.hotkey('ctrl', 'a')", [Hotkey(("ctrl", "a"))]),
         ("pyautogui.scroll(-3)", [Scroll(-3)]),
         ("time.sleep(0.5)", [Sleep(0.5)]),
+        # The calls OSWorld's controller sends for computer_13's mouse and key actions.
+        ("pyautogui.mouseDown()", [MouseButton(True)]),
+        ("pyautogui.mouseUp(5, 6, button='right')", [MouseButton(False, "right", 5, 6)]),
+        (
+            "pyautogui.dragTo(5, 6, duration=1.0, button='left', mouseDownUp=True)",
+            [DragTo(5, 6)],
+        ),
+        ("pyautogui.dragTo(5, 6, mouseDownUp=False)", [MoveTo(5, 6)]),  # a move, no button
+        ("pyautogui.keyDown('Shift')", [Key("shift", down=True)]),
+        ("pyautogui.keyUp('ctrl')", [Key("ctrl", down=False)]),
+        ("pyautogui.press('pgdn')", [Press(("pgdn",))]),  # OSWorld's KEYBOARD_KEYS
         ("DONE", [Special("DONE")]),
         (" FAIL \n", [Special("FAIL")]),
         ("WAIT", [Special("WAIT")]),
@@ -74,6 +88,12 @@ def test_valid_code_reads_as_its_actions(code, expected):
         ("pyautogui.write('" + "x" * 3000 + "')", "at most"),
         ("time.sleep(3600)", "over 5"),
         ("pyautogui.screenshot()", "not allowed"),
+        ("pyautogui.mouseDown(button='wheel')", "button must be one of"),
+        ("pyautogui.dragTo(5)", "missing y"),
+        ("pyautogui.dragTo(5, 6, mouseDownUp=1)", "mouseDownUp must be True or False"),
+        ("pyautogui.keyDown('ctrl', 'a')", "too many arguments"),
+        ("pyautogui.keyUp()", "missing key"),
+        ("pyautogui.keyDown('hyper')", "unknown key"),
     ],
 )
 def test_malformed_code_is_refused_with_its_reason(code, reason):

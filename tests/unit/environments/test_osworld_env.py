@@ -23,7 +23,7 @@ from dockyard.environments.base import (
 from dockyard.environments.osworld.environment import OsworldEnvironment
 from dockyard.environments.registry import build_environment
 from dockyard.environments.tools.toolbox import NOT_RUN_PREFIX, TaskRefused, toolbox_class
-from dockyard.producers.episodes import EpisodeRunner, EpisodeSettings
+from dockyard.producers.episodes import Episode, EpisodeRunner, EpisodeSettings
 from dockyard.schemas import FinishReason
 from tests.osworld_simulator import simulator_command
 from tests.sandbox_service import sandbox_service
@@ -153,6 +153,29 @@ async def test_a_task_that_cannot_be_read_is_refused_not_scored(env, task, reaso
     assert refused.value.reason_code == reason
 
 
+async def run_episode(turns: list[str], settings: OsworldEnvConfig) -> Episode:
+    """One episode of osw-fill-name, the model's turns scripted, through the osworld toolbox."""
+    engine, tok = scripted_engine(turns)
+    episode_settings = EpisodeSettings(
+        max_turns=8,
+        tool_call_format="hermes",
+        max_tool_calls_per_turn=1,
+        max_total_sequence_length=8192,
+    )
+    runner = EpisodeRunner(
+        engine,
+        SamplingParams(max_new_tokens=256),
+        episode_settings,
+        tok,
+        EnvConfig(osworld=settings),
+    )
+    record = RECORDS["osw-fill-name"]
+    prompt = tok.encode(record["prompt"], add_special_tokens=False)
+    [episode] = await runner.run_prompts("osworld", [("ep-0", prompt, {"task": record["task"]})])
+    await runner.aclose()
+    return episode
+
+
 def computer(action: str) -> str:
     call = {"name": "computer", "arguments": {"action": action}}
     return f"<tool_call>{json.dumps(call)}</tool_call>"
@@ -167,19 +190,7 @@ async def test_an_episode_drives_its_own_desktop_and_the_replay_scores_it(simula
         computer("DONE"),
         "The form is submitted.",
     ]
-    engine, tok = scripted_engine(turns)
-    env_config = EnvConfig(osworld=OsworldEnvConfig(simulator_url=simulator_url))
-    settings = EpisodeSettings(
-        max_turns=8,
-        tool_call_format="hermes",
-        max_tool_calls_per_turn=1,
-        max_total_sequence_length=8192,
-    )
-    runner = EpisodeRunner(engine, SamplingParams(max_new_tokens=256), settings, tok, env_config)
-    record = RECORDS["osw-fill-name"]
-    prompt = tok.encode(record["prompt"], add_special_tokens=False)
-    [episode] = await runner.run_prompts("osworld", [("ep-0", prompt, {"task": record["task"]})])
-    await runner.aclose()
+    episode = await run_episode(turns, OsworldEnvConfig(simulator_url=simulator_url))
     assert episode.finish_reason is FinishReason.STOP
     results = [call.result or "" for call in episode.tool_calls]
     assert len(results) == 5
@@ -204,3 +215,131 @@ async def test_the_toolbox_refuses_a_task_it_cannot_set_up(simulator_url):
         await toolbox.open_session("e0", {"task": '{"id": "t"}'})
     assert refused.value.reason == "bad_task"
     await toolbox.aclose()
+
+
+# ---- computer_13: OSWorld's JSON action space (env.osworld.action_space) --------------------
+
+
+@pytest.fixture
+async def env13(simulator_url):
+    settings = OsworldEnvConfig(simulator_url=simulator_url, action_space="computer_13")
+    environment = OsworldEnvironment(settings)
+    yield environment
+    await environment.aclose()
+
+
+def calls13(*actions: object) -> list[ToolCallRecord]:
+    return [ToolCallRecord("computer", json.dumps(a), "observed") for a in actions]
+
+
+SOLUTIONS_13 = {
+    "osw-fill-name": [
+        {"action_type": "CLICK", "x": 20, "y": 20},
+        {"action_type": "TYPING", "text": "Ada"},
+        {"action_type": "CLICK", "parameters": {"x": 200.4, "y": 20}},
+        {"action_type": "DONE"},
+    ],
+    "osw-agree": [{"action_type": "MOVE_TO", "x": 15, "y": 15}, {"action_type": "CLICK"}],
+    "osw-colour": [
+        {"action_type": "CLICK", "x": 20, "y": 20},
+        {"action_type": "PRESS", "key": "down"},
+        {"action_type": "PRESS", "key": "down"},
+        {"action_type": "PRESS", "key": "enter"},
+    ],
+    "osw-clear": [
+        {"action_type": "DOUBLE_CLICK", "x": 20, "y": 20},
+        {"action_type": "PRESS", "key": "backspace"},
+        {"action_type": "DONE"},
+    ],
+    "osw-print": [{"action_type": "FAIL"}],
+}
+
+
+@pytest.mark.parametrize("task_id", sorted(SOLUTIONS_13))
+async def test_each_task_is_solved_by_computer_13_actions(env13, task_id):
+    [score] = (
+        await env13.score(
+            group(task_id, SampleInput("", tool_calls=calls13(*SOLUTIONS_13[task_id])))
+        )
+    ).samples
+    assert score.reward == 1.0, score.detail
+
+
+async def test_a_computer_13_replay_leaves_out_what_the_tool_refused(env13):
+    tool_calls = calls13(
+        {"action": "pyautogui.click(15, 15)"},  # the pyautogui space's call: not an action here
+        {"action_type": "CLICK", "x": 15},  # refused: x without y
+        {"action_type": "CLICK", "x": 15, "y": 15, "clicks": 2},  # refused: not a parameter
+        {"action_type": "DONE"},
+        {"action_type": "CLICK", "x": 15, "y": 15},  # refused: after DONE
+    )
+    [score] = (
+        await env13.score(group("osw-agree", SampleInput("", tool_calls=tool_calls)))
+    ).samples
+    assert score.reward == 0.0
+    assert score.components["actions"] == 0.0
+    assert score.detail == "'I agree' is not checked"
+
+
+async def test_a_single_turn_computer_13_response_is_scored_and_malformed_ones_score_0(env13):
+    samples = [
+        SampleInput('I tick it.\n```json\n{"action_type": "CLICK", "x": 15, "y": 15}\n```'),
+        SampleInput('[{"action_type": "CLICK", "x": 15, "y": 15}, {"action_type": "DONE"}]'),
+        SampleInput("```python\npyautogui.click(15, 15)\n```"),
+        SampleInput('{"action_type": "CLICK", "x": 15, "y": 15, "num_clicks": 7}'),
+        SampleInput('{"action_type": "TELEPORT"}'),
+        SampleInput('{"action_type": "PRESS", "key": "hyper"}'),
+        SampleInput('[{"action_type": "DONE"}, {"action_type": "CLICK", "x": 15, "y": 15}]'),
+        SampleInput("FAIL"),
+    ]
+    scores = (await env13.score(group("osw-agree", *samples))).samples
+    assert [s.reward for s in scores] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    reasons = {
+        2: "not JSON",
+        3: "num_clicks must be the integer 1, 2 or 3",
+        4: "unknown action_type 'TELEPORT'",
+        5: "unknown key 'hyper'",
+        6: "the task is over: the agent answered DONE",
+    }
+    for index, reason in reasons.items():
+        assert scores[index].flags == {ScoreFlag.INVALID_ACTION}
+        assert scores[index].detail.startswith("no valid action: ")
+        assert reason in scores[index].detail
+    assert scores[7].detail == "the agent answered FAIL to a feasible task"
+
+
+def computer13(action: object) -> str:
+    return f"<tool_call>{json.dumps({'name': 'computer', 'arguments': action})}</tool_call>"
+
+
+async def test_a_computer_13_episode_solves_its_task_and_malformed_calls_are_tool_errors(
+    simulator_url,
+):
+    turns = [
+        computer13({"action_type": "CLICK", "x": 20, "y": 20}),
+        computer13({"action_type": "CLICK", "x": 20}),  # refused: the model reads why
+        computer13({"action": "pyautogui.write('Ada')"}),  # the other space's call: refused
+        computer13({"action_type": "TYPING", "text": "Ada"}),
+        computer13({"action_type": "CLICK", "x": 200, "y": 20}),
+        computer13({"action_type": "DONE"}),
+        "The form is submitted.",
+    ]
+    settings13 = OsworldEnvConfig(simulator_url=simulator_url, action_space="computer_13")
+    episode = await run_episode(turns, settings13)
+    assert episode.finish_reason is FinishReason.STOP
+    results = [call.result or "" for call in episode.tool_calls]
+    errors = [call.error for call in episode.tool_calls]
+    assert errors == [None, "bad_arguments", "bad_arguments", None, None, None]
+    assert "CLICK: give both x and y, or neither" in results[1]
+    assert "unknown action_type None" in results[2]
+    assert "entry\tName\tAda\t" in results[3]
+    assert "label\tStatus\tSubmitted\t" in results[4]
+    assert results[5].startswith("DONE recorded")
+    environment = OsworldEnvironment(settings13)
+    records = [
+        ToolCallRecord(call.name, call.arguments_json, call.result) for call in episode.tool_calls
+    ]
+    scores = await environment.score(group("osw-fill-name", SampleInput("", tool_calls=records)))
+    await environment.aclose()
+    assert scores.rewards == [1.0]
+    assert scores.samples[0].components["actions"] == 3.0

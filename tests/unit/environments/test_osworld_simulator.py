@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from dockyard.environments.osworld.accessibility import parse_tree
+from dockyard.environments.osworld.computer13 import parse_action, to_pyautogui
 from dockyard.environments.osworld.controller_client import (
     ControllerUnavailable,
     DesktopController,
@@ -163,3 +164,79 @@ async def test_the_client_refuses_a_controller_that_answers_outside_the_api():
             await desktop.accessibility_tree()
         with pytest.raises(ControllerUnavailable, match="returncode"):
             await desktop.execute_python("pyautogui.click(1, 1)")
+
+
+async def run_computer13(desktop: DesktopController, *actions: dict[str, object]) -> None:
+    """Each action as OSWorld's controller runs a computer_13 action: one pyautogui command."""
+    for action in actions:
+        result = await desktop.execute_python(to_pyautogui(parse_action(action)))
+        assert (result.ok, result.error) == (True, ""), action
+
+
+async def test_computer_13_keys_held_down_modify_the_keys_pressed(simulator):
+    desktop_id, desktop = await simulator.open_desktop(TASKS["osw-clear"])
+    await run_computer13(
+        desktop,
+        {"action_type": "CLICK", "x": 20, "y": 20},  # focus Search ("old query")
+        {"action_type": "KEY_DOWN", "key": "ctrl"},
+        {"action_type": "PRESS", "key": "a"},  # ctrl held: select all, not the letter
+        {"action_type": "KEY_UP", "key": "ctrl"},
+        {"action_type": "TYPING", "text": "new"},  # replaces the selection
+        {"action_type": "PRESS", "key": "b"},  # ctrl released: the letter
+        {"action_type": "KEY_DOWN", "key": "shift"},
+        {"action_type": "PRESS", "key": "c"},  # shift held: the capital
+        {"action_type": "KEY_UP", "key": "shift"},
+    )
+    assert states(await desktop.accessibility_tree())["Search"][0] == "newbC"
+    # '\t' is the tab key (pyautogui's name): the focus moves on to Go; '\n' presses it.
+    await run_computer13(
+        desktop,
+        {"action_type": "PRESS", "key": "\t"},
+        {"action_type": "PRESS", "key": "\n"},
+    )
+    tree = states(await desktop.accessibility_tree())
+    assert tree["Go"][1]["focused"] == "true"
+    assert tree["Search"][0] == "searching"  # what Go's press sets
+    await simulator.close_desktop(desktop_id)
+
+
+async def test_computer_13_mouse_buttons_click_only_when_released_where_pressed(simulator):
+    desktop_id, desktop = await simulator.open_desktop(TASKS["osw-agree"])
+
+    async def checked() -> str:
+        return states(await desktop.accessibility_tree())["I agree"][1]["checked"]
+
+    # Down and up on the box: a click, it ticks.
+    await run_computer13(
+        desktop,
+        {"action_type": "MOVE_TO", "x": 15, "y": 15},
+        {"action_type": "MOUSE_DOWN"},
+        {"action_type": "MOUSE_UP", "button": "left"},
+    )
+    assert await checked() == "true"
+    # Down on the box, released elsewhere (a drag off it): no click.
+    await run_computer13(
+        desktop,
+        {"action_type": "MOUSE_DOWN"},
+        {"action_type": "MOVE_TO", "x": 300, "y": 190},
+        {"action_type": "MOUSE_UP"},
+        {"action_type": "MOVE_TO", "x": 15, "y": 15},
+        {"action_type": "DRAG_TO", "x": 300, "y": 190},
+    )
+    assert await checked() == "true"
+    # Pressed off the box and dragged onto it: no click either.
+    await run_computer13(desktop, {"action_type": "DRAG_TO", "x": 15, "y": 15})
+    assert await checked() == "true"
+    # The right button, a double click (two toggles), a scroll: still ticked; three clicks: not.
+    await run_computer13(
+        desktop,
+        {"action_type": "RIGHT_CLICK", "x": 15, "y": 15},
+        {"action_type": "MOUSE_DOWN", "button": "right"},
+        {"action_type": "MOUSE_UP", "button": "right"},
+        {"action_type": "DOUBLE_CLICK"},
+        {"action_type": "SCROLL", "clicks": -5},
+    )
+    assert await checked() == "true"
+    await run_computer13(desktop, {"action_type": "CLICK", "num_clicks": 3, "x": 20, "y": 20})
+    assert await checked() == "false"
+    await simulator.close_desktop(desktop_id)

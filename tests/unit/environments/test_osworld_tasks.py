@@ -4,12 +4,14 @@ and the shipped records' prompts are what their tasks render."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from dockyard.environments.osworld.prompts import task_prompt
 from dockyard.environments.osworld.tasks import TaskError, parse_task
+from tests.sandbox_service import dockyard_command
 
 DATA = Path(__file__).resolve().parents[3] / "configs" / "cpu" / "data" / "osworld.jsonl"
 RECORDS = [json.loads(line) for line in DATA.read_text().splitlines()]
@@ -21,6 +23,68 @@ def test_each_shipped_prompt_is_its_task_rendered():
         task = parse_task(record["task"])
         assert task.id == record["id"] == record["answer"]
         assert record["prompt"] == task_prompt(task)
+
+
+# OSWorld's computer_13 action types (desktop_env/actions.py), in its order.
+OSWORLD_COMPUTER_13 = [
+    "MOVE_TO",
+    "CLICK",
+    "MOUSE_DOWN",
+    "MOUSE_UP",
+    "RIGHT_CLICK",
+    "DOUBLE_CLICK",
+    "DRAG_TO",
+    "SCROLL",
+    "TYPING",
+    "PRESS",
+    "KEY_DOWN",
+    "KEY_UP",
+    "HOTKEY",
+    "WAIT",
+    "FAIL",
+    "DONE",
+]
+
+
+def test_the_prompt_tells_the_agent_the_selected_action_space():
+    task = parse_task(RECORDS[0]["task"])
+    pyautogui = task_prompt(task, "pyautogui").splitlines()[1]
+    computer_13 = task_prompt(task, "computer_13").splitlines()[1]
+    assert pyautogui == 'Act: computer {"action": pyautogui code|DONE|FAIL}'
+    assert computer_13 == (
+        'Act: computer {"action_type": ' + "|".join(OSWORLD_COMPUTER_13) + ", params}"
+    )
+    # Only the action line differs: the task and the first screen are the same.
+    assert task_prompt(task, "pyautogui").replace(pyautogui, computer_13) == task_prompt(
+        task, "computer_13"
+    )
+
+
+def test_the_prompts_command_renders_a_dataset_for_an_action_space(tmp_path):
+    out = tmp_path / "computer_13.jsonl"
+    command = dockyard_command("osworld", "prompts", "--action-space", "computer_13")
+    subprocess.run([*command, str(DATA), str(out)], check=True, timeout=120)
+    rendered = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rendered] == [r["id"] for r in RECORDS]
+    for record, original in zip(rendered, RECORDS, strict=True):
+        assert record["prompt"] == task_prompt(parse_task(record["task"]), "computer_13")
+        assert {k: v for k, v in record.items() if k != "prompt"} == {
+            k: v for k, v in original.items() if k != "prompt"
+        }
+    # The default space renders the shipped file as it is.
+    same = tmp_path / "pyautogui.jsonl"
+    subprocess.run([*dockyard_command("osworld", "prompts"), str(DATA), str(same)], check=True)
+    assert same.read_text() == DATA.read_text()
+
+
+def test_the_prompts_command_refuses_a_record_without_a_readable_task(tmp_path):
+    source = tmp_path / "bad.jsonl"
+    source.write_text(DATA.read_text().splitlines()[0] + '\n{"id": "x", "task": "{}"}\n')
+    command = dockyard_command("osworld", "prompts", str(source), str(tmp_path / "out.jsonl"))
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert finished.returncode != 0
+    assert f"{source}:2:" in finished.stderr
+    assert not (tmp_path / "out.jsonl").exists()  # nothing half-written
 
 
 def field(**widget: object) -> dict[str, object]:
