@@ -22,8 +22,8 @@ multiple of the ``tp`` size (positions no real token attends to) and the logits 
 
 LoRA (peft's layers wrap the projections): the plan addresses ``base_layer``, ``lora_A`` and
 ``lora_B`` of each wrapped projection so that the adapter is split with its base weight
-(:func:`_projection_plan` has the maths). torch's parallel styles re-create the parameters they
-split or replicate as trainable ones, so LoRA's frozen base is frozen again afterwards.
+(:func:`_projection_plan` has the maths). torch's ``SequenceParallel`` re-creates the norms'
+weights as trainable parameters, so what LoRA froze is frozen again afterwards.
 
 Ranks form a 2-D mesh ``("dp", "tp")``: the ``tp`` ranks of one data-parallel group see the same
 batch; FSDP2 shards over ``dp`` (:mod:`.data_parallel`).
@@ -165,8 +165,8 @@ def parallelize_policy(
         parallelize_module(layer, mesh, plan)
     if sequence_parallel:
         _split_sequence_between_layers(model, decoder, mesh)
-    # SequenceParallel replaces a norm's weight by a new Parameter, which requires grad: LoRA's
-    # frozen base would train.
+    # SequenceParallel replaces a norm's weight by a new Parameter, which requires grad (the
+    # column- and row-wise styles keep requires_grad): LoRA's frozen norms would train.
     for name, parameter in model.named_parameters():
         if name in frozen:
             parameter.requires_grad_(False)

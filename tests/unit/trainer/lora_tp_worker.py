@@ -3,6 +3,8 @@ torchrun).
 
     torchrun --nproc_per_node 2 tests/unit/trainer/lora_tp_worker.py OUT_DIR
 
+(With 4 processes: see :func:`two_groups`.)
+
 Both ranks form one tensor-parallel group (a ``(1, 2)`` ``("dp", "tp")`` mesh) over a peft model
 whose every decoder projection carries an adapter, and see the whole batch. Each rank seeds its
 RNG differently before peft draws the adapters' initial ``A``: rank 0's must reach every rank.
@@ -24,6 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from dockyard.broker.weight_blobs.base import digest_of_bytes, tensors_to_bytes
 from dockyard.config.loader import load_config
+from dockyard.consumers.trainer.data_parallel import shard_by_groups
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, whole_tensor
 from dockyard.consumers.trainer.ranks import (
     TrainerRanks,
@@ -71,31 +74,66 @@ def resumed_from(directory: Path, config, mesh, rank: int) -> dict[str, torch.Te
     return resumed.engine_weights()
 
 
+def train(
+    config, mesh, batch, rank: int
+) -> tuple[PolicyTrainer, dict[str, torch.Tensor], list[dict]]:
+    """A trainer seeded by ``rank``, its first weight event, and :data:`STEPS` steps on
+    ``batch``: each one's loss, whole adapter gradients and grad norm."""
+    torch.manual_seed(rank)  # a different adapter initialisation on each rank
+    trainer = PolicyTrainer(tiny_model("qwen2"), config, torch.device("cpu"), mesh=mesh)
+    # Cloned: a whole A is the parameter itself (detached), which the steps change.
+    initial = {n: t.clone() for n, t in trainer.engine_weights().items()}
+    steps = []
+    for _ in range(STEPS):
+        result = trainer.gradients(batch)
+        grads = {
+            n: whole_tensor(p.grad).clone()
+            for n, p in trainer.model.named_parameters()
+            if p.grad is not None
+        }
+        outcome = trainer.step(batch)
+        steps.append({"loss": result.loss.loss, "grads": grads, "grad_norm": outcome.grad_norm})
+    return trainer, initial, steps
+
+
+def lora_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: whole_tensor(p).clone() for n, p in model.named_parameters() if ".lora_" in n}
+
+
+def two_groups(out: Path, mesh, rank: int) -> None:
+    """Four ranks: FSDP2 over two data-parallel groups of two tensor-parallel ranks (sequence
+    parallel), each group on its share of the prompt groups (as TrainerRanks scatters them)."""
+    batch = shard_by_groups(on_policy(varied_batch(), "qwen2"), mesh.get_coordinate()[0], 2)
+    config = load_config("configs/quickstart.yaml", BASE + LORA_ALL + TP2 + SP)
+    trainer, initial, steps = train(config, mesh, batch, rank)
+    adapter = trainer.engine_weights()
+    torch.save(
+        {
+            "initial": initial,
+            "steps": steps,
+            "digest": digest_of_bytes(tensors_to_bytes(adapter)),
+            "params": lora_params(trainer.model),
+        },
+        out / f"fsdp-rank{rank}.pt",
+    )
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     mesh = join_ranks(World.from_environment(), tensor_parallel=2)
     assert mesh is not None and mesh.ndim == 2
     rank = dist.get_rank()
+    if mesh.size(0) > 1:
+        two_groups(out, mesh, rank)
+        leave_ranks()
+        return
     batch = on_policy(varied_batch(), "qwen2")
     for name, layout in LAYOUTS.items():
         config = load_config("configs/quickstart.yaml", BASE + LORA_ALL + TP2 + layout)
-        torch.manual_seed(rank)  # a different adapter initialisation on each rank
-        trainer = PolicyTrainer(tiny_model("qwen2"), config, torch.device("cpu"), mesh=mesh)
+        trainer, initial, steps = train(config, mesh, batch, rank)
         model = trainer.model
-        # Cloned: a whole A is the parameter itself (detached), which the steps change.
-        initial = {n: t.clone() for n, t in trainer.engine_weights().items()}
-        steps = []
-        for _ in range(STEPS):
-            result = trainer.gradients(batch)
-            grads = {
-                n: whole_tensor(p.grad).clone()
-                for n, p in model.named_parameters()
-                if p.grad is not None
-            }
-            outcome = trainer.step(batch)
-            steps.append({"loss": result.loss.loss, "grads": grads, "grad_norm": outcome.grad_norm})
         adapter = trainer.engine_weights()
-        params = {n: whole_tensor(p).clone() for n, p in model.named_parameters() if ".lora_" in n}
+        params = lora_params(model)
         merged = trainer.model_state()
         training = trainer.state_dict()
         ckpt = out / f"{name}-ckpt"

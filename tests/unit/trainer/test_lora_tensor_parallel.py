@@ -4,7 +4,7 @@ peft model with adapters on every column- and row-parallel projection. The loss,
 gradients, the grad norms and two steps equal one process's on the same batch (float32); the
 weight event gathered from the shards is the bytes one process sends for the same adapter; a
 checkpoint written by the split ranks resumes in one process, and one written by one process
-resumes split."""
+resumes split. Four ranks (FSDP2 over two such groups, sequence parallel) equal one process too."""
 
 from __future__ import annotations
 
@@ -111,6 +111,39 @@ def test_lora_checkpoints_cross_between_split_and_one_process(ranks, layout):
         checkpoint.weights, checkpoint.training_state, out / f"{layout}-ckpt"
     )
     assert_same_tensors(resumed.engine_weights(), rank0["adapter"], rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lora-tp-dp")
+    run_two_ranks("lora_tp_worker.py", out, processes=4)
+    return [torch.load(out / f"fsdp-rank{r}.pt", weights_only=False) for r in range(4)]
+
+
+def test_fsdp2_over_two_tensor_parallel_lora_groups_equals_one_process(four_ranks):
+    """dp=2 × tp=2 with sequence parallelism: each group trains its share of the prompt groups,
+    each share's loss normalised by the whole batch's counts (the shares' losses add up), FSDP2
+    sums the gradients over the groups."""
+    batch = on_policy(varied_batch(), "qwen2")
+    trainer = one_process()
+    initial = {n: t.clone() for n, t in trainer.engine_weights().items()}
+    first, second = four_ranks[0], four_ranks[2]  # one rank of each group
+    for index in range(STEPS):
+        single = trainer.gradients(batch)
+        grads = {
+            n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None
+        }
+        outcome = trainer.step(batch)
+        shares = first["steps"][index]["loss"] + second["steps"][index]["loss"]
+        assert shares == pytest.approx(single.loss.loss, rel=1e-5, abs=1e-7)
+        for rank in four_ranks:
+            assert_same_gradients(rank["steps"][index]["grads"], grads)
+            assert rank["steps"][index]["grad_norm"] == pytest.approx(outcome.grad_norm, rel=1e-5)
+    for rank in four_ranks:
+        assert_same_tensors(rank["initial"], initial, rtol=0, atol=0)
+        assert rank["digest"] == first["digest"]
+    after = {n: p.detach() for n, p in trainer.model.named_parameters() if ".lora_" in n}
+    assert_same_tensors(first["params"], after, rtol=1e-5, atol=1e-6)
 
 
 def test_lora_dropout_under_tensor_parallelism_is_refused():
