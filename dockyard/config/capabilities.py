@@ -82,7 +82,18 @@ def _without_tensor_parallel(config: MasterConfig) -> bool:
 
 
 def _lora_with_tensor_parallel(config: MasterConfig) -> bool:
-    return config.policy.dtensor_cfg.enabled and config.policy.dtensor_cfg.tensor_parallel_size > 1
+    dtensor = config.policy.dtensor_cfg
+    return dtensor.enabled and dtensor.lora_cfg.enabled and dtensor.tensor_parallel_size > 1
+
+
+#: Why LoRA dropout is refused under tensor parallelism (here and by the trainer itself).
+LORA_DROPOUT_WITH_TENSOR_PARALLEL = (
+    "LoRA dropout with tensor_parallel_size > 1: peft draws each dropout mask from the rank's own "
+    "random generator on a plain tensor, so the tensor-parallel ranks would drop different "
+    "entries of the same input to the replicated A matrices, whose gradients and values would "
+    "then differ from rank to rank (DTensor's synchronised RNG covers DTensors on accelerators "
+    "only); set policy.dtensor_cfg.lora_cfg.dropout=0"
+)
 
 
 def _megatron_on(config: MasterConfig) -> bool:
@@ -200,13 +211,12 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         condition=" with backend=sglang or vllm_cfg.mode=server",
     ),
     Unsupported(
-        "policy.dtensor_cfg.lora_cfg.enabled",
+        "policy.dtensor_cfg.lora_cfg.dropout",
         "refused",
-        "the tensor-parallel plan splits nn.Linear projections, which peft's LoRA layers "
-        "wrap (LoRA shards with FSDP2 data parallelism; set tensor_parallel_size=1)",
-        TRAINER_AT_SCALE,
+        LORA_DROPOUT_WITH_TENSOR_PARALLEL,
+        "not planned",
         when=_lora_with_tensor_parallel,
-        condition=" with tensor_parallel_size > 1",
+        condition=" with lora_cfg.enabled and tensor_parallel_size > 1",
     ),
     Unsupported(
         "policy.dtensor_cfg.sequence_parallel",

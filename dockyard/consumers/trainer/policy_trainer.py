@@ -34,6 +34,7 @@ from dockyard.algorithms.loss import ClippedPGLoss, GlobalCounts, LossInputs
 from dockyard.algorithms.loss_metrics import LossMetrics, merge_loss_metrics
 from dockyard.algorithms.masked import per_sequence_mean
 from dockyard.algorithms.rewards import overlong_filter, prepare_rewards
+from dockyard.config.capabilities import LORA_DROPOUT_WITH_TENSOR_PARALLEL
 from dockyard.consumers.trainer.batch import TrainingBatch
 from dockyard.consumers.trainer.context_parallel import (
     CP,
@@ -176,12 +177,8 @@ class PolicyTrainer:
         #: names): what a checkpoint writes in PEFT's format (see :meth:`adapter_checkpoint`).
         self.adapter_snapshot: dict[str, torch.Tensor] = {}
         dtensor = policy.dtensor_cfg
-        if self.peft is not None and dtensor.tensor_parallel_size > 1:
-            raise ValueError(
-                "policy.dtensor_cfg.lora_cfg.enabled with tensor_parallel_size > 1: the "
-                "tensor-parallel plan splits nn.Linear projections, which peft's LoRA layers wrap "
-                "(LoRA shards with FSDP2 data parallelism; set tensor_parallel_size=1)"
-            )
+        if self.peft is not None and dtensor.tensor_parallel_size > 1 and lora.dropout > 0:
+            raise ValueError(LORA_DROPOUT_WITH_TENSOR_PARALLEL)
         if dtensor.activation_checkpointing:
             # Each decoder layer keeps only its input; its activations are recomputed in
             # backward. Non-reentrant: works with frozen base weights (LoRA) and FSDP2.

@@ -20,13 +20,18 @@ output stays whole; the first layer takes its own slice of it, and the final nor
 sequence back for the LM head. Shards are even: the model's input is padded at the end to a
 multiple of the ``tp`` size (positions no real token attends to) and the logits trimmed back.
 
+LoRA (peft's layers wrap the projections): the plan addresses ``base_layer``, ``lora_A`` and
+``lora_B`` of each wrapped projection so that the adapter is split with its base weight
+(:func:`_projection_plan` has the maths). torch's ``SequenceParallel`` re-creates the norms'
+weights as trainable parameters, so what LoRA froze is frozen again afterwards.
+
 Ranks form a 2-D mesh ``("dp", "tp")``: the ``tp`` ranks of one data-parallel group see the same
 batch; FSDP2 shards over ``dp`` (:mod:`.data_parallel`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
@@ -41,6 +46,8 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+
+from dockyard.models.lora import ADAPTER_NAME, lora_layers
 
 DP, TP = "dp", "tp"
 
@@ -70,19 +77,60 @@ def _gather_sequence(**kwargs: Any) -> PrepareModuleInput:
     )
 
 
-def sequence_parallel_layer_plan() -> dict[str, ParallelStyle]:
-    """:data:`LAYER_PLAN` with the activations between blocks split by sequence position."""
-    plan: dict[str, ParallelStyle] = {name: style() for name, style in LAYER_PLAN.items()}
-    plan.update(
-        {
-            "input_layernorm": SequenceParallel(),
-            "self_attn": _gather_sequence(input_kwarg_layouts={"hidden_states": _SEQUENCE}),
-            "self_attn.o_proj": RowwiseParallel(output_layouts=_SEQUENCE),
-            "post_attention_layernorm": SequenceParallel(),
-            "mlp": _gather_sequence(input_layouts=(_SEQUENCE,)),
-            "mlp.down_proj": RowwiseParallel(output_layouts=_SEQUENCE),
-        }
-    )
+def _projection_plan(
+    name: str, style: type[ParallelStyle], *, sequence_parallel: bool, lora: bool
+) -> dict[str, ParallelStyle]:
+    """The plan of one projection of :data:`LAYER_PLAN`; ``lora``: wrapped by peft's LoRA layer,
+    ``y = W·x + s·B·A·x`` with ``W`` in ``base_layer``, ``A`` and ``B`` in ``lora_A.default`` /
+    ``lora_B.default``, ``s = α/r`` applied to each rank's own slice of ``y``.
+
+    Column-parallel (``y`` split by output features, ``x`` whole on every rank): ``W`` and ``B``
+    split by rows, ``A`` whole. Each rank computes ``s·B_k·(A·x)`` for its own outputs ``k``; the
+    gradient reaching ``A·x`` is partial per rank (its outputs' share) and summed by ``B``'s
+    input all-reduce in backward — what ``W``'s does for ``x`` — so ``A``'s gradient is the
+    whole one on every rank.
+
+    Row-parallel (``x`` split by input features, ``y`` summed over ranks): ``W`` and ``A`` split
+    by columns, ``A·x = Σ_k A_k·x_k`` reduced like ``W·x`` (all-reduced, or reduce-scattered to
+    sequence shards), ``B`` whole. Without sequence parallelism ``B`` then sees the whole ``A·x``
+    and the whole output gradient, as one process. With it, ``B`` sees only this rank's
+    positions: ``SequenceParallel`` makes it a replicated DTensor whose gradient (partial per
+    rank) is summed over the ranks, as the norms'."""
+    output = _SEQUENCE if sequence_parallel else Replicate()
+    row = style is RowwiseParallel
+    base: ParallelStyle = RowwiseParallel(output_layouts=output) if row else style()
+    if not lora:
+        return {name: base}
+    plan: dict[str, ParallelStyle] = {f"{name}.base_layer": base}
+    if not row:
+        plan[f"{name}.lora_B.{ADAPTER_NAME}"] = ColwiseParallel()
+        return plan
+    plan[f"{name}.lora_A.{ADAPTER_NAME}"] = RowwiseParallel(output_layouts=output)
+    if sequence_parallel:
+        plan[f"{name}.lora_B.{ADAPTER_NAME}"] = SequenceParallel(use_local_output=True)
+    return plan
+
+
+def layer_plan(
+    *, sequence_parallel: bool = False, lora: Collection[str] = ()
+) -> dict[str, ParallelStyle]:
+    """:data:`LAYER_PLAN` for one decoder layer; with ``sequence_parallel`` the activations
+    between blocks split by sequence position (see the module's doc); ``lora``: the projections
+    (names of :data:`LAYER_PLAN`) that peft wrapped (:func:`_projection_plan`)."""
+    plan: dict[str, ParallelStyle] = {}
+    for name, style in LAYER_PLAN.items():
+        plan.update(
+            _projection_plan(name, style, sequence_parallel=sequence_parallel, lora=name in lora)
+        )
+    if sequence_parallel:
+        plan.update(
+            {
+                "input_layernorm": SequenceParallel(),
+                "self_attn": _gather_sequence(input_kwarg_layouts={"hidden_states": _SEQUENCE}),
+                "post_attention_layernorm": SequenceParallel(),
+                "mlp": _gather_sequence(input_layouts=(_SEQUENCE,)),
+            }
+        )
     return plan
 
 
@@ -100,8 +148,8 @@ def check_divisible(config: object, size: int) -> None:
 def parallelize_policy(
     model: torch.nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool = False
 ) -> torch.nn.Module:
-    """Apply :data:`LAYER_PLAN` to every decoder layer over the 1-D ``mesh`` (the ``tp`` ranks);
-    with ``sequence_parallel``, :func:`sequence_parallel_layer_plan` (see the module's doc)."""
+    """Apply :func:`layer_plan` to every decoder layer over the 1-D ``mesh`` (the ``tp`` ranks),
+    addressing peft's LoRA layers where the model has them (see the module's doc)."""
     decoder = getattr(model, "model", None)
     layers = getattr(decoder, "layers", None)
     if decoder is None or layers is None:
@@ -110,13 +158,26 @@ def parallelize_policy(
             "the Hugging Face decoder-only layout (Qwen2, Llama, ...)"
         )
     check_divisible(model.config, mesh.size())
-    if not sequence_parallel:
-        plan = {name: style() for name, style in LAYER_PLAN.items()}
-        for layer in layers:
-            parallelize_module(layer, mesh, plan)
-        return model
+    frozen = {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
     for layer in layers:
-        parallelize_module(layer, mesh, sequence_parallel_layer_plan())
+        wrapped = set(lora_layers(layer)) & set(LAYER_PLAN)
+        plan = layer_plan(sequence_parallel=sequence_parallel, lora=wrapped)
+        parallelize_module(layer, mesh, plan)
+    if sequence_parallel:
+        _split_sequence_between_layers(model, decoder, mesh)
+    # SequenceParallel replaces a norm's weight by a new Parameter, which requires grad (the
+    # column- and row-wise styles keep requires_grad): LoRA's frozen norms would train.
+    for name, parameter in model.named_parameters():
+        if name in frozen:
+            parameter.requires_grad_(False)
+    return model
+
+
+def _split_sequence_between_layers(
+    model: torch.nn.Module, decoder: torch.nn.Module, mesh: DeviceMesh
+) -> None:
+    """Sequence parallelism around the layers: the first takes its own positions, the final
+    norm gathers them back, and the input is padded to split evenly (the logits trimmed)."""
     first_and_norm: dict[str, ParallelStyle] = {
         # The whole embedding output in, this rank's positions out: a slice, no communication.
         "layers.0": PrepareModuleInput(
@@ -128,7 +189,6 @@ def parallelize_policy(
     multiple = mesh.size()
     model.register_forward_pre_hook(_padding_hook(multiple), with_kwargs=True)
     model.register_forward_hook(_trimming_hook, with_kwargs=True)
-    return model
 
 
 def _padding_hook(multiple: int) -> Any:

@@ -13,10 +13,13 @@ from tests.integration.e2e.test_end_to_end import assert_checkpoint_exports_to_h
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_a_lora_run_refits_the_workers_from_adapters(tmp_path, small_run, ranks):
-    """With two trainer ranks (FSDP2 over the peft model), rank 0 gathers the adapter for each
-    weight event and the whole state for the checkpoint; the other rank joins both."""
+@pytest.mark.parametrize(
+    ("ranks", "tensor_parallel"), [(1, 1), (2, 1), (2, 2)], ids=["one", "fsdp2", "tp2"]
+)
+def test_a_lora_run_refits_the_workers_from_adapters(tmp_path, small_run, ranks, tensor_parallel):
+    """With two trainer ranks (FSDP2 over the peft model, or one tensor-parallel group over its
+    split projections), rank 0 gathers the adapter for each weight event and the whole state for
+    the checkpoint; the other rank joins both."""
     run_dir = tmp_path / "run"
     result = run_dockyard(
         "run",
@@ -25,6 +28,7 @@ def test_a_lora_run_refits_the_workers_from_adapters(tmp_path, small_run, ranks)
         *small_run,
         "grpo.max_num_steps=2",
         "policy.dtensor_cfg.lora_cfg.enabled=true",
+        f"policy.dtensor_cfg.tensor_parallel_size={tensor_parallel}",
         *(["--trainer-ranks", str(ranks)] if ranks > 1 else []),
         "--run-dir",
         str(run_dir),
@@ -38,7 +42,9 @@ def test_a_lora_run_refits_the_workers_from_adapters(tmp_path, small_run, ranks)
         if e["event"] == "trainer.placement"
     ]
     assert [e["lora_rank"] for e in placements] == [8] * ranks
-    assert all(e["data_parallel_ranks"] == ranks for e in placements)
+    assert [(e["data_parallel_ranks"], e["tensor_parallel_ranks"]) for e in placements] == [
+        (ranks // tensor_parallel, tensor_parallel)
+    ] * ranks
     refits = [
         e for e in json_events(run_dir / "logs" / "rollout-0.log") if e["event"] == "refit.done"
     ]

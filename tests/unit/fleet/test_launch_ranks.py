@@ -80,18 +80,23 @@ def test_several_ranks_refuse_the_supervised_warm_start(capsys, tmp_path, monkey
     assert "sft.enabled: the supervised warm start runs in one process" in capsys.readouterr().err
 
 
-def test_lora_runs_on_data_parallel_ranks_but_not_tensor_parallel_ones(
+def test_lora_runs_on_data_and_tensor_parallel_ranks_but_not_dropout_under_tensor_parallel(
     capsys, tmp_path, monkeypatch
 ):
     lora = "policy.dtensor_cfg.lora_cfg.enabled=true"
-    # FSDP2 shards the peft model (the quickstart's supervised warm start runs in one process)
+    tensor = "policy.dtensor_cfg.tensor_parallel_size=2"
+    # FSDP2 shards the peft model, or the tensor-parallel plan splits its wrapped projections
+    # (the quickstart's supervised warm start runs in one process)
     check_ranks_can_run(load_config(QUICKSTART, [lora, "sft.enabled=false"]), 2)
+    check_ranks_can_run(load_config(QUICKSTART, [lora, tensor, "sft.enabled=false"]), 2)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    tensor = "policy.dtensor_cfg.tensor_parallel_size=2"
-    code = main(["trainer", "--config", QUICKSTART, lora, tensor, "--run-dir", str(tmp_path)])
+    dropout = "policy.dtensor_cfg.lora_cfg.dropout=0.1"
+    code = main(
+        ["trainer", "--config", QUICKSTART, lora, tensor, dropout, "--run-dir", str(tmp_path)]
+    )
     assert code == 2
-    assert "policy.dtensor_cfg.lora_cfg.enabled: the tensor-parallel plan splits nn.Linear" in (
+    assert "policy.dtensor_cfg.lora_cfg.dropout: LoRA dropout with tensor_parallel_size > 1" in (
         capsys.readouterr().err
     )
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 import torch
 
 from dockyard.broker.weight_blobs.base import tensors_to_bytes
@@ -94,8 +93,7 @@ def test_a_checkpoint_holds_the_merged_model_and_resumes_the_adapter(tmp_path):
 
 def test_lora_is_refused_only_where_an_engine_cannot_refit_from_adapters():
     """The torch engine merges adapters and the in-process vLLM engine loads them; SGLang and a
-    vLLM server launched by the user do not; the tensor-parallel plan cannot split peft's
-    layers."""
+    vLLM server launched by the user do not; tensor parallelism splits peft's layers too."""
     from dockyard.config.capabilities import not_implemented
 
     def refused(*overrides: str) -> list[str]:
@@ -114,12 +112,4 @@ def test_lora_is_refused_only_where_an_engine_cannot_refit_from_adapters():
         f"policy.generation.vllm_cfg.server_urls={url}",
     ]
     assert "policy.dtensor_cfg.lora_cfg.enabled" in refused(*server)
-    assert refused("policy.dtensor_cfg.tensor_parallel_size=2") == lora
-
-
-def test_lora_under_tensor_parallelism_is_refused_by_the_trainer_too():
-    config = load_config(
-        "configs/quickstart.yaml", BASE + LORA + ["policy.dtensor_cfg.tensor_parallel_size=2"]
-    )
-    with pytest.raises(ValueError, match=r"lora_cfg\.enabled with tensor_parallel_size > 1"):
-        PolicyTrainer(tiny_model("qwen2"), config, torch.device("cpu"))
+    assert refused("policy.dtensor_cfg.tensor_parallel_size=2") == []
