@@ -149,7 +149,13 @@ def test_filters_remove_truncated_and_disagreeing_samples(quickstart):
     prev = torch.zeros_like(batch.generation_logprobs)  # engine reported -0.5 per token
     strict = load_config(
         "configs/quickstart.yaml",
-        ["grpo.seq_logprob_error_threshold=1.5", "grpo.overlong_filtering=true"],
+        [
+            "grpo.seq_logprob_error_threshold=1.5",
+            "grpo.overlong_filtering=true",
+            # The filter reads π_old: the quickstart's π_old := sg(π_θ) shortcut is off here.
+            "policy.skip_prev_logprobs=false",
+            "loss_fn.force_on_policy_ratio=false",
+        ],
     )
     trainer = PolicyTrainer(model, strict)
     truncated = batch.__class__(**{**batch.__dict__, "truncated": torch.tensor([0, 0, 1]).bool()})
