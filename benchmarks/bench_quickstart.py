@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -49,11 +50,13 @@ def main() -> int:
     )
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
-    wall = None
+    wall = cpu = None
+    load_at_start = os.getloadavg()[0]
     run_dir = args.run_dir
     if run_dir is None:
         run_dir = Path(tempfile.mkdtemp()) / "quickstart"
         started = time.perf_counter()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         subprocess.run(
             [
                 sys.executable,
@@ -72,6 +75,10 @@ def main() -> int:
             stderr=subprocess.DEVNULL,
         )
         wall = time.perf_counter() - started
+        # User + system CPU seconds of every process the run started (each role, nats-server:
+        # all waited for): what the run costs whatever else shares the cores.
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     history, sft = accuracies(run_dir)
     history = sorted(dict(history).items())  # the end-of-run evaluation repeats the last step
     start = history[0][1]
@@ -80,16 +87,28 @@ def main() -> int:
     mean_last = sum(last_three) / len(last_three)
     # The text describes the run that was measured (its resolved config), not the file's today.
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    grpo = cfg["grpo"]
+    grpo, policy = cfg["grpo"], cfg["policy"]
+    scheduler = policy["scheduler"]
+    decay = (
+        f"{scheduler['name']} decay to {scheduler['min_lr_ratio']:g}×"
+        if scheduler["name"] != "constant"
+        else "constant"
+    )
     shape = (
         f"SFT warm start until dev accuracy ≥ {cfg['sft']['stop_at_val_accuracy']}, then "
         f"{grpo['max_num_steps']} async GRPO steps of {grpo['num_prompts_per_step']} prompts × "
-        f"{grpo['num_generations_per_prompt']} samples (lr {cfg['policy']['optimizer']['lr']:g}, "
-        f"{cfg['policy']['scheduler']['warmup_steps']} warm-up steps), an evaluation every "
-        f"{grpo['val_period']} steps"
+        f"{grpo['num_generations_per_prompt']} samples (temperature "
+        f"{policy['generation']['temperature']:g}, lr {policy['optimizer']['lr']:g}, "
+        f"{scheduler['warmup_steps']} warm-up steps, then {decay}"
+        f"{', no separate π_old pass' if policy['skip_prev_logprobs'] else ''}), an evaluation "
+        f"every {grpo['val_period']} steps"
     )
     # Other jobs share these cores: the wall clock means little without the load it ran under.
-    load = f"; load average {os.getloadavg()[0]:.0f} when it ended" if wall else ""
+    load = (
+        f"; load average {load_at_start:.1f} at the start and {os.getloadavg()[0]:.1f} at the end"
+        if wall
+        else ""
+    )
     curve = ", ".join(f"{step}: {acc:.2f}" for step, acc in history[::4])
     if args.in_process:
         heading = ["### In one process (`data_plane: null`)"]
@@ -113,11 +132,11 @@ def main() -> int:
         what,
         "",
         "| SFT steps | SFT s | val acc at GRPO start | final | mean of last 3 | gain (mean) "
-        "| wall clock |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| wall clock | CPU s (user+sys) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {sft.get('sft/steps', 0):.0f} | {sft.get('timing/sft_s', 0):.0f} | {start:.3f} "
         f"| {final:.3f} | {mean_last:.3f} | **{(mean_last - start) * 100:+.1f} points** "
-        f"| {f'{wall:.0f} s' if wall else 'n/a'} |",
+        f"| {f'{wall:.0f} s' if wall else 'n/a'} | {f'{cpu:.0f}' if cpu else 'n/a'} |",
         "",
         f"Validation accuracy by step: {curve}.",
     ]

@@ -200,17 +200,30 @@ def round_robin(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str,
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+#: The trainer as the minimal loop runs: with its own π_old pass (the quickstart skips it).
+WITH_PREV_PASS = ["policy.skip_prev_logprobs=false", "loss_fn.force_on_policy_ratio=false"]
+#: π_old := sg(π_θ) and no π_old pass (what the quickstart runs).
+WITHOUT_PREV_PASS = ["policy.skip_prev_logprobs=true", "loss_fn.force_on_policy_ratio=true"]
+
+
 def overhead(repeats: int) -> tuple[list[str], dict[str, float]]:
-    config = load_config(QUICKSTART)
+    config = load_config(QUICKSTART, WITH_PREV_PASS)
     model, tokenizer = load_policy(config.policy.model_name, config.policy.precision)
     batch = quickstart_batch(tokenizer, model, np.random.default_rng(0))
     policy = config.policy
     whole = load_config(
         QUICKSTART,
-        [f"policy.train_micro_batch_size={batch.size}", f"policy.logprob_batch_size={batch.size}"],
+        [
+            *WITH_PREV_PASS,
+            f"policy.train_micro_batch_size={batch.size}",
+            f"policy.logprob_batch_size={batch.size}",
+        ],
     )
     trainer = PolicyTrainer(copy.deepcopy(model), config)
     trainer_whole = PolicyTrainer(copy.deepcopy(model), whole)
+    trainer_no_prev = PolicyTrainer(
+        copy.deepcopy(model), load_config(QUICKSTART, WITHOUT_PREV_PASS)
+    )
     minimal = MinimalStep(
         copy.deepcopy(model), config, policy.logprob_batch_size, policy.train_micro_batch_size
     )
@@ -221,6 +234,7 @@ def overhead(repeats: int) -> tuple[list[str], dict[str, float]]:
             "minimal": lambda: minimal(batch),
             "trainer_whole": lambda: trainer_whole.step(batch),
             "minimal_whole": lambda: minimal_whole(batch),
+            "trainer_no_prev": lambda: trainer_no_prev.step(batch),
         },
         repeats,
     )
@@ -233,6 +247,15 @@ def overhead(repeats: int) -> tuple[list[str], dict[str, float]]:
         f"| {batch.size} / {batch.size} (one pass each) | {times['trainer_whole'] * 1e3:.0f} | "
         f"{times['minimal_whole'] * 1e3:.0f} | "
         f"**{times['trainer_whole'] / times['minimal_whole']:.2f}×** |",
+        "",
+        "Without the π_old pass (`policy.skip_prev_logprobs` + `loss_fn.force_on_policy_ratio`, "
+        "the quickstart's setting), same batch, same run:",
+        "",
+        "| micro-batches | with the π_old pass ms | without ms | speed-up |",
+        "|---|---:|---:|---:|",
+        f"| {policy.logprob_batch_size} / {policy.train_micro_batch_size} (quickstart) | "
+        f"{times['trainer'] * 1e3:.0f} | {times['trainer_no_prev'] * 1e3:.0f} | "
+        f"**{times['trainer'] / times['trainer_no_prev']:.2f}×** |",
     ]
     return lines, times
 
@@ -315,6 +338,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument(
+        "--step-only", action="store_true", help="only the quickstart batch (no layouts)"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     header = (
@@ -323,25 +349,22 @@ def main() -> None:
         f"threads, CPU; medians of {args.repeats} steps after a warm-up, round-robin."
     )
     step_lines, _ = overhead(args.repeats)
-    layout_lines, _ = layouts(args.repeats)
-    print(
-        header,
-        "",
-        "Step overhead (quickstart batch):",
-        *step_lines,
-        "",
-        "Layouts:",
-        *layout_lines,
-        sep="\n",
-    )
+    layout_lines = [] if args.step_only else layouts(args.repeats)[0]
+    print(header, "", "Step overhead (quickstart batch):", *step_lines, sep="\n")
+    if layout_lines:
+        print("", "Layouts:", *layout_lines, sep="\n")
     if args.write_docs:
         from report import replace_section
 
-        replace_section("trainer-step", ["## Trainer step", "", header, "", *READING])
+        if not args.step_only:  # the header describes every table it is written above
+            replace_section("trainer-step", ["## Trainer step", "", header, "", *READING])
         replace_section("trainer-step", step_lines, subsection="### Step against a minimal loop")
-        replace_section(
-            "trainer-step", layout_lines, subsection="### Padded, packed and dynamic micro-batches"
-        )
+        if layout_lines:
+            replace_section(
+                "trainer-step",
+                layout_lines,
+                subsection="### Padded, packed and dynamic micro-batches",
+            )
 
 
 if __name__ == "__main__":

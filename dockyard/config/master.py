@@ -165,12 +165,38 @@ class MasterConfig(Section):
         if not self.policy.skip_prev_logprobs:
             return []
         issues: list[ConfigIssue] = []
-        if self.loss_fn.use_importance_sampling_correction:
+        # force_on_policy_ratio makes the loss take π_old := sg(π_θ) before the IS weight
+        # exp(prev − gen) is formed, so the weight never sees the zeros. That is exact, not an
+        # approximation: a step is one optimizer update on its whole batch
+        # (train_global_batch_size = the step's samples), so at the forward π_θ still *is* the
+        # weights the step started from.
+        if (
+            self.loss_fn.use_importance_sampling_correction
+            and not self.loss_fn.force_on_policy_ratio
+        ):
             issues.append(
                 ConfigIssue(
                     "policy.skip_prev_logprobs",
                     "IS correction weighs by exp(prev − gen) and needs real prev_logprobs: "
-                    "set it false",
+                    "set loss_fn.force_on_policy_ratio=true (π_old := sg(π_θ)), or set this false",
+                )
+            )
+        # These read prev_logprobs before the loss (which alone replaces them): zeros there would
+        # filter or penalise against a made-up π_old.
+        if self.grpo.seq_logprob_error_threshold is not None:
+            issues.append(
+                ConfigIssue(
+                    "policy.skip_prev_logprobs",
+                    "grpo.seq_logprob_error_threshold compares the engine's log-probs with "
+                    "prev_logprobs, which this setting zeroes: set it false",
+                )
+            )
+        if self.loss_fn.use_kl_in_reward:
+            issues.append(
+                ConfigIssue(
+                    "policy.skip_prev_logprobs",
+                    "loss_fn.use_kl_in_reward takes the KL of prev_logprobs against the "
+                    "reference, which this setting zeroes: set it false",
                 )
             )
         if not (self.loss_fn.force_on_policy_ratio or self.loss_fn.disable_ppo_ratio):

@@ -27,6 +27,9 @@ OPD = [
     *SMALL_RUN,
     "data_plane=null",
     "grpo.adv_estimator.name=opd",
+    # OPD's advantage subtracts π_old: the quickstart's π_old := sg(π_θ) shortcut is off here.
+    "policy.skip_prev_logprobs=false",
+    "loss_fn.force_on_policy_ratio=false",
     "on_policy_distillation.enabled=true",
     "on_policy_distillation.teacher_model_by_agent_name.adder=adder_expert",
     "on_policy_distillation.teacher_model_by_agent_name.reverser=reverser_expert",

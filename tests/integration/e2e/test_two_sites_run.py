@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dockyard.config.loader import load_config
 from tests.conftest import fresh_namespace
 from tests.integration.broker.test_two_sites import (
     PARTITION_S,
@@ -33,8 +34,8 @@ pytestmark = pytest.mark.slow
 
 STEPS = 8
 CUT_AT_STEP = 2
-#: quickstart.yaml's grpo.async_grpo.max_trajectory_age_steps.
-MAX_AGE_STEPS = 1
+#: The age limit the run is held to: the quickstart's own (the run uses its config).
+MAX_AGE_STEPS = load_config(QUICKSTART).grpo.async_grpo.max_trajectory_age_steps
 
 
 def _role(args: list[str], log: Path) -> subprocess.Popen[bytes]:

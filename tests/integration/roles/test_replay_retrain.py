@@ -149,8 +149,9 @@ def test_an_override_is_an_experiment_written_beside_the_run(
     before = hashlib.sha256((tmp_path / "metrics.jsonl").read_bytes()).hexdigest()
     capsys.readouterr()
 
-    # The quickstart's schedule: a linear warm-up over W steps, then constant, so step s
-    # (1-based) of the experiment trains at lr · min(1, s / W) of the overridden lr.
+    # The quickstart's schedule starts with a linear warm-up over W steps, so step s (1-based)
+    # of the experiment trains at lr · s / W of the overridden lr while s ≤ W, whatever decay
+    # follows the warm-up (asserted below: both steps lie within it).
     args = ["replay", "retrain", "--run-dir", str(tmp_path), "--from-step", "3"]
     assert main([*args, *_target(data_plane_config), "policy.optimizer.lr=0.01"]) == 0
     printed = capsys.readouterr().out
@@ -161,6 +162,7 @@ def test_an_override_is_an_experiment_written_beside_the_run(
     assert sorted(new) == [3, 4]
     policy = load_config("configs/quickstart.yaml").policy
     warmup = policy.scheduler.warmup_steps
+    assert warmup >= 4 or policy.scheduler.name == "constant"
 
     def rates(lr: float) -> list[float]:
         return [lr * min(1.0, s / warmup) if warmup else lr for s in (3, 4)]

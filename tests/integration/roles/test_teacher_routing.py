@@ -64,6 +64,8 @@ def teacher_urls(teacher_dirs: dict[str, Path]) -> Iterator[dict[str, str]]:
 def opd_config(teacher_dirs: dict[str, Path], urls: dict[str, str] | None = None) -> MasterConfig:
     """Teachers loaded in the scorer, or with ``urls`` asked over HTTP."""
     overrides = ["grpo.adv_estimator.name=opd", "on_policy_distillation.enabled=true"]
+    # OPD's advantage subtracts π_old: the quickstart's π_old := sg(π_θ) shortcut is off here.
+    overrides += ["policy.skip_prev_logprobs=false", "loss_fn.force_on_policy_ratio=false"]
     # The teacher scorer's log-probs are untempered, so the student samples at temperature 1
     # here (as the V4 recipe's student does) and the hand computation below needs none.
     overrides.append("policy.generation.temperature=1.0")

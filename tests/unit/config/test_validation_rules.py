@@ -26,6 +26,9 @@ OPD_OK = [
     "+on_policy_distillation.teachers.math_expert.model_name=/models/math",
 ]
 
+#: π_old := sg(π_θ): no π_old pass (the step is one optimizer update on its batch).
+ON_POLICY_NO_PREV = ["policy.skip_prev_logprobs=true", "loss_fn.force_on_policy_ratio=true"]
+
 INVALID_CASES: list[tuple[str, list[str], str]] = [
     ("batch shape", ["grpo.num_prompts_per_step=3"], "policy.train_global_batch_size"),
     (
@@ -84,12 +87,23 @@ INVALID_CASES: list[tuple[str, list[str], str]] = [
         "on_policy_distillation.teachers.math_expert.base_url",
     ),
     (
-        "skip prev with IS",
+        # The REINFORCE form keeps prev as given: the IS weight would be exp(0 − gen).
+        "skip prev with IS, no on-policy ratio",
         [
             "policy.skip_prev_logprobs=true",
-            "loss_fn.force_on_policy_ratio=true",
+            "loss_fn.disable_ppo_ratio=true",
             "loss_fn.use_importance_sampling_correction=true",
         ],
+        "policy.skip_prev_logprobs",
+    ),
+    (
+        "skip prev with the log-prob error filter",
+        [*ON_POLICY_NO_PREV, "grpo.seq_logprob_error_threshold=2"],
+        "policy.skip_prev_logprobs",
+    ),
+    (
+        "skip prev with KL in the reward",
+        [*ON_POLICY_NO_PREV, "loss_fn.use_kl_in_reward=true"],
         "policy.skip_prev_logprobs",
     ),
     ("skip prev with PPO ratio", ["policy.skip_prev_logprobs=true"], "policy.skip_prev_logprobs"),
@@ -307,10 +321,9 @@ VALID_CASES: list[tuple[str, list[str]]] = [
             "loss_fn.truncated_importance_sampling_ratio_min=0.5",
         ],
     ),
-    (
-        "on-policy without prev",
-        ["policy.skip_prev_logprobs=true", "loss_fn.force_on_policy_ratio=true"],
-    ),
+    ("on-policy without prev", ON_POLICY_NO_PREV),
+    # The loss forms the IS weight from sg(π_θ), never from the zeros (the quickstart).
+    ("on-policy without prev, with IS", [*ON_POLICY_NO_PREV, *ASYNC_OK]),
     ("greedy", ["policy.generation.temperature=0", "policy.generation.top_k=-1"]),
     ("fp8 on vllm", ["policy.generation.backend=vllm", "policy.generation.vllm_cfg.precision=fp8"]),
     ("megatron alone", ["policy.dtensor_cfg.enabled=false", "policy.megatron_cfg.enabled=true"]),

@@ -149,7 +149,13 @@ def test_filters_remove_truncated_and_disagreeing_samples(quickstart):
     prev = torch.zeros_like(batch.generation_logprobs)  # engine reported -0.5 per token
     strict = load_config(
         "configs/quickstart.yaml",
-        ["grpo.seq_logprob_error_threshold=1.5", "grpo.overlong_filtering=true"],
+        [
+            "grpo.seq_logprob_error_threshold=1.5",
+            "grpo.overlong_filtering=true",
+            # The filter reads π_old: the quickstart's π_old := sg(π_θ) shortcut is off here.
+            "policy.skip_prev_logprobs=false",
+            "loss_fn.force_on_policy_ratio=false",
+        ],
     )
     trainer = PolicyTrainer(model, strict)
     truncated = batch.__class__(**{**batch.__dict__, "truncated": torch.tensor([0, 0, 1]).bool()})
@@ -213,3 +219,62 @@ def test_samples_without_a_prompt_train_from_their_second_token():
     assert batch.token_mask.tolist() == [[1, 1], [0, 0], [1, 0]]
     assert batch.generation_logprobs[0].tolist() == [-0.5, -0.5]
     assert batch.attention_mask.tolist() == [[1, 1, 1], [0, 0, 0], [1, 1, 0]]
+
+
+def test_on_policy_ratio_without_the_prev_pass_is_the_same_step():
+    # A step is one optimizer update on its whole batch, so at the training forward π_θ still is
+    # the weights the step started from: π_old := sg(π_θ) (loss_fn.force_on_policy_ratio) gives
+    # the same ratio (≡ 1) and the same IS weights exp(π_old − gen) as the separate π_old pass
+    # it makes unnecessary (policy.skip_prev_logprobs), with the engine's log-probs off the
+    # policy's so that the IS weights differ per token and icepop masks some of them.
+    import copy
+
+    from dockyard.models import load_policy
+
+    shape = ["policy.train_micro_batch_size=2", "policy.logprob_batch_size=4"]
+    with_pass = load_config(
+        "configs/quickstart.yaml",
+        [*shape, "policy.skip_prev_logprobs=false", "loss_fn.force_on_policy_ratio=false"],
+    )
+    without = load_config(
+        "configs/quickstart.yaml",
+        [*shape, "policy.skip_prev_logprobs=true", "loss_fn.force_on_policy_ratio=true"],
+    )
+    assert with_pass.loss_fn.use_importance_sampling_correction
+    assert with_pass.loss_fn.truncated_importance_sampling_type == "icepop"
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(with_pass.policy.model_name)
+    digits = [tokenizer.convert_tokens_to_ids(c) for c in "0123456789"]
+    eos = tokenizer.eos_token_id
+    prompt = tokenizer("12+34=")["input_ids"]
+    responses = [[digits[4], digits[6], eos], [digits[5], eos], [digits[4], digits[7], eos]]
+    groups = [
+        scored_group("g", prompt, responses, [1.0, 0.0, 0.0]),
+        scored_group("h", prompt, list(reversed(responses)), [0.0, 1.0, 1.0]),
+    ]
+    batch = build_batch(groups, tokenizer.pad_token_id)
+    own = PolicyTrainer(copy.deepcopy(model), with_pass).batch_logprobs(model, batch)
+    # gen = π + δ: weights exp(−δ) of 0.9, 1.35 and 0.37 (outside icepop's [0.5, 5]: masked).
+    offsets = torch.tensor([0.1, -0.3, 1.0]).repeat(batch.token_mask.shape[1] // 3 + 1)
+    generation = (own + offsets[: own.shape[1]]) * batch.token_mask
+    batch = batch.__class__(**{**batch.__dict__, "generation_logprobs": generation})
+
+    trainers = [PolicyTrainer(copy.deepcopy(model), cfg) for cfg in (with_pass, without)]
+    forwards = [0, 0]
+    for index, trainer in enumerate(trainers):
+        trainer.model.register_forward_hook(
+            lambda *_, index=index: forwards.__setitem__(index, forwards[index] + 1)
+        )
+    outcomes = [trainer.step(batch) for trainer in trainers]
+
+    first, second = (outcome.loss for outcome in outcomes)
+    assert 0.0 < first.is_truncated_fraction < 1.0  # the IS weights did act
+    for name in ("loss", "is_weight_mean", "is_truncated_fraction", "clip_fraction"):
+        assert getattr(second, name) == pytest.approx(getattr(first, name), abs=1e-6), name
+    assert outcomes[1].grad_norm == pytest.approx(outcomes[0].grad_norm, rel=1e-5)
+    for (name, a), b in zip(
+        trainers[0].model.named_parameters(), trainers[1].model.parameters(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-6), name
+    # 6 samples: 2 π_old passes of 4 and 3 training passes of 2, against the training ones alone.
+    assert forwards == [2 + 3, 3]

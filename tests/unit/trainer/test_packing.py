@@ -96,6 +96,9 @@ BASE = [
     "policy.max_total_sequence_length=16",
     # A reference model too, so the reference pass goes through the same plans.
     "loss_fn.reference_policy_kl_penalty=0.1",
+    # The π_old pass too (the quickstart skips it), so it goes through the same plans.
+    "policy.skip_prev_logprobs=false",
+    "loss_fn.force_on_policy_ratio=false",
 ]
 PACKED = [
     "policy.sequence_packing.enabled=true",

@@ -14,10 +14,9 @@ from tests.unit.trainer.test_packing import BASE, tiny_model
 
 
 def trainer(*overrides: str) -> PolicyTrainer:
-    # A constant schedule unless a test says otherwise (the quickstart warms up).
-    config = load_config(
-        "configs/quickstart.yaml", [*BASE, "policy.scheduler.warmup_steps=0", *overrides]
-    )
+    # A constant schedule unless a test says otherwise (the quickstart warms up and decays).
+    constant = ["policy.scheduler.name=constant", "policy.scheduler.warmup_steps=0"]
+    config = load_config("configs/quickstart.yaml", [*BASE, *constant, *overrides])
     torch.manual_seed(0)
     return PolicyTrainer(tiny_model("qwen2"), config, torch.device("cpu"))
 

@@ -39,6 +39,9 @@ OVERRIDES = [
     "policy.scheduler.total_steps=4",
     "loss_fn.reference_policy_kl_penalty=0.05",
     "loss_fn.use_importance_sampling_correction=true",
+    # Both backends' π_old passes are compared (the quickstart skips them).
+    "policy.skip_prev_logprobs=false",
+    "loss_fn.force_on_policy_ratio=false",
 ]
 
 
