@@ -148,17 +148,19 @@ def _local(parameter: torch.Tensor) -> torch.Tensor:
     return parameter.to_local() if isinstance(parameter, DTensor) else parameter
 
 
-def shard_experts(model: nn.Module, mesh: DeviceMesh) -> set[nn.Parameter]:
+def shard_experts(model: nn.Module, mesh: DeviceMesh) -> list[nn.Parameter]:
     """Replace every MoE layer's experts of ``model`` by :class:`ShardedExperts` over ``mesh``
-    (the ``ep`` ranks); returns their parameters (FSDP2 leaves them alone)."""
-    sharded: set[nn.Parameter] = set()
+    (the ``ep`` ranks); returns their parameters (FSDP2 leaves them alone), in layer order: a
+    list, not a set, because every rank must run their collectives in the same order (a set's
+    order follows object ids, which differ between processes)."""
+    sharded: list[nn.Parameter] = []
     for layer in _decoder_layers(model):
         experts = _fused_experts(layer)
         if experts is None:
             continue
         replacement = ShardedExperts(experts, mesh)
         layer.get_submodule("mlp").register_module("experts", replacement)
-        sharded.update(replacement.parameters())
+        sharded.extend(replacement.parameters())
     if not sharded:
         raise ValueError(
             f"policy.dtensor_cfg.expert_parallel_size > 1: {type(model).__name__} has "

@@ -235,7 +235,7 @@ class PolicyTrainer:
             )
         # After the reference copy (it keeps every expert) and LoRA (refused with EP).
         self.expert_parameters = (
-            shard_experts(self.model, self.expert_mesh) if self.expert_mesh is not None else set()
+            shard_experts(self.model, self.expert_mesh) if self.expert_mesh is not None else []
         )
         if dtensor.cpu_offload and self.data_mesh is None:
             raise ValueError(
@@ -252,7 +252,7 @@ class PolicyTrainer:
                 self.model,
                 self.data_mesh,
                 cpu_offload=dtensor.cpu_offload,
-                ignored=self.expert_parameters or None,
+                ignored=set(self.expert_parameters) or None,
             )
         # After sharding: the optimizer holds (and its state follows) the sharded parameters.
         self.optimizer = build_optimizer(self.model, policy.optimizer)

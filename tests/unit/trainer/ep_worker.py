@@ -1,6 +1,6 @@
 """The ranks of the expert-parallel check (run by test_expert_parallel.py under torchrun).
 
-    torchrun --nproc_per_node 2 tests/unit/trainer/ep_worker.py OUT_DIR
+    torchrun --nproc_per_node 2 tests/unit/trainer/ep_worker.py OUT_DIR   (or 4)
 
 Both ranks form one expert-parallel group (a ``(1, 2)`` ``("dp_mod_ep", "ep")`` mesh) over the
 tiny Qwen3-MoE (4 experts per layer: two on each rank). Each rank is also a data-parallel rank:
@@ -12,6 +12,10 @@ tiny Qwen3-MoE (4 experts per layer: two on each rank). Each rank is also a data
    follows), rank 0 writes ``OUT_DIR/sharded.pt`` (the weight event's digest, the merged step
    outcome, the weights and optimizer moments after the step, and after loading
    ``OUT_DIR/single_ckpt``) and the checkpoint ``OUT_DIR/sharded_ckpt``.
+
+Four ranks: a ``(2, 2)`` mesh, two replicas of each expert group, one prompt group per rank
+(:data:`FOUR_GROUPS`); each rank writes ``OUT_DIR/four_rank<r>.pt``: its share's loss, the whole
+gradients, and the grad norm and whole parameters after one ``step``.
 """
 
 from __future__ import annotations
@@ -50,11 +54,19 @@ def trainer_on(mesh, layout: list[str]) -> PolicyTrainer:
     return PolicyTrainer(tiny_model(MOE), config, torch.device("cpu"), mesh=mesh)
 
 
+#: Prompt groups of the four-rank check: one per rank.
+FOUR_GROUPS = 4
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     world = World.from_environment()
     mesh = join_ranks(world, expert_parallel=2)
     assert mesh is not None and mesh.mesh_dim_names == ("dp_mod_ep", "ep")
+    if world.size == 4:
+        replicas(mesh, out)
+        leave_ranks()
+        return
     batch = on_policy(varied_batch(), MOE)
 
     share = shard_by_groups(batch, dist.get_rank(), world.size)
@@ -82,6 +94,24 @@ def main() -> None:
     initial_digest = digest_of_bytes(tensors_to_bytes(ranks.engine_weights()))
     lead_step_and_resume(ranks, batch, out, initial_digest=initial_digest)
     leave_ranks()
+
+
+def replicas(mesh, out: Path) -> None:
+    batch = on_policy(varied_batch(count=FOUR_GROUPS), MOE)
+    share = shard_by_groups(batch, dist.get_rank(), mesh.size())
+    trainer = trainer_on(mesh, [])
+    result = trainer.gradients(share)
+    grads = whole((n, p.grad) for n, p in trainer.model.named_parameters())
+    outcome = trainer.step(share)
+    torch.save(
+        {
+            "loss": result.loss.loss,
+            "grads": grads,
+            "grad_norm": outcome.grad_norm,
+            "params": whole(trainer.model.named_parameters()),
+        },
+        out / f"four_rank{dist.get_rank()}.pt",
+    )
 
 
 if __name__ == "__main__":

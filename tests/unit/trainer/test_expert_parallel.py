@@ -19,8 +19,9 @@ from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.expert_parallel import shard_experts
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.ranks import TrainerRanks
-from tests.unit.trainer.ep_worker import EP2, LAYOUTS, MOE
+from tests.unit.trainer.ep_worker import EP2, FOUR_GROUPS, LAYOUTS, MOE
 from tests.unit.trainer.ranks_check import (
+    assert_first_step_params_close,
     assert_same_state,
     resume_from,
     run_two_ranks,
@@ -110,6 +111,34 @@ def test_a_checkpoint_written_in_one_process_resumes_with_expert_parallelism(sin
 
 def test_a_checkpoint_written_with_expert_parallelism_resumes_in_one_process(single, split):
     assert_same_state(resume_from(one_process(), single["out"] / "sharded_ckpt"), split["sharded"])
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ep4")
+    run_two_ranks("ep_worker.py", out, processes=4)
+    return [torch.load(out / f"four_rank{r}.pt", weights_only=False) for r in range(4)]
+
+
+def test_two_replicas_of_each_expert_group_equal_one_process(four_ranks):
+    # Four ranks, ep = 2: ranks (0, 1) and (2, 3) each split the experts, ranks 0 and 2 (1 and 3)
+    # hold the same experts, and every rank trains its own prompt group. An expert's gradient is
+    # summed over its two replicas (finish_expert_gradients), the rest by FSDP2 over all four.
+    batch = on_policy(varied_batch(count=FOUR_GROUPS), MOE)
+    config = load_config("configs/quickstart.yaml", BASE)
+    model = tiny_model(MOE)
+    trainer = PolicyTrainer(model, config, torch.device("cpu"))
+    result = trainer.gradients(batch)
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    outcome = trainer.step(batch)
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    total = sum(rank["loss"] for rank in four_ranks)
+    assert total == pytest.approx(result.loss.loss, rel=1e-5, abs=1e-7)
+    for rank in four_ranks:
+        for name, grad in grads.items():
+            torch.testing.assert_close(rank["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert rank["grad_norm"] == pytest.approx(outcome.grad_norm, rel=1e-5)
+        assert_first_step_params_close(rank["params"], params, grads, config.policy.optimizer.eps)
 
 
 def test_expert_parallelism_needs_its_ranks():
