@@ -155,6 +155,16 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         triggered=_is_float16,
     ),
     Unsupported(
+        "policy.dtensor_cfg.expert_parallel_size",
+        "refused",
+        "with policy.jax_cfg.enabled: expert parallelism is the torch trainer's "
+        "(dockyard.consumers.trainer.expert_parallel); the JAX backend's mesh is "
+        "policy.jax_cfg.data_parallel_size × tensor_parallel_size (set 1)",
+        "not planned",
+        when=_jax_on,
+        triggered=_more_than_one,
+    ),
+    Unsupported(
         "cluster.num_nodes",
         "refused",
         "with policy.jax_cfg.enabled: the JAX trainer is one process over its own devices; a "

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dockyard.broker.weight_blobs.base import digest_of_bytes, tensors_to_bytes
+from dockyard.config.capabilities import not_implemented
 from dockyard.config.errors import ConfigError
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.expert_parallel import shard_experts
@@ -172,3 +173,17 @@ def test_a_dense_model_has_no_experts_to_split():
     # so the (ep-rank) mesh is never touched; None stands in for it.
     with pytest.raises(ValueError, match="Qwen2ForCausalLM has no mixture-of-experts layer"):
         shard_experts(tiny_model("qwen2"), mesh=None)
+
+
+def test_the_jax_backend_refuses_expert_parallelism_with_its_key():
+    # Expert parallelism is the torch trainer's; the JAX backend would ignore the key. What
+    # this build refuses is checked at launch (dockyard.config.capabilities.not_implemented).
+    overrides = [
+        *EP2,
+        "policy.dtensor_cfg.enabled=false",
+        "policy.jax_cfg.enabled=true",
+        "sft.enabled=false",
+    ]
+    refused = not_implemented(load_config("configs/quickstart.yaml", overrides))
+    assert [issue.path for issue in refused] == ["policy.dtensor_cfg.expert_parallel_size"]
+    assert "JAX backend" in refused[0].message
