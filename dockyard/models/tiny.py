@@ -156,11 +156,10 @@ def build_moe_arithmetic_policy(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """The quickstart's task on a mixture of experts: the character vocabulary and a Qwen3-MoE
     of the quickstart model's width (hidden 128, 4 heads, 2 layers) whose every MLP is 4
-    experts, top-2 (≈0.4M parameters)."""
+    experts, top-2 (≈0.33M parameters)."""
     tokenizer = build_character_tokenizer()
     spec = TinyModelSpec(arch="qwen3_moe", seed=seed, max_position_embeddings=64)
-    model = build_tiny_model(spec, tokenizer)
-    return model.to(dtype), tokenizer  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
+    return build_tiny_model(spec, tokenizer, dtype=dtype), tokenizer
 
 
 def build_bpe_policy(
