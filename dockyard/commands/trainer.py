@@ -64,7 +64,12 @@ def _trainer(args: argparse.Namespace) -> int:
     except LaunchRefused as refused:
         raise CliError(str(refused), exit_code=EXIT_INVALID_CONFIG) from None
     dtensor = config.policy.dtensor_cfg
-    mesh = join_ranks(world, dtensor.tensor_parallel_size, dtensor.context_parallel_size)
+    mesh = join_ranks(
+        world,
+        dtensor.tensor_parallel_size,
+        dtensor.context_parallel_size,
+        dtensor.expert_parallel_size,
+    )
     try:
         if world.rank != 0:
             assert mesh is not None

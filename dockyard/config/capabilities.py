@@ -64,10 +64,6 @@ class Unsupported:
         return f"{self.why} (planned: {self.until})"
 
 
-def _dtensor_on(config: MasterConfig) -> bool:
-    return config.policy.dtensor_cfg.enabled
-
-
 def _lora_beyond_adapter_engines(config: MasterConfig) -> bool:
     """An engine that cannot refit from an adapter: SGLang, or a vLLM server you launched."""
     generation = config.policy.generation
@@ -170,6 +166,16 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         triggered=_is_float16,
     ),
     Unsupported(
+        "policy.dtensor_cfg.expert_parallel_size",
+        "refused",
+        "with policy.jax_cfg.enabled: expert parallelism is the torch trainer's "
+        "(dockyard.consumers.trainer.expert_parallel); the JAX backend's mesh is "
+        "policy.jax_cfg.data_parallel_size × tensor_parallel_size (set 1)",
+        "not planned",
+        when=_jax_on,
+        triggered=_more_than_one,
+    ),
+    Unsupported(
         "cluster.num_nodes",
         "refused",
         "with policy.jax_cfg.enabled: the JAX trainer is one process over its own devices; a "
@@ -189,16 +195,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
             when=_jax_on,
         )
         for name in ("sequence_packing", "dynamic_batching")
-    ),
-    Unsupported(
-        "policy.dtensor_cfg.expert_parallel_size",
-        "refused",
-        "expert parallelism splits a mixture-of-experts layer's experts over ranks; the models "
-        "this trainer shards (the dense Qwen2 / Llama family) have no experts and no MoE model "
-        "is in this build (set 1)",
-        "not planned",
-        when=_dtensor_on,
-        triggered=_more_than_one,
     ),
     Unsupported(
         "policy.dtensor_cfg.lora_cfg.enabled",

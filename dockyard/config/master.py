@@ -78,6 +78,7 @@ class MasterConfig(Section):
             self._prev_logprob_issues,
             self._parallelism_issues,
             self._context_parallel_issues,
+            self._expert_parallel_issues,
             self._sequence_budget_issues,
         ]
 
@@ -237,11 +238,36 @@ class MasterConfig(Section):
                 "tested here: set it false",
             ),
         }
-        return [
-            ConfigIssue(key, f"not supported with context_parallel_size > 1: {reason}")
-            for key, (on, reason) in combined.items()
-            if on
-        ]
+        return _not_combined_with("context_parallel_size > 1", combined)
+
+    def _expert_parallel_issues(self) -> list[ConfigIssue]:
+        """What expert parallelism (dockyard.consumers.trainer.expert_parallel: experts sharded
+        over ep ranks that are also data-parallel ranks) is not combined with."""
+        dtensor = self.policy.dtensor_cfg
+        if not dtensor.enabled or dtensor.expert_parallel_size == 1:
+            return []
+        combined = {
+            "policy.dtensor_cfg.tensor_parallel_size": (
+                dtensor.tensor_parallel_size > 1,
+                "the ep ranks borrow from data parallelism; a (dp, tp, ep) mesh and a "
+                "tensor-parallel plan for the experts are not built here: set one of them to 1",
+            ),
+            "policy.dtensor_cfg.context_parallel_size": (
+                dtensor.context_parallel_size > 1,
+                "a (dp, cp, ep) mesh is not built here: set one of them to 1",
+            ),
+            "policy.dtensor_cfg.lora_cfg.enabled": (
+                dtensor.lora_cfg.enabled,
+                "LoRA targets nn.Linear projections; the fused expert weights split over the ep "
+                "ranks are not adapted, and the combination is not tested here: set it false",
+            ),
+            "policy.dtensor_cfg.cpu_offload": (
+                dtensor.cpu_offload,
+                "FSDP2 offloads the shards it manages; the experts, sharded over the ep ranks "
+                "outside FSDP2, would stay on the device: set it false",
+            ),
+        }
+        return _not_combined_with("expert_parallel_size > 1", combined)
 
     def _parallelism_issues(self) -> list[ConfigIssue]:
         total_gpus = self.cluster.total_gpus
@@ -249,6 +275,14 @@ class MasterConfig(Section):
         if total_gpus == 0 or not dtensor.enabled:
             return []
         model_parallel = dtensor.tensor_parallel_size * dtensor.context_parallel_size
+        if total_gpus % dtensor.expert_parallel_size:
+            return [
+                ConfigIssue(
+                    "policy.dtensor_cfg.expert_parallel_size",
+                    f"{dtensor.expert_parallel_size} must divide the cluster's {total_gpus} GPUs "
+                    "(the ep ranks are data-parallel ranks)",
+                )
+            ]
         if total_gpus % model_parallel:
             return [
                 ConfigIssue(
@@ -274,3 +308,12 @@ class MasterConfig(Section):
                 )
             ]
         return []
+
+
+def _not_combined_with(setting: str, combined: dict[str, tuple[bool, str]]) -> list[ConfigIssue]:
+    """One issue per key of ``combined`` that is on: ``{key: (on, why)}``."""
+    return [
+        ConfigIssue(key, f"not supported with {setting}: {reason}")
+        for key, (on, reason) in combined.items()
+        if on
+    ]

@@ -99,6 +99,13 @@ def check_ranks_can_run(config: MasterConfig, world_size: int) -> None:
             f"tensor × context parallel = {tensor} × {context} must divide the {world_size} "
             "trainer rank(s)",
         )
+    expert = dtensor.expert_parallel_size
+    if world_size % expert:
+        raise LaunchRefused(
+            "policy.dtensor_cfg.expert_parallel_size",
+            f"{expert} must divide the {world_size} trainer rank(s) (the ep ranks are "
+            "data-parallel ranks)",
+        )
     if world_size // tensor == 1 and dtensor.enabled and dtensor.cpu_offload:
         raise LaunchRefused(
             "policy.dtensor_cfg.cpu_offload",

@@ -22,6 +22,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen3MoeConfig,
 )
 
 from dockyard.models.tokenizers import (
@@ -32,7 +33,7 @@ from dockyard.models.tokenizers import (
     train_bpe_tokenizer,
 )
 
-Arch = Literal["qwen2", "llama"]
+Arch = Literal["qwen2", "llama", "qwen3_moe"]
 
 TINY_SCHEME = "tiny://"
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -51,6 +52,13 @@ class TinyModelSpec:
     max_position_embeddings: int = 256
     tie_word_embeddings: bool = True
     seed: int = 0
+    #: ``qwen3_moe`` only: every decoder layer's MLP is a mixture of ``num_experts`` SwiGLU
+    #: experts of ``moe_intermediate_size`` hidden units, each token routed to its top
+    #: ``num_experts_per_tok`` (Transformers stores them fused: ``[experts, 2·I, H]`` and
+    #: ``[experts, H, I]`` per layer, which expert parallelism splits along the first dimension).
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 64
 
     @property
     def head_dim(self) -> int:
@@ -69,8 +77,23 @@ class TinyModelSpec:
 
 
 def build_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
-    config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig}[spec.arch]
+    config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3_moe": Qwen3MoeConfig}[
+        spec.arch
+    ]
+    moe: dict[str, object] = (
+        {
+            "num_experts": spec.num_experts,
+            "num_experts_per_tok": spec.num_experts_per_tok,
+            "moe_intermediate_size": spec.moe_intermediate_size,
+            "head_dim": spec.head_dim,  # Qwen3 takes it explicitly
+            # Top-k weights renormalised to sum to 1, as the released Qwen3-MoE models do.
+            "norm_topk_prob": True,
+        }
+        if spec.arch == "qwen3_moe"
+        else {}
+    )
     config: PretrainedConfig = config_class(
+        **moe,
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         num_attention_heads=spec.num_attention_heads,
@@ -128,6 +151,17 @@ def build_calculator_policy(
     return model.to(dtype), tokenizer  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
 
 
+def build_moe_arithmetic_policy(
+    seed: int = 0, *, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """The quickstart's task on a mixture of experts: the character vocabulary and a Qwen3-MoE
+    of the quickstart model's width (hidden 128, 4 heads, 2 layers) whose every MLP is 4
+    experts, top-2 (≈0.33M parameters)."""
+    tokenizer = build_character_tokenizer()
+    spec = TinyModelSpec(arch="qwen3_moe", seed=seed, max_position_embeddings=64)
+    return build_tiny_model(spec, tokenizer, dtype=dtype), tokenizer
+
+
 def build_bpe_policy(
     arch: Arch = "qwen2",
     *,
@@ -137,7 +171,7 @@ def build_bpe_policy(
     dtype: torch.dtype = torch.float32,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A tiny general-text model with a byte-level BPE trained on ``corpus``."""
-    style: BpeStyle = "qwen2" if arch == "qwen2" else "gpt2"
+    style: BpeStyle = "gpt2" if arch == "llama" else "qwen2"
     tokenizer = train_bpe_tokenizer(corpus, vocab_size=vocab_size, style=style)
     model = build_tiny_model(TinyModelSpec(arch=arch, seed=seed), tokenizer)
     return model.to(dtype), tokenizer  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
@@ -163,6 +197,14 @@ TINY_RECIPES: dict[str, TinyRecipe] = {
     "qwen2-bpe": TinyRecipe(
         "Qwen2 with a byte-level BPE trained on a built-in corpus",
         lambda dtype: build_bpe_policy("qwen2", dtype=dtype),
+    ),
+    "qwen3-moe-arithmetic": TinyRecipe(
+        "character-level Qwen3-MoE (4 experts, top-2) for the quickstart's 2-digit addition",
+        lambda dtype: build_moe_arithmetic_policy(seed=0, dtype=dtype),
+    ),
+    "qwen3-moe-bpe": TinyRecipe(
+        "Qwen3-MoE (4 experts, top-2) with a byte-level BPE trained on a built-in corpus",
+        lambda dtype: build_bpe_policy("qwen3_moe", dtype=dtype),
     ),
     "llama-bpe": TinyRecipe(
         "Llama with a byte-level BPE trained on a built-in corpus",

@@ -11,9 +11,9 @@ rule for the CPU attention kernel (``aten._scaled_dot_product_flash_attention_fo
   the ``cp`` size), with its *global* position ids (the rotary embeddings see the true positions).
 - In each attention layer (:func:`context_parallel_attention`, registered with Transformers'
   ``AttentionInterface`` for the Qwen2 / Llama family) the rank all-gathers K and V over the
-  ``cp`` group (:func:`gather_positions`, autograd-aware: its backward sums each rank's K/V
-  gradients back to the rank that computed them) — and attends its queries
-  to every key at or before their global position.
+  ``cp`` group (:func:`~dockyard.consumers.trainer.collectives.all_gather_along`,
+  autograd-aware: its backward sums each rank's K/V gradients back to the rank that computed
+  them) — and attends its queries to every key at or before their global position.
 - Each rank's next-token log-probs ``[R, C]`` are all-gathered the same way into the whole
   ``[R, T-1]``, so the loss, its global normalisation (token and sequence counts), advantages
   and metrics are computed exactly as in one process, on every ``cp`` rank. Only the
@@ -33,7 +33,7 @@ position ids) and tensor parallelism are refused with context parallelism.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,36 +41,10 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from dockyard.consumers.trainer.collectives import all_gather_along
 from dockyard.consumers.trainer.micro_batches import MicroBatch, target_logprobs
 
 CP = "cp"
-
-
-class _GatherPositions(torch.autograd.Function):
-    """All-gather along a dimension; backward: each rank's slice of the gradient summed over the
-    ranks (every rank's loss reads every rank's slice). Written here because
-    ``torch.distributed.nn.functional.all_gather`` is deprecated and its gloo backward (an
-    all-to-all emulated by scatters) gave wrong gradients for these 4-D K/V slices (torch 2.13,
-    measured); an all-reduce of the whole gradient runs on every backend."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, tensor.contiguous(), group=group)
-        return torch.cat(parts, dim=dim)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        size, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
-        return grad.chunk(size, dim=ctx.dim)[rank], None, None
-
-
-def gather_positions(tensor: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
-    """Every ``cp`` rank's equal-length slice of ``tensor`` along ``dim``, in rank order."""
-    return cast(torch.Tensor, _GatherPositions.apply(tensor, dim, group))  # type: ignore[no-untyped-call]  # torch leaves Function.apply unannotated
 
 
 #: The attention implementation's name in Transformers' registries.
@@ -99,8 +73,8 @@ def context_parallel_attention(
             "attention here is plain causal)"
         )
     group = getattr(module, _GROUP)
-    keys = gather_positions(key, 2, group)
-    values = gather_positions(value, 2, group)
+    keys = all_gather_along(key, 2, group)
+    values = all_gather_along(value, 2, group)
     # Grouped-query attention: each key/value head serves consecutive query heads (what
     # Transformers' repeat_kv does).
     repeats = query.shape[1] // keys.shape[1]
@@ -175,5 +149,5 @@ def context_parallel_logprobs(
     global_positions = torch.arange(padded.shape[1], device=device)[mine].expand(len(padded), -1)
     logits = model(input_ids=padded[:, mine], position_ids=global_positions, use_cache=False).logits
     local = target_logprobs(logits, targets[:, mine], temperature)
-    whole = gather_positions(local, 1, group)
+    whole = all_gather_along(local, 1, group)
     return whole[:, : micro.columns]

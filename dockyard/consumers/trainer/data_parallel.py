@@ -29,7 +29,11 @@ from dockyard.consumers.trainer.micro_batches import MicroBatch
 
 
 def shard_policy(
-    model: torch.nn.Module, mesh: DeviceMesh, *, cpu_offload: bool = False
+    model: torch.nn.Module,
+    mesh: DeviceMesh,
+    *,
+    cpu_offload: bool = False,
+    ignored: set[torch.nn.Parameter] | None = None,
 ) -> torch.nn.Module:
     """Shard each decoder layer, then the rest (embeddings, final norm, head) at the root.
 
@@ -47,8 +51,8 @@ def shard_policy(
         CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
     )
     for layer in layers:
-        fully_shard(layer, mesh=mesh, offload_policy=offload)
-    fully_shard(model, mesh=mesh, offload_policy=offload)
+        fully_shard(layer, mesh=mesh, offload_policy=offload, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, offload_policy=offload, ignored_params=ignored)
     return model
 
 

@@ -49,6 +49,12 @@ from dockyard.consumers.trainer.data_parallel import (
     pad_plans,
     shard_policy,
 )
+from dockyard.consumers.trainer.expert_parallel import (
+    EP,
+    REPLICAS,
+    finish_expert_gradients,
+    shard_experts,
+)
 from dockyard.consumers.trainer.micro_batches import (
     MicroBatch,
     has_varlen_attention,
@@ -190,10 +196,19 @@ class PolicyTrainer:
         self.tensor_mesh = mesh[TP] if mesh is not None and TP in names else None
         #: The context-parallel ranks (one data-parallel group's), see :mod:`.context_parallel`.
         self.context_mesh = mesh[CP] if mesh is not None and CP in names else None
+        #: The expert-parallel ranks (each its share of every MoE layer's experts) and the ranks
+        #: holding replicas of the same experts, see :mod:`.expert_parallel`.
+        self.expert_mesh = mesh[EP] if mesh is not None and EP in names else None
+        self.expert_replicas = (
+            _larger_than_one(mesh[REPLICAS]) if mesh is not None and EP in names else None
+        )
         #: The ranks FSDP2 shards over (None: not sharded by FSDP2), and those holding different
         #: shares of the batch (their counts add up), see :func:`_sharding_meshes`.
         self.data_mesh, self.batch_mesh = _sharding_meshes(
-            mesh, tensor=self.tensor_mesh is not None, context=self.context_mesh is not None
+            mesh,
+            tensor=self.tensor_mesh is not None,
+            context=self.context_mesh is not None,
+            expert=self.expert_mesh is not None,
         )
         context_ranks = self.context_mesh.size() if self.context_mesh is not None else 1
         if dtensor.context_parallel_size != context_ranks:
@@ -209,6 +224,16 @@ class PolicyTrainer:
                 f"policy.dtensor_cfg.tensor_parallel_size={dtensor.tensor_parallel_size} but the "
                 f"mesh has {tensor_ranks} tensor-parallel rank(s)"
             )
+        expert_ranks = self.expert_mesh.size() if self.expert_mesh is not None else 1
+        if dtensor.expert_parallel_size != expert_ranks:
+            raise ValueError(
+                f"policy.dtensor_cfg.expert_parallel_size={dtensor.expert_parallel_size} but the "
+                f"mesh has {expert_ranks} expert-parallel rank(s)"
+            )
+        # After the reference copy (it keeps every expert) and LoRA (refused with EP).
+        self.expert_parameters = (
+            shard_experts(self.model, self.expert_mesh) if self.expert_mesh is not None else []
+        )
         if dtensor.cpu_offload and self.data_mesh is None:
             raise ValueError(
                 "policy.dtensor_cfg.cpu_offload offloads FSDP2 shards: it needs data-parallel "
@@ -220,7 +245,12 @@ class PolicyTrainer:
                 self.model, self.tensor_mesh, sequence_parallel=dtensor.sequence_parallel
             )
         if self.data_mesh is not None:
-            shard_policy(self.model, self.data_mesh, cpu_offload=dtensor.cpu_offload)
+            shard_policy(
+                self.model,
+                self.data_mesh,
+                cpu_offload=dtensor.cpu_offload,
+                ignored=set(self.expert_parameters) or None,
+            )
         # After sharding: the optimizer holds (and its state follows) the sharded parameters.
         self.optimizer = build_optimizer(self.model, policy.optimizer)
         self.scheduler = build_scheduler(
@@ -234,6 +264,7 @@ class PolicyTrainer:
             data_parallel_ranks=self.batch_mesh.size() if self.batch_mesh is not None else 1,
             tensor_parallel_ranks=self.tensor_mesh.size() if self.tensor_mesh is not None else 1,
             context_parallel_ranks=context_ranks,
+            expert_parallel_ranks=expert_ranks,
             sequence_parallel=dtensor.sequence_parallel and self.tensor_mesh is not None,
             lora_rank=lora.rank if self.peft is not None else None,
             activation_checkpointing=dtensor.activation_checkpointing,
@@ -385,6 +416,11 @@ class PolicyTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         parts = self.accumulate_gradients(batch, prev, advantages, reference, counts)
+        if self.expert_parameters:
+            replicas = self.expert_replicas.get_group() if self.expert_replicas else None
+            finish_expert_gradients(
+                self.expert_parameters, int(gradient_scale(self.data_mesh)), replicas
+            )
         return Gradients(
             loss=merge_loss_metrics(parts),
             prev_logprobs=prev,
@@ -398,7 +434,7 @@ class PolicyTrainer:
         result = self.gradients(batch)
         self.scaler.unscale_(self.optimizer)
         max_norm = self.config.policy.max_grad_norm
-        if self.tensor_mesh is not None:  # DTensors on two meshes, and whole tensors
+        if self.tensor_mesh is not None or self.expert_parameters:  # DTensors on two meshes
             grad_norm = clip_mixed_gradients(self.model.parameters(), max_norm)
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -550,14 +586,18 @@ def whole_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _sharding_meshes(
-    mesh: DeviceMesh | None, *, tensor: bool, context: bool
+    mesh: DeviceMesh | None, *, tensor: bool, context: bool, expert: bool = False
 ) -> tuple[DeviceMesh | None, DeviceMesh | None]:
     """``(FSDP2's mesh, the batch shares' mesh)``. 1-D: the data-parallel ranks, both. With
     ``tp``: FSDP2 over ``dp`` (the tp ranks hold the same share). With ``cp``: FSDP2 over every
     rank (``dp × cp`` flattened, so its gradient reduction also sums the cp ranks' shares of the
-    gradient), the shares over ``dp`` only (the cp ranks of a group hold the same rows)."""
-    if mesh is None or not (tensor or context):
+    gradient), the shares over ``dp`` only (the cp ranks of a group hold the same rows). With
+    ``ep``: every rank, both (the ep ranks are data-parallel ranks, :mod:`.expert_parallel`)."""
+    if mesh is None or not (tensor or context or expert):
         return mesh, mesh
+    if expert:
+        every = mesh._flatten()
+        return every, every
     data = _larger_than_one(mesh[DP])
     if tensor:
         return data, data

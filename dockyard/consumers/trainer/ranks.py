@@ -51,6 +51,7 @@ from dockyard.consumers.trainer.backend import TrainerBackend
 from dockyard.consumers.trainer.batch import TrainingBatch
 from dockyard.consumers.trainer.context_parallel import CP
 from dockyard.consumers.trainer.data_parallel import shard_by_groups
+from dockyard.consumers.trainer.expert_parallel import EP, REPLICAS
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
 from dockyard.consumers.trainer.tensor_parallel import DP, TP
 from dockyard.consumers.trainer.trainer_checkpoint import ADAPTER_DIR, load_weights
@@ -91,23 +92,28 @@ class World:
 
 
 def join_ranks(
-    world: World, tensor_parallel: int = 1, context_parallel: int = 1
+    world: World, tensor_parallel: int = 1, context_parallel: int = 1, expert_parallel: int = 1
 ) -> DeviceMesh | None:
     """The mesh of every rank (None for one process): 1-D data parallel, or 2-D ``("dp", "tp")``
     / ``("dp", "cp")`` with ``tensor_parallel`` / ``context_parallel`` consecutive ranks per
-    data-parallel group (the two together are refused). NCCL on GPUs, gloo on CPUs."""
+    data-parallel group, or ``("dp_mod_ep", "ep")`` with ``expert_parallel`` consecutive ranks
+    sharing their experts (each still a data-parallel rank, :mod:`.expert_parallel`); no two of
+    them together. NCCL on GPUs, gloo on CPUs."""
     if world.size == 1:
         return None
-    if tensor_parallel > 1 and context_parallel > 1:
-        raise ValueError(
-            "policy.dtensor_cfg.context_parallel_size > 1 with tensor_parallel_size > 1: not "
-            "supported (set one of them to 1)"
+    chosen = [
+        (size, name, key)
+        for size, name, key in (
+            (tensor_parallel, TP, "tensor_parallel_size"),
+            (context_parallel, CP, "context_parallel_size"),
+            (expert_parallel, EP, "expert_parallel_size"),
         )
-    model_parallel, name, key = (
-        (context_parallel, CP, "context_parallel_size")
-        if context_parallel > 1
-        else (tensor_parallel, TP, "tensor_parallel_size")
-    )
+        if size > 1
+    ]
+    if len(chosen) > 1:
+        keys = " and ".join(f"policy.dtensor_cfg.{key}" for _, _, key in chosen)
+        raise ValueError(f"{keys} are each > 1: not supported together (set all but one to 1)")
+    model_parallel, name, key = chosen[0] if chosen else (1, TP, "tensor_parallel_size")
     if world.size % model_parallel:
         raise ValueError(
             f"policy.dtensor_cfg.{key}={model_parallel} must divide the {world.size} trainer ranks"
@@ -119,7 +125,9 @@ def join_ranks(
     if model_parallel == 1:
         return init_device_mesh(device.type, (world.size,))
     shape = (world.size // model_parallel, model_parallel)
-    return init_device_mesh(device.type, shape, mesh_dim_names=(DP, name))
+    return init_device_mesh(
+        device.type, shape, mesh_dim_names=(REPLICAS if name == EP else DP, name)
+    )
 
 
 def leave_ranks() -> None:
@@ -146,9 +154,10 @@ class TrainerRanks:
         self.mesh = trainer.mesh
         self.size = self.mesh.size() if self.mesh is not None else 1
         # The tp (or cp) ranks of one data-parallel group (consecutive ranks, the mesh's second
-        # dimension) train on the same share.
+        # dimension) train on the same share; ep ranks each on their own.
         mesh = self.mesh
-        self.tensor_size = mesh.size(1) if mesh is not None and mesh.ndim == 2 else 1
+        shared = mesh is not None and mesh.ndim == 2 and mesh.mesh_dim_names != (REPLICAS, EP)
+        self.tensor_size = mesh.size(1) if mesh is not None and shared else 1
         self.last_scatter_s = 0.0
 
     def _announce(self, kind: CommandKind, payload: dict[str, object] | None = None) -> None:

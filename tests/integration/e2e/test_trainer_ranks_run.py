@@ -132,3 +132,29 @@ def test_two_context_parallel_ranks_train_every_group_once(tmp_path, small_run):
     assert all(m["loss/num_valid_samples"] == 4 * 4 for m in step_metrics(run_dir))
     assert len(assert_exactly_once(run_dir)) == 2 * 4
     assert (run_dir / "checkpoints" / "step_2" / "optimizer.pt").is_file()
+
+
+def test_two_expert_parallel_ranks_train_a_mixture_of_experts_every_group_once(tmp_path, small_run):
+    # policy.dtensor_cfg.expert_parallel_size=2 on the tiny Qwen3-MoE (4 experts per layer): each
+    # rank holds two experts of every layer and trains its own share of the batch (the ep ranks
+    # are data-parallel ranks); the rollout worker generates with the whole model.
+    run_dir = tmp_path / "run"
+    result = run_two_ranks(
+        run_dir,
+        small_run,
+        "grpo.max_num_steps=2",
+        "policy.model_name=tiny://qwen3-moe-arithmetic",
+        "policy.dtensor_cfg.expert_parallel_size=2",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    placements = [e for e in trainer_events(run_dir) if e["event"] == "trainer.placement"]
+    assert [(e["expert_parallel_ranks"], e["data_parallel_ranks"]) for e in placements] == [
+        (2, 2),
+        (2, 2),
+    ]
+    assert metric_steps(run_dir) == [1, 2]
+    # Two shares, one per rank: each step trains the whole batch (4 groups × 4 samples) once.
+    assert all(m["loss/num_valid_samples"] == 4 * 4 for m in step_metrics(run_dir))
+    assert len(assert_exactly_once(run_dir)) == 2 * 4
+    assert_every_group_accounted(run_dir)
+    assert (run_dir / "checkpoints" / "step_2" / "optimizer.pt").is_file()

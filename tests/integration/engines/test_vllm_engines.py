@@ -202,3 +202,20 @@ async def test_remote_server_generation_and_refit(vllm_server, policies):
     finally:
         await engine.shutdown()
     assert torch.__version__.startswith("2.13.0")
+
+
+async def test_vllm_serves_the_tiny_mixture_of_experts(tmp_path):
+    # The expert-parallel trainer's model (docs/trainer.md): vLLM's CPU backend runs Qwen3-MoE's
+    # fused experts, and its log-probs are Transformers' (the same tolerance as the dense model).
+    model, tokenizer = build_bpe_policy("qwen3_moe", seed=0)
+    save_policy(model, tokenizer, tmp_path / "moe")
+    cfg = VllmConfig(precision="float32", enforce_eager=True, max_model_len=256, env_vars=VLLM_ENV)
+    moe = VllmEngine(tmp_path / "moe", cfg, seed=0, staging_dir=tmp_path / "stage")
+    try:
+        requests = prompts(tokenizer)
+        params = make_sampling_params(max_new_tokens=8, temperature=0.8, top_k=50, seed=1)
+        results = await moe.generate(requests, params, num_samples=2)
+        assert len(results) == 4
+        assert_matches(results, requests, model, temperature=0.8, top_k=50)
+    finally:
+        await moe.shutdown()

@@ -84,6 +84,11 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "consumers/trainer/policy_trainer.py",
         "commands/trainer.py",
     ),
+    # The mesh's ep ranks (commands/trainer.py joins them) and the trainer's check of them.
+    "policy.dtensor_cfg.expert_parallel_size": (
+        "consumers/trainer/policy_trainer.py",
+        "commands/trainer.py",
+    ),
     "policy.jax_cfg.*": ("consumers/trainer/backend.py", "consumers/trainer/jax_backend/mesh.py"),
     # The budgets are resolved by PolicyConfig.token_budget, which micro_batches.py calls.
     "policy.sequence_packing.*": (

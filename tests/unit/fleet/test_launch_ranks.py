@@ -161,3 +161,16 @@ def test_tensor_times_context_parallel_size_must_divide_the_ranks():
         check_ranks_can_run(config, 3)
     assert refused.value.key == "policy.dtensor_cfg.context_parallel_size"
     check_ranks_can_run(config, 2)
+
+
+def test_expert_parallel_size_must_divide_the_ranks():
+    # The ep ranks are data-parallel ranks (consumers/trainer/expert_parallel.py): 2 of them
+    # cannot be cut out of 3.
+    config = load_config(
+        QUICKSTART, ["policy.dtensor_cfg.expert_parallel_size=2", "sft.enabled=false"]
+    )
+    with pytest.raises(LaunchRefused, match="2 must divide the 3 trainer rank") as refused:
+        check_ranks_can_run(config, 3)
+    assert refused.value.key == "policy.dtensor_cfg.expert_parallel_size"
+    check_ranks_can_run(config, 2)
+    check_ranks_can_run(config, 4)

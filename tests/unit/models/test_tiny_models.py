@@ -151,3 +151,26 @@ def test_the_calculator_policy_spells_a_call_and_its_observation_in_few_tokens()
     assert tok.decode(ids) == call
     observation = "<tool_response>\n1776\n</tool_response>\n"
     assert len(tok.encode(observation, add_special_tokens=False, split_special_tokens=True)) == 6
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe-arithmetic", "qwen3-moe-bpe"])
+def test_the_moe_recipes_are_mixtures_of_four_experts_top_two(name):
+    from dockyard.models.tiny import VLLM_CPU_HEAD_SIZES, build_tiny_recipe
+
+    model, tokenizer = build_tiny_recipe(name)
+    again, _ = build_tiny_recipe(name)
+    assert model.config.model_type == "qwen3_moe"
+    assert (model.config.num_experts, model.config.num_experts_per_tok) == (4, 2)
+    assert model.config.head_dim in VLLM_CPU_HEAD_SIZES
+    # Every layer's MLP is the mixture, its experts fused as expert parallelism splits them:
+    # gate/up [experts, 2 × moe_intermediate_size, hidden], down [experts, hidden, intermediate].
+    for layer in model.model.layers:
+        assert tuple(layer.mlp.experts.gate_up_proj.shape) == (4, 2 * 64, 128)
+        assert tuple(layer.mlp.experts.down_proj.shape) == (4, 128, 64)
+    for (key, tensor), (_, other) in zip(
+        model.state_dict().items(), again.state_dict().items(), strict=True
+    ):
+        assert torch.equal(tensor, other), key  # the same weights in every process
+    prompt = tokenizer("12+34=", return_tensors="pt").input_ids
+    out = model.generate(prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    assert out.shape == (1, prompt.shape[1] + 3)  # Hugging Face generate runs it

@@ -16,7 +16,11 @@ from dockyard.config.sections.grpo import WorkerTrustConfig
 from dockyard.consumers.trainer.batch import TrainingBatch, build_batch
 from dockyard.consumers.trainer.policy_trainer import token_logprobs
 from dockyard.consumers.trainer.ranks import TrainerRanks
-from dockyard.consumers.trainer.trainer_checkpoint import TrainerState, write_checkpoint
+from dockyard.consumers.trainer.trainer_checkpoint import (
+    TrainerState,
+    read_checkpoint,
+    write_checkpoint,
+)
 from dockyard.consumers.trainer.worker_trust import WorkerTrust, agreements_of
 from dockyard.schemas import ScoredRollout
 from tests.unit.trainer.test_packing import BASE, PAD, tiny_model, varied_groups
@@ -67,6 +71,48 @@ def checkpoint_of(
         training_state=training_state,
         adapter=adapter,
     )
+
+
+def step_and_checkpoint(ranks: TrainerRanks, batch: TrainingBatch, directory: Path) -> dict:
+    """One step of ``ranks`` (one process or led by rank 0) on ``batch``; its outcome, the whole
+    weights and AdamW moments after it, and its checkpoint written to ``directory``."""
+    outcome = ranks.step(batch)
+    weights = {k: v.detach().clone() for k, v in ranks.model_state().items()}
+    training = ranks.training_state()
+    checkpoint_of(ranks.trainer.model, weights, training, directory)
+    return {"outcome": outcome, "weights": weights, "moments": optimizer_moments(training)}
+
+
+def resume_from(ranks: TrainerRanks, directory: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """The checkpoint in ``directory`` loaded into ``ranks``; the whole weights and AdamW
+    moments they then hold."""
+    checkpoint = read_checkpoint(directory)
+    ranks.load(checkpoint.weights, checkpoint.training_state, directory)
+    return {
+        "weights": ranks.model_state(),
+        "moments": optimizer_moments(ranks.training_state()),
+    }
+
+
+def lead_step_and_resume(
+    ranks: TrainerRanks, batch: TrainingBatch, out: Path, **measured: object
+) -> None:
+    """Rank 0's part of a workers' check: :func:`step_and_checkpoint` to ``out/sharded_ckpt``,
+    then :func:`resume_from` ``out/single_ckpt``; all of it with ``measured`` saved to
+    ``out/sharded.pt``; then the followers are released."""
+    stepped = step_and_checkpoint(ranks, batch, out / "sharded_ckpt")
+    loaded = resume_from(ranks, out / "single_ckpt")
+    torch.save({**measured, **stepped, "loaded": loaded}, out / "sharded.pt")
+    ranks.stop()
+
+
+def assert_same_state(
+    loaded: dict[str, dict[str, torch.Tensor]], written: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    """A resumed trainer holds the checkpoint's weights and optimizer moments, bit for bit."""
+    for part in ("weights", "moments"):
+        for name, value in written[part].items():
+            assert torch.equal(loaded[part][name], value), name
 
 
 def optimizer_moments(training_state: dict[str, object]) -> dict[str, torch.Tensor]:

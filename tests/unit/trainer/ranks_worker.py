@@ -4,9 +4,8 @@
 
 Rank 0 drives :class:`TrainerRanks` as the trainer loop does; rank 1 follows. Rank 0 writes
 ``OUT_DIR/sharded.pt`` (the initial weights' blob digest, the worker screen's measurements and
-verdict on the initial weights, the merged step outcome, the weights and
-optimizer state after the step, the weights and optimizer state after loading
-``OUT_DIR/single_ckpt``) and the checkpoint ``OUT_DIR/sharded_ckpt``.
+verdict on the initial weights, the merged step outcome, the weights and optimizer moments after
+the step, and after loading ``OUT_DIR/single_ckpt``) and the checkpoint ``OUT_DIR/sharded_ckpt``.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from dockyard.broker.weight_blobs.base import digest_of_bytes, tensors_to_bytes
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.ranks import TrainerRanks, World, follow, join_ranks, leave_ranks
-from dockyard.consumers.trainer.trainer_checkpoint import read_checkpoint
-from tests.unit.trainer.ranks_check import checkpoint_of, optimizer_moments, screen
+from tests.unit.trainer.ranks_check import lead_step_and_resume, screen
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
 
 
@@ -39,25 +37,8 @@ def main() -> None:
     ranks = TrainerRanks(trainer)
     initial_digest = digest_of_bytes(tensors_to_bytes(ranks.model_state()))
     screened = screen(ranks)  # the worker screen's pass, on the initial weights
-    outcome = ranks.step(on_policy(varied_batch(), "qwen2"))
-    stepped = {k: v.clone() for k, v in ranks.model_state().items()}
-    training = ranks.training_state()
-    checkpoint_of(trainer.model, stepped, training, out / "sharded_ckpt")
-    loaded = read_checkpoint(out / "single_ckpt")
-    ranks.load(loaded.weights, loaded.training_state, out / "single_ckpt")
-    torch.save(
-        {
-            "initial_digest": initial_digest,
-            "screen": screened,
-            "outcome": outcome,
-            "stepped": stepped,
-            "stepped_moments": optimizer_moments(training),
-            "loaded": ranks.model_state(),
-            "loaded_moments": optimizer_moments(ranks.training_state()),
-        },
-        out / "sharded.pt",
-    )
-    ranks.stop()
+    batch = on_policy(varied_batch(), "qwen2")
+    lead_step_and_resume(ranks, batch, out, initial_digest=initial_digest, screen=screened)
     leave_ranks()
 
 

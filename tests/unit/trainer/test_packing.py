@@ -73,11 +73,12 @@ def test_a_sequence_longer_than_the_budget_is_refused(algorithm):
 PAD = 0
 
 
-def varied_groups(seed: int = 3):
-    """Three groups with prompts of 1–6 tokens and responses of 1–9 tokens (lengths 2–15)."""
+def varied_groups(seed: int = 3, count: int = 3):
+    """``count`` groups (the first three always the same) with prompts of 1–6 tokens and
+    responses of 1–9 tokens (lengths 2–15)."""
     rng = random.Random(seed)
     groups = []
-    for g in range(3):
+    for g in range(count):
         prompt = [rng.randint(1, 14) for _ in range(rng.randint(1, 6))]
         responses = [[rng.randint(1, 14) for _ in range(rng.randint(1, 9))] for _ in range(4)]
         rewards = [float(rng.random() > 0.5) for _ in responses]
@@ -85,9 +86,9 @@ def varied_groups(seed: int = 3):
     return groups
 
 
-def varied_batch(seed: int = 3):
+def varied_batch(seed: int = 3, count: int = 3):
     """:func:`varied_groups`, stacked."""
-    return build_batch(varied_groups(seed), PAD)
+    return build_batch(varied_groups(seed, count), PAD)
 
 
 BASE = [

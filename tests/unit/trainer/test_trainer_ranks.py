@@ -14,14 +14,14 @@ from dockyard.broker.weight_blobs.base import digest_of_bytes, tensors_to_bytes
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.ranks import TrainerRanks
-from dockyard.consumers.trainer.trainer_checkpoint import read_checkpoint
 from tests.unit.trainer.ranks_check import (
     HONEST,
     TAMPERED,
-    checkpoint_of,
-    optimizer_moments,
+    assert_same_state,
+    resume_from,
     run_two_ranks,
     screen,
+    step_and_checkpoint,
 )
 from tests.unit.trainer.test_packing import BASE, on_policy, tiny_model, varied_batch
 
@@ -38,18 +38,8 @@ def single(tmp_path_factory):
     ranks = one_process()
     digest = digest_of_bytes(tensors_to_bytes(ranks.model_state()))
     screened = screen(ranks)
-    outcome = ranks.step(on_policy(varied_batch(), "qwen2"))
-    weights = {k: v.detach().clone() for k, v in ranks.model_state().items()}
-    training = ranks.training_state()
-    checkpoint_of(ranks.trainer.model, weights, training, out / "single_ckpt")
-    return {
-        "out": out,
-        "digest": digest,
-        "screen": screened,
-        "outcome": outcome,
-        "weights": weights,
-        "moments": optimizer_moments(training),
-    }
+    stepped = step_and_checkpoint(ranks, on_policy(varied_batch(), "qwen2"), out / "single_ckpt")
+    return {"out": out, "digest": digest, "screen": screened, **stepped}
 
 
 @pytest.fixture(scope="module")
@@ -89,25 +79,14 @@ def test_the_scattered_step_equals_one_process(single, sharded):
     assert mine.advantage_mean == pytest.approx(theirs.advantage_mean, rel=1e-5, abs=1e-7)
     assert mine.advantage_abs_mean == pytest.approx(theirs.advantage_abs_mean, rel=1e-5)
     for name, value in single["weights"].items():
-        torch.testing.assert_close(sharded["stepped"][name], value, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(sharded["weights"][name], value, rtol=1e-5, atol=1e-6)
     for name, value in single["moments"].items():
-        torch.testing.assert_close(sharded["stepped_moments"][name], value, rtol=1e-4, atol=1e-9)
+        torch.testing.assert_close(sharded["moments"][name], value, rtol=1e-4, atol=1e-9)
 
 
 def test_a_checkpoint_written_in_one_process_resumes_sharded(single, sharded):
-    for name, value in single["weights"].items():
-        assert torch.equal(sharded["loaded"][name], value), name
-    for name, value in single["moments"].items():
-        assert torch.equal(sharded["loaded_moments"][name], value), name
+    assert_same_state(sharded["loaded"], single)
 
 
 def test_a_checkpoint_written_sharded_resumes_in_one_process(single, sharded):
-    ranks = one_process()
-    directory = single["out"] / "sharded_ckpt"
-    checkpoint = read_checkpoint(directory)
-    ranks.load(checkpoint.weights, checkpoint.training_state, directory)
-    for name, value in ranks.model_state().items():
-        assert torch.equal(value, sharded["stepped"][name]), name
-    moments = optimizer_moments(ranks.training_state())
-    for name, value in sharded["stepped_moments"].items():
-        assert torch.equal(moments[name], value), name
+    assert_same_state(resume_from(one_process(), single["out"] / "sharded_ckpt"), sharded)
