@@ -165,15 +165,24 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         when=_jax_on,
         triggered=_is_float16,
     ),
-    Unsupported(
-        "policy.dtensor_cfg.expert_parallel_size",
-        "refused",
-        "with policy.jax_cfg.enabled: expert parallelism is the torch trainer's "
-        "(dockyard.consumers.trainer.expert_parallel); the JAX backend's mesh is "
-        "policy.jax_cfg.data_parallel_size × tensor_parallel_size (set 1)",
-        "not planned",
-        when=_jax_on,
-        triggered=_more_than_one,
+    # dtensor_cfg's model-parallel degrees are the torch trainer's; the JAX trainer never reads
+    # them, so a value > 1 would be silently ignored there.
+    *(
+        Unsupported(
+            f"policy.dtensor_cfg.{name}",
+            "refused",
+            f"with policy.jax_cfg.enabled: {what} parallelism here is the torch trainer's; the "
+            "JAX backend's mesh is policy.jax_cfg.data_parallel_size × tensor_parallel_size "
+            "(set this 1; for tensor parallelism set policy.jax_cfg.tensor_parallel_size)",
+            "not planned",
+            when=_jax_on,
+            triggered=_more_than_one,
+        )
+        for name, what in (
+            ("tensor_parallel_size", "tensor"),
+            ("context_parallel_size", "context"),
+            ("expert_parallel_size", "expert"),
+        )
     ),
     Unsupported(
         "cluster.num_nodes",

@@ -303,3 +303,23 @@ def test_terminal_bench_with_tool_use_is_accepted_and_a_sandbox_slower_than_a_to
     err = capsys.readouterr().err
     assert "the toolbox of data.train's environment 'terminal_bench'" in err
     assert "env.terminal_bench.limits.wall_time_s=30 must be under the tool call timeout" in err
+
+
+@pytest.mark.parametrize(
+    "key", ["tensor_parallel_size", "context_parallel_size", "expert_parallel_size"]
+)
+def test_torch_model_parallel_degrees_are_refused_with_the_jax_backend(key):
+    """The JAX trainer never reads dtensor_cfg's degrees: a value > 1 there would be silently
+    ignored, so it is refused with its key path (1 stays accepted)."""
+    from dockyard.config.capabilities import not_implemented
+    from dockyard.config.loader import load_config
+
+    jax = ["policy.jax_cfg.enabled=true", "policy.dtensor_cfg.enabled=false"]
+    config = load_config("configs/quickstart.yaml", [*jax, f"policy.dtensor_cfg.{key}=2"])
+    paths = [issue.path for issue in not_implemented(config)]
+    assert f"policy.dtensor_cfg.{key}" in paths
+    assert not [
+        issue
+        for issue in not_implemented(load_config("configs/quickstart.yaml", jax))
+        if issue.path.startswith("policy.dtensor_cfg.")
+    ]
