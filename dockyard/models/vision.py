@@ -198,6 +198,26 @@ def check_expanded(
         )
 
 
+def decode_png(data: bytes, *, max_pixels: int) -> Image.Image:
+    """An image from the wire (``RolloutSample.images``) as RGB: PNG only, and its declared
+    size checked against ``max_pixels`` before any pixel is decoded (decompression bombs)."""
+    try:
+        image = Image.open(io.BytesIO(data), formats=["PNG"])
+    except (OSError, Image.DecompressionBombError) as error:
+        raise ValueError(f"not a readable PNG image: {error}") from None
+    width, height = image.size
+    if width * height > max_pixels:
+        image.close()
+        raise ValueError(
+            f"image declares {width}x{height} = {width * height:,} pixels, over "
+            f"policy.generation.max_image_pixels ({max_pixels:,})"
+        )
+    try:
+        return image.convert("RGB")
+    except OSError as error:
+        raise ValueError(f"PNG image data is corrupt: {error}") from None
+
+
 def encode_png(image: Image.Image) -> bytes:
     """The lossless form images travel in on the wire (``RolloutSample.images``)."""
     buffer = io.BytesIO()
