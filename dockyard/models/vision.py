@@ -24,6 +24,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -184,6 +185,43 @@ def expand_placeholders(
         previous = start + 1
     out.extend(token_ids[previous:])
     return out
+
+
+def ensure_expanded(
+    processor: VisionProcessor, token_ids: Sequence[int], images: Sequence[Image.Image]
+) -> list[int]:
+    """``token_ids`` with every image's placeholders expanded: single placeholders (a prompt as
+    the chat template wrote it) are widened; ids already expanded (a context carried on from an
+    earlier turn) are checked and kept. Anything else is refused."""
+    runs = placeholder_runs(token_ids, processor.image_token_id)
+    if not images:
+        if runs:
+            raise ValueError(f"{len(runs)} image placeholder run(s) in the token ids but no image")
+        return list(token_ids)
+    if len(runs) == len(images) and all(length == 1 for _, length in runs):
+        return expand_placeholders(processor, token_ids, images)
+    check_expanded(processor, token_ids, pixel_inputs(processor, images).image_grid_thw)
+    return list(token_ids)
+
+
+def mrope_positions(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    vision: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """``[3, B, L]`` Qwen2-VL position ids (temporal, height, width) of a padded batch: an
+    image's patches share positions laid out on its grid, text continues after the largest.
+    The model's own ``get_rope_index``, so an engine's positions are the trainer's."""
+    # Qwen2VLForConditionalGeneration holds the Qwen2VLModel that owns get_rope_index.
+    inner: Any = getattr(model, "model", model)
+    positions, _deltas = inner.get_rope_index(
+        input_ids,
+        mm_token_type_ids=vision["mm_token_type_ids"],
+        image_grid_thw=vision["image_grid_thw"],
+        attention_mask=attention_mask,
+    )
+    return positions  # type: ignore[no-any-return]  # transformers leaves it unannotated
 
 
 def check_expanded(
