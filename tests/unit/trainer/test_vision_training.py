@@ -187,3 +187,21 @@ def test_validation_refuses_image_prompts_it_would_answer_blind(policy):
     ]
     with pytest.raises(ValueError, match=r"validation records \[1\] carry images"):
         Evaluator(model, tokenizer, records, environment=None, max_new_tokens=2)
+
+
+def test_the_reference_pass_sees_the_images_too(policy):
+    model, tokenizer, processor = policy
+    image = square((220, 30, 30), (100, 60))
+    prompt = prompt_ids(tokenizer, processor, [image])
+    response = tokenizer("red", add_special_tokens=False)["input_ids"]
+    group = scored_group("g", prompt, [response], [1.0], [png(image)])
+    kl = "loss_fn.reference_policy_kl_penalty=0.1"
+    trainer = PolicyTrainer(model, config(kl), torch.device("cpu"), processor=processor)
+    assert trainer.reference is not None
+    batch = build_batch([group], tokenizer.pad_token_id)
+    ours = trainer.batch_logprobs(trainer.reference, batch)[0][batch.token_mask[0].bool()]
+    vision = processor.image_processor(images=[image], return_tensors="pt")
+    ids = prompt + response
+    torch.testing.assert_close(
+        ours, hf_response_logprobs(trainer.reference, ids, len(response), vision), rtol=0, atol=1e-5
+    )
