@@ -51,6 +51,13 @@ def _run(args: argparse.Namespace) -> int:
             "dockyard sft trains on data.train only; put the records in one file",
         )
         raise CliError(str(issue), exit_code=EXIT_INVALID_CONFIG)
+    if data.train.fields.images is not None:
+        # SFT's batches are the prompt text and the answer: the images would be dropped.
+        issue = ConfigIssue(
+            "data.train.fields.images",
+            "dockyard sft trains on text only; its records' images would be dropped",
+        )
+        raise CliError(str(issue), exit_code=EXIT_INVALID_CONFIG)
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / config.run.name)
     private_dir(run_dir)
     model, tokenizer = load_policy(

@@ -77,3 +77,13 @@ def test_an_image_prompt_run_trains_every_group_once_with_its_images(tmp_path):
     fed = [e["metrics"]["train/images"] for e in steps if "train/images" in e["metrics"]]
     # One image per sample: 2 prompts x 2 samples a step, every step.
     assert fed == [4.0, 4.0]
+
+
+def test_sft_refuses_a_dataset_with_images_it_would_train_as_text(tmp_path, capsys):
+    from dockyard.cli import main
+
+    config = QUICKSTART.parent / "cpu" / "sft.yaml"
+    argv = ["sft", "--config", str(config), "+data.train.fields.images=images"]
+    assert main([*argv, "--run-dir", str(tmp_path / "sft")]) == 2
+    assert "data.train.fields.images: dockyard sft trains on text only" in capsys.readouterr().err
+    assert not (tmp_path / "sft").exists()  # refused before anything was written
