@@ -340,4 +340,5 @@ def merge_outcomes(outcomes: list[StepOutcome], sizes: list[int]) -> StepOutcome
         filtered_fraction=sum(o.filtered_fraction * n for o, n in zip(outcomes, sizes, strict=True))
         / max(sum(sizes), 1),
         advantage_tokens=tokens,
+        images=sum(o.images for o in outcomes),  # each share's own samples' images
     )

@@ -205,3 +205,16 @@ def test_the_reference_pass_sees_the_images_too(policy):
     torch.testing.assert_close(
         ours, hf_response_logprobs(trainer.reference, ids, len(response), vision), rtol=0, atol=1e-5
     )
+
+
+def test_sharded_outcomes_count_every_shares_images():
+    from dockyard.algorithms.loss_metrics import LossMetrics
+    from dockyard.consumers.trainer.policy_trainer import StepOutcome
+    from dockyard.consumers.trainer.ranks import merge_outcomes
+
+    def outcome(images: int) -> StepOutcome:
+        loss = LossMetrics(**{name: 0.0 for name in LossMetrics.__dataclass_fields__})
+        return StepOutcome(loss, 1.0, 1e-4, 0.0, 0.0, 1.0, advantage_tokens=4, images=images)
+
+    # Two data-parallel shares of one step: 3 images on one, 1 on the other.
+    assert merge_outcomes([outcome(3), outcome(1)], [2, 2]).images == 4
