@@ -29,7 +29,7 @@ def _run(args: argparse.Namespace) -> int:
     from dockyard.data.chat import build_prompt_dataset
     from dockyard.environments.base import EnvironmentContext
     from dockyard.environments.registry import build_environment
-    from dockyard.models import load_policy
+    from dockyard.models import load_policy, load_processor
     from dockyard.models.tiny import save_policy
     from dockyard.utils.logging import get_logger
 
@@ -51,6 +51,13 @@ def _run(args: argparse.Namespace) -> int:
             "dockyard sft trains on data.train only; put the records in one file",
         )
         raise CliError(str(issue), exit_code=EXIT_INVALID_CONFIG)
+    if data.train.fields.images is not None:
+        # SFT's batches are the prompt text and the answer: the images would be dropped.
+        issue = ConfigIssue(
+            "data.train.fields.images",
+            "dockyard sft trains on text only; its records' images would be dropped",
+        )
+        raise CliError(str(issue), exit_code=EXIT_INVALID_CONFIG)
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / config.run.name)
     private_dir(run_dir)
     model, tokenizer = load_policy(
@@ -69,7 +76,9 @@ def _run(args: argparse.Namespace) -> int:
         batch_size=config.grpo.val_batch_size,
     )
     result = run_sft(model, tokenizer, train, sft, lambda: evaluator.evaluate_blocking().accuracy)
-    out = save_policy(model, tokenizer, run_dir / MODEL_DIR)
+    # A VLM's directory keeps its image processor, so the GRPO stage it starts can feed images.
+    processor = load_processor(config.policy.model_name)
+    out = save_policy(model, tokenizer, run_dir / MODEL_DIR, processor=processor)
     summary = {
         "steps": result.steps,
         "val_accuracy": result.val_accuracy,

@@ -20,6 +20,7 @@ without special tokens) — the dispatcher, the evaluator and SFT then all see t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dockyard.config.sections.data import DataConfig, DatasetConfig
 from dockyard.config.sections.policy import TokenizerConfig
@@ -63,7 +64,13 @@ class PromptFormat:
         return self.tool_prompts is not None and record.env in self.tool_prompts.tools
 
     def renders(self, record: PromptRecord) -> bool:
-        return bool(record.messages) or self.system_prompt is not None or bool(self.chat_template)
+        # Images reach the prompt only as the chat template's placeholders.
+        return (
+            bool(record.messages)
+            or bool(record.images)
+            or self.system_prompt is not None
+            or bool(self.chat_template)
+        )
 
 
 def resolve_chat_template(value: str | None) -> str | None:
@@ -81,7 +88,7 @@ def resolve_chat_template(value: str | None) -> str | None:
     )
 
 
-def conversation(record: PromptRecord, system_prompt: str | None) -> list[dict[str, str]]:
+def conversation(record: PromptRecord, system_prompt: str | None) -> list[dict[str, Any]]:
     messages = list(record.messages) or [ChatMessage("user", record.prompt)]
     if system_prompt is not None:
         if messages[0].role == "system":
@@ -93,7 +100,15 @@ def conversation(record: PromptRecord, system_prompt: str | None) -> list[dict[s
                 "data.system_prompt or drop the record's system message",
             )
         messages.insert(0, ChatMessage("system", system_prompt))
-    return [{"role": m.role, "content": m.content} for m in messages]
+    rendered: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in messages]
+    if record.images:
+        # The images open the first user turn, as content parts the chat template turns into
+        # placeholders (Qwen2-VL: <|vision_start|><|image_pad|><|vision_end|> each).
+        first = next(i for i, m in enumerate(rendered) if m["role"] == "user")
+        parts = [{"type": "image"} for _ in record.images]
+        text = rendered[first]["content"]
+        rendered[first]["content"] = [*parts, {"type": "text", "text": text}]
+    return rendered
 
 
 def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) -> str:
@@ -140,7 +155,7 @@ def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) ->
 
 
 def _apply(
-    tokenizer: object, messages: list[dict[str, str]], template: str, tools: ToolSchemas
+    tokenizer: object, messages: list[dict[str, Any]], template: str, tools: ToolSchemas
 ) -> str:
     text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]  # a transformers tokenizer, typed object here
         messages,

@@ -25,6 +25,8 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
+from dockyard.models.seeded import seeded_model
+from dockyard.models.tiny_vlm import build_qwen2_vl_policy, build_qwen2_vl_processor
 from dockyard.models.tokenizers import (
     DEFAULT_CORPUS,
     BpeStyle,
@@ -32,6 +34,7 @@ from dockyard.models.tokenizers import (
     build_character_tokenizer,
     train_bpe_tokenizer,
 )
+from dockyard.models.vision import VisionProcessor, is_vision_config
 
 Arch = Literal["qwen2", "llama", "qwen3_moe"]
 
@@ -117,18 +120,13 @@ def build_tiny_model(
 
     The global RNG is forked so building a model never perturbs a caller's random stream.
     """
-    config = build_config(spec, tokenizer)
-    config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
+
+    def make(config: PretrainedConfig) -> PreTrainedModel:
         model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]  # unannotated in transformers
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    # Module.to and .eval change the model in place and return it.
-    model.to(dtype)  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
-    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval() unannotated
-    return model
+        return model
+
+    config = build_config(spec, tokenizer)
+    return seeded_model(make, config, seed=spec.seed, tokenizer=tokenizer, dtype=dtype)
 
 
 def build_arithmetic_policy(
@@ -183,6 +181,10 @@ class TinyRecipe:
     build: Callable[[torch.dtype], tuple[PreTrainedModel, PreTrainedTokenizerFast]] = field(
         repr=False
     )
+    #: A vision-language recipe's processor, built around the recipe's tokenizer.
+    processor: Callable[[PreTrainedTokenizerFast], VisionProcessor] | None = field(
+        default=None, repr=False
+    )
 
 
 TINY_RECIPES: dict[str, TinyRecipe] = {
@@ -210,6 +212,12 @@ TINY_RECIPES: dict[str, TinyRecipe] = {
         "Llama with a byte-level BPE trained on a built-in corpus",
         lambda dtype: build_bpe_policy("llama", dtype=dtype),
     ),
+    "qwen2-vl-bpe": TinyRecipe(
+        "Qwen2-VL (2-layer text model, 2-block vision tower) with Qwen2-VL's special tokens, "
+        "chat template and image processor (4-16 tokens per image)",
+        lambda dtype: build_qwen2_vl_policy(seed=0, dtype=dtype),
+        build_qwen2_vl_processor,
+    ),
 }
 
 
@@ -220,22 +228,42 @@ def tiny_recipe_name(model_name: str) -> str | None:
     return model_name[len(TINY_SCHEME) :]
 
 
-def build_tiny_recipe(
-    name: str, dtype: torch.dtype = torch.float32
-) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+def _recipe(name: str) -> TinyRecipe:
     recipe = TINY_RECIPES.get(name)
     if recipe is None:
         known = ", ".join(f"{TINY_SCHEME}{key}" for key in TINY_RECIPES)
         raise ValueError(f"unknown tiny model {TINY_SCHEME}{name}; known: {known}")
-    return recipe.build(dtype)
+    return recipe
+
+
+def build_tiny_recipe(
+    name: str, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    return _recipe(name).build(dtype)
+
+
+def build_tiny_processor(name: str, tokenizer: PreTrainedTokenizerFast) -> VisionProcessor | None:
+    """The processor of a vision-language recipe around its ``tokenizer``; None for text ones."""
+    recipe = _recipe(name)
+    return None if recipe.processor is None else recipe.processor(tokenizer)
 
 
 def save_policy(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | Path,
+    *,
+    processor: VisionProcessor | None = None,
 ) -> Path:
-    """Write an HF directory (safetensors + config + tokenizer.json)."""
+    """Write an HF directory (safetensors + config + tokenizer.json, and a VLM's
+    preprocessor_config.json). A VLM without its processor is refused: the directory would load
+    as a model nothing can feed images to."""
+    if is_vision_config(model.config) and processor is None:
+        raise ValueError("a vision-language model is saved with its processor (processor=...)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    if processor is not None:
+        processor.save_pretrained(out)
     return out

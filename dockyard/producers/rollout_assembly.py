@@ -47,6 +47,9 @@ class _Generated:
     first_token_s: float | None
     segments: Sequence[Segment] = ()
     tool_calls: Sequence[ToolCall] = ()
+    #: The prompt ids the model attended to, when not the group's (image placeholders expanded).
+    prompt_token_ids: np.ndarray | None = None
+    images: Sequence[bytes] = ()  # PNG files, one per placeholder run
 
 
 def _assemble(
@@ -65,7 +68,11 @@ def _assemble(
     samples = [
         RolloutSample(
             sample_index=index,
-            prompt_token_ids=prompt,
+            prompt_token_ids=(
+                prompt
+                if sample.prompt_token_ids is None
+                else sample.prompt_token_ids.astype(np.int32, copy=False)
+            ),
             response_token_ids=sample.token_ids.astype(np.int32, copy=False),
             behaviour_logprobs=sample.logprobs.astype(np.float32, copy=False),
             token_weight_versions=sample.versions.astype(np.int64, copy=False),
@@ -82,6 +89,7 @@ def _assemble(
             ),
             segments=list(sample.segments),
             tool_calls=list(sample.tool_calls),
+            images=list(sample.images),
         )
         for index, sample in enumerate(generated)
     ]
@@ -99,8 +107,11 @@ def build_rollout(
     worker_id: str,
     started_at_unix_s: float,
     queue_wait_s: float | None = None,
+    images: Sequence[bytes] = (),
 ) -> Rollout:
-    """One group's samples, in ``sample_index`` order, with per-token versions and log-probs."""
+    """One group's samples, in ``sample_index`` order, with per-token versions and log-probs.
+    ``images``: the prompt's images as PNG files (every sample saw them), for a VLM whose
+    results carry the expanded prompt ids."""
     generated = [
         _Generated(
             result.token_ids,
@@ -109,6 +120,8 @@ def build_rollout(
             np.ones(result.num_tokens, dtype=np.uint8),
             result.finish_reason,
             result.timings.first_token_s,
+            prompt_token_ids=result.prompt_token_ids,
+            images=images,
         )
         for result in results
     ]
