@@ -20,6 +20,7 @@ without special tokens) — the dispatcher, the evaluator and SFT then all see t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dockyard.config.sections.data import DataConfig, DatasetConfig
 from dockyard.config.sections.policy import TokenizerConfig
@@ -81,7 +82,7 @@ def resolve_chat_template(value: str | None) -> str | None:
     )
 
 
-def conversation(record: PromptRecord, system_prompt: str | None) -> list[dict[str, str]]:
+def conversation(record: PromptRecord, system_prompt: str | None) -> list[dict[str, Any]]:
     messages = list(record.messages) or [ChatMessage("user", record.prompt)]
     if system_prompt is not None:
         if messages[0].role == "system":
@@ -93,7 +94,15 @@ def conversation(record: PromptRecord, system_prompt: str | None) -> list[dict[s
                 "data.system_prompt or drop the record's system message",
             )
         messages.insert(0, ChatMessage("system", system_prompt))
-    return [{"role": m.role, "content": m.content} for m in messages]
+    return [{"role": m.role, "content": _content(m)} for m in messages]
+
+
+def _content(message: ChatMessage) -> str | list[dict[str, str]]:
+    """Text, or (a message showing images) its image parts then its text, as multimodal chat
+    templates take them (each renders as the model's image placeholder)."""
+    if not message.images:
+        return message.content
+    return [*([{"type": "image"}] * message.images), {"type": "text", "text": message.content}]
 
 
 def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) -> str:
@@ -128,7 +137,7 @@ def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) ->
             assert fmt.tool_prompts is not None
             block = plain_tool_block(tools, fmt.tool_prompts.tool_call_format)
             first = next(i for i, m in enumerate(messages) if m["role"] != "system")
-            messages[first] = {**messages[first], "content": block + messages[first]["content"]}
+            messages[first] = _prepended(messages[first], block)
             text = _apply(tokenizer, messages, template, ())
     except PromptFormatError:
         raise
@@ -139,8 +148,17 @@ def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) ->
     return _without_duplicate_bos(str(text), tokenizer)
 
 
+def _prepended(message: dict[str, Any], text: str) -> dict[str, Any]:
+    """``message`` with ``text`` at the start of its text (after its image parts)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return {**message, "content": text + content}
+    *images, last = content
+    return {**message, "content": [*images, {**last, "text": text + last["text"]}]}
+
+
 def _apply(
-    tokenizer: object, messages: list[dict[str, str]], template: str, tools: ToolSchemas
+    tokenizer: object, messages: list[dict[str, Any]], template: str, tools: ToolSchemas
 ) -> str:
     text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]  # a transformers tokenizer, typed object here
         messages,
