@@ -131,10 +131,12 @@ def normalize_image(image: ImageInput, *, max_image_pixels: int) -> Image.Image:
 
 
 def gate_sample_images(
-    images: Sequence[ImageInput], limits: MultimodalLimits, *, backend: str
+    images: Sequence[ImageInput], limits: MultimodalLimits, *, backend: str, shown: int = 0
 ) -> list[Image.Image]:
     """The worker-boundary check for one sample: refused unless multimodal inputs are allowed
-    and the backend forwards images; limits enforced; every image normalised.
+    and the backend forwards images; limits enforced; every image normalised. ``shown``: the
+    images the sample already carries (an episode's, before a new screenshot), which count
+    towards ``max_images_per_sample`` too.
 
     A sample without images returns ``[]`` whatever the settings are.
     """
@@ -152,10 +154,10 @@ def gate_sample_images(
             f"the {backend} backend does not forward images yet; the sample's "
             f"{len(images)} image(s) are refused rather than dropped",
         )
-    if len(images) > limits.max_images_per_sample:
+    if shown + len(images) > limits.max_images_per_sample:
         raise ImageInputError(
             "too_many_images",
-            f"sample carries {len(images)} images, over "
+            f"sample carries {shown + len(images)} images, over "
             f"policy.generation.max_images_per_sample ({limits.max_images_per_sample})",
         )
     return [normalize_image(image, max_image_pixels=limits.max_image_pixels) for image in images]

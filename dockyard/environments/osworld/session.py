@@ -9,6 +9,10 @@ reaches the state the agent saw:
   any action after them is refused (:class:`ActionRefused`), as is any past ``max_actions``;
 - anything else is sent to the controller's ``/execute`` as OSWorld sends it; a program the
   controller refuses is one action taken, and its error is part of the observation.
+
+The observation is what ``env.osworld.observation_type`` names, as OSWorld's: the accessibility
+tree as text (``a11y_tree``), the controller's screenshot (``screenshot``: a PNG the episode
+shows as an image), or both (``screenshot_a11y_tree``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dockyard.config.sections.env import OsworldEnvConfig
 from dockyard.environments.osworld.accessibility import Node, linearize, parse_tree
 from dockyard.environments.osworld.actions import ActionParseError, Special, parse_actions
 from dockyard.environments.osworld.controller_client import DesktopController
-from dockyard.environments.tools.toolbox import ToolArgumentError
+from dockyard.environments.tools.toolbox import ToolArgumentError, ToolOutput
 
 #: The episode's one tool: ``{"action": "<pyautogui code | WAIT | DONE | FAIL>"}``.
 COMPUTER_TOOL = "computer"
@@ -46,8 +50,8 @@ class DesktopSession:
         self.finished: str | None = None
         self.actions_taken = 0
 
-    async def act(self, code: str) -> str:
-        """Take one action; the observation text. Raises ActionParseError / ActionRefused."""
+    async def act(self, code: str) -> ToolOutput:
+        """Take one action; the observation. Raises ActionParseError / ActionRefused."""
         if self.finished is not None:
             raise ActionRefused(f"the task is over: the agent answered {self.finished}")
         actions = parse_actions(code)
@@ -57,7 +61,9 @@ class DesktopSession:
                 raise ActionParseError("WAIT, DONE and FAIL stand alone, without other actions")
             if specials[0].code != "WAIT":
                 self.finished = specials[0].code
-                return f"{self.finished} recorded: the task is over, the desktop is scored now"
+                return ToolOutput(
+                    f"{self.finished} recorded: the task is over, the desktop is scored now"
+                )
             return await self.observe()
         if self.actions_taken >= self.settings.max_actions:
             raise ActionRefused(
@@ -68,13 +74,25 @@ class DesktopSession:
         result = await self.controller.execute_python(code)
         observation = await self.observe()
         if not result.ok:
-            return f"error: the controller refused the action: {result.error}\n{observation}"
+            refused = f"error: the controller refused the action: {result.error}\n"
+            return ToolOutput(refused + observation.text, observation.images)
         return observation
 
     async def tree(self) -> list[Node]:
         return parse_tree(await self.controller.accessibility_tree())
 
-    async def observe(self) -> str:
+    async def observe(self) -> ToolOutput:
+        kind = self.settings.observation_type
+        text = await self.tree_text() if kind in ("a11y_tree", "screenshot_a11y_tree") else ""
+        return ToolOutput(text, await self.screenshots())
+
+    async def screenshots(self) -> tuple[bytes, ...]:
+        """The screen as the observation type shows it: one PNG, or none (``a11y_tree``)."""
+        if self.settings.observation_type == "a11y_tree":
+            return ()
+        return (await self.controller.screenshot(),)
+
+    async def tree_text(self) -> str:
         text = linearize(await self.tree())
         limit = self.settings.max_observation_chars
         if len(text) > limit:
