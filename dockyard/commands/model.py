@@ -17,18 +17,22 @@ def _init_tiny(args: argparse.Namespace) -> int:
         TINY_RECIPES,
         TinyModelSpec,
         build_tiny_model,
+        build_tiny_processor,
         build_tiny_recipe,
         save_policy,
     )
     from dockyard.models.tokenizers import DEFAULT_CORPUS, BpeStyle, train_bpe_tokenizer
+    from dockyard.models.vision import VisionProcessor
 
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.force:
         raise CliError(f"{out} exists and is not empty; pass --force to overwrite")
+    processor: VisionProcessor | None = None
     if args.recipe is not None:
         if args.recipe not in TINY_RECIPES:
             raise CliError(f"unknown recipe {args.recipe!r}; known: {', '.join(TINY_RECIPES)}")
         model, tokenizer = build_tiny_recipe(args.recipe, torch.float32)
+        processor = build_tiny_processor(args.recipe, tokenizer)
     else:
         corpus: list[str] = list(DEFAULT_CORPUS)
         for path in args.corpus or []:
@@ -51,7 +55,7 @@ def _init_tiny(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise CliError(str(error)) from None
         model = build_tiny_model(spec, tokenizer)
-    save_policy(model, tokenizer, out)
+    save_policy(model, tokenizer, out, processor=processor)
     parameters = sum(p.numel() for p in model.parameters())
     print(
         f"wrote {type(model).__name__} ({parameters:,} parameters, "

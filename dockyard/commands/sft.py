@@ -29,7 +29,7 @@ def _run(args: argparse.Namespace) -> int:
     from dockyard.data.chat import build_prompt_dataset
     from dockyard.environments.base import EnvironmentContext
     from dockyard.environments.registry import build_environment
-    from dockyard.models import load_policy
+    from dockyard.models import load_policy, load_processor
     from dockyard.models.tiny import save_policy
     from dockyard.utils.logging import get_logger
 
@@ -69,7 +69,9 @@ def _run(args: argparse.Namespace) -> int:
         batch_size=config.grpo.val_batch_size,
     )
     result = run_sft(model, tokenizer, train, sft, lambda: evaluator.evaluate_blocking().accuracy)
-    out = save_policy(model, tokenizer, run_dir / MODEL_DIR)
+    # A VLM's directory keeps its image processor, so the GRPO stage it starts can feed images.
+    processor = load_processor(config.policy.model_name)
+    out = save_policy(model, tokenizer, run_dir / MODEL_DIR, processor=processor)
     summary = {
         "steps": result.steps,
         "val_accuracy": result.val_accuracy,

@@ -2,6 +2,7 @@
 
 from dockyard.models.loading import (
     load_policy,
+    load_processor,
     load_tokenizer,
     materialize_model_dir,
     precision_dtype,
@@ -26,6 +27,7 @@ __all__ = [
     "build_tiny_model",
     "build_tiny_recipe",
     "load_policy",
+    "load_processor",
     "load_tokenizer",
     "materialize_model_dir",
     "precision_dtype",

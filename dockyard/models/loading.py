@@ -13,10 +13,21 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    PreTrainedModel,
+)
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from dockyard.models.tiny import build_tiny_recipe, save_policy, tiny_recipe_name
+from dockyard.models.tiny import (
+    build_tiny_processor,
+    build_tiny_recipe,
+    save_policy,
+    tiny_recipe_name,
+)
+from dockyard.models.vision import VisionProcessor, is_vision_model_dir
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -61,7 +72,12 @@ def load_policy(
         if tokenizer_name is not None:
             tokenizer = load_tokenizer(tokenizer_name)
     else:
-        model = AutoModelForCausalLM.from_pretrained(model_name, dtype=dtype)
+        # A vision-language directory loads as the whole model (vision tower included), not
+        # just its language model.
+        if is_vision_model_dir(model_name):
+            model = AutoModelForImageTextToText.from_pretrained(model_name, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_name, dtype=dtype)
         tokenizer = load_tokenizer(model_name, tokenizer_name)
     log.info(
         "policy_loaded",
@@ -70,6 +86,16 @@ def load_policy(
         parameters=sum(p.numel() for p in model.parameters()),
     )
     return model.eval(), tokenizer  # type: ignore[no-untyped-call]  # unannotated in transformers
+
+
+def load_processor(model_name: str) -> VisionProcessor | None:
+    """The image processor + tokenizer of a vision-language model; None for a text model."""
+    recipe = tiny_recipe_name(model_name)
+    if recipe is not None:
+        return build_tiny_processor(recipe, build_tiny_recipe(recipe)[1])
+    if not is_vision_model_dir(model_name):
+        return None
+    return VisionProcessor.from_pretrained(model_name)
 
 
 def materialize_model_dir(model_name: str, cache_dir: str | Path) -> Path:
@@ -90,7 +116,7 @@ def materialize_model_dir(model_name: str, cache_dir: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     model, tokenizer = build_tiny_recipe(recipe)
-    save_policy(model, tokenizer, staging)
+    save_policy(model, tokenizer, staging, processor=build_tiny_processor(recipe, tokenizer))
     try:
         staging.rename(out)
     except OSError:

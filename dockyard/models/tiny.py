@@ -24,6 +24,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from dockyard.models.tiny_vlm import build_qwen2_vl_policy, build_qwen2_vl_processor
 from dockyard.models.tokenizers import (
     DEFAULT_CORPUS,
     BpeStyle,
@@ -31,6 +32,7 @@ from dockyard.models.tokenizers import (
     build_character_tokenizer,
     train_bpe_tokenizer,
 )
+from dockyard.models.vision import VisionProcessor, is_vision_config
 
 Arch = Literal["qwen2", "llama"]
 
@@ -149,6 +151,10 @@ class TinyRecipe:
     build: Callable[[torch.dtype], tuple[PreTrainedModel, PreTrainedTokenizerFast]] = field(
         repr=False
     )
+    #: A vision-language recipe's processor, built around the recipe's tokenizer.
+    processor: Callable[[PreTrainedTokenizerFast], VisionProcessor] | None = field(
+        default=None, repr=False
+    )
 
 
 TINY_RECIPES: dict[str, TinyRecipe] = {
@@ -168,6 +174,12 @@ TINY_RECIPES: dict[str, TinyRecipe] = {
         "Llama with a byte-level BPE trained on a built-in corpus",
         lambda dtype: build_bpe_policy("llama", dtype=dtype),
     ),
+    "qwen2-vl-bpe": TinyRecipe(
+        "Qwen2-VL (2-layer text model, 2-block vision tower) with Qwen2-VL's special tokens, "
+        "chat template and image processor (4-16 tokens per image)",
+        lambda dtype: build_qwen2_vl_policy(seed=0, dtype=dtype),
+        build_qwen2_vl_processor,
+    ),
 }
 
 
@@ -178,22 +190,42 @@ def tiny_recipe_name(model_name: str) -> str | None:
     return model_name[len(TINY_SCHEME) :]
 
 
-def build_tiny_recipe(
-    name: str, dtype: torch.dtype = torch.float32
-) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+def _recipe(name: str) -> TinyRecipe:
     recipe = TINY_RECIPES.get(name)
     if recipe is None:
         known = ", ".join(f"{TINY_SCHEME}{key}" for key in TINY_RECIPES)
         raise ValueError(f"unknown tiny model {TINY_SCHEME}{name}; known: {known}")
-    return recipe.build(dtype)
+    return recipe
+
+
+def build_tiny_recipe(
+    name: str, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    return _recipe(name).build(dtype)
+
+
+def build_tiny_processor(name: str, tokenizer: PreTrainedTokenizerFast) -> VisionProcessor | None:
+    """The processor of a vision-language recipe around its ``tokenizer``; None for text ones."""
+    recipe = _recipe(name)
+    return None if recipe.processor is None else recipe.processor(tokenizer)
 
 
 def save_policy(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | Path,
+    *,
+    processor: VisionProcessor | None = None,
 ) -> Path:
-    """Write an HF directory (safetensors + config + tokenizer.json)."""
+    """Write an HF directory (safetensors + config + tokenizer.json, and a VLM's
+    preprocessor_config.json). A VLM without its processor is refused: the directory would load
+    as a model nothing can feed images to."""
+    if is_vision_config(model.config) and processor is None:
+        raise ValueError("a vision-language model is saved with its processor (processor=...)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    if processor is not None:
+        processor.save_pretrained(out)
     return out
