@@ -24,7 +24,7 @@ from dockyard.schemas.columns import (
     split,
 )
 from dockyard.schemas.errors import ReasonCode, WireError
-from dockyard.schemas.prompt import PromptGroup
+from dockyard.schemas.prompt import MAX_INLINE_IMAGE_BYTES, MAX_INLINE_IMAGES, PromptGroup
 
 
 class FinishReason(StrEnum):
@@ -135,6 +135,25 @@ class ToolCall(WireModel, frozen=True, kw_only=True):
         return self.error in INVALID_CALL_ERRORS
 
 
+#: The first bytes of every PNG file (RFC 2083 §3.1).
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: A sample's images (``rollout`` 3.2): PNG files, bounded like ``PromptGroup.images``.
+SampleImages = Annotated[
+    list[Annotated[bytes, msgspec.Meta(max_length=MAX_INLINE_IMAGE_BYTES)]],
+    msgspec.Meta(max_length=MAX_INLINE_IMAGES),
+]
+
+
+def check_png(images: Sequence[bytes], what: str) -> None:
+    """Every image is a PNG file (by its signature): the one lossless form images travel in
+    after the engine, so the trainer sees exactly the pixels the engine did."""
+    for index, image in enumerate(images):
+        if not image.startswith(PNG_SIGNATURE):
+            raise WireError(
+                ReasonCode.INVALID_FIELD, f"{what}[{index}] is not a PNG file (no PNG signature)"
+            )
+
+
 class RolloutSample(WireModel, frozen=True, kw_only=True):
     """One generation. Response arrays share one length T (one entry per response token)."""
 
@@ -154,9 +173,15 @@ class RolloutSample(WireModel, frozen=True, kw_only=True):
     timings: SampleTimings
     segments: list[Segment] = msgspec.field(default_factory=list)
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+    #: Since 3.2. The images the model attended to, as PNG files, one per run of image
+    #: placeholders in prompt + response token order (the prompt's images first, then e.g. the
+    #: screenshots of observations); the token ids hold the placeholders expanded, as the model
+    #: saw them (docs/wire-format.md). ``[]`` for a text sample.
+    images: SampleImages = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_fields(self)
+        check_png(self.images, "images")
         if type(self.finish_reason) is not FinishReason:
             msgspec.structs.force_setattr(
                 self, "finish_reason", finish_reason_of(self.finish_reason)
@@ -228,10 +253,18 @@ class SampleColumns(RowColumns, frozen=True, kw_only=True):
     timings: SampleTimingsColumns  # type: ignore[valid-type]  # built by plain_columns at import
     segments: list[list[Segment]]
     tool_calls: list[list[ToolCall]]
+    #: Since 3.2: each sample's images (PNG files). Absent (a 3.1 frame): no sample has any.
+    images: list[SampleImages] | None = None
 
     def __post_init__(self) -> None:
         count = len(self.prompt_lengths)
         check_columns(self, count, "samples")
+        if self.images is None:
+            # Read as the rows built in Python would be: every sample with no image.
+            msgspec.structs.force_setattr(self, "images", [[] for _ in range(count)])
+        else:
+            for index, images in enumerate(self.images):
+                check_png(images, f"samples.images.{index}")
         total = sum(self.response_lengths)
         for name in _RESPONSE_ARRAYS:
             check_total(getattr(self, name), self.response_lengths, name, "response tokens", total)
@@ -300,6 +333,7 @@ class SampleColumns(RowColumns, frozen=True, kw_only=True):
             ),
             segments=[row.segments for row in rows],
             tool_calls=[row.tool_calls for row in rows],
+            images=[row.images for row in rows],
         )
         columns.keep_rows(rows)
         return columns
@@ -325,12 +359,18 @@ class SampleColumns(RowColumns, frozen=True, kw_only=True):
                 timings=timings[index],
                 segments=self.segments[index],
                 tool_calls=self.tool_calls[index],
+                images=self.sample_images(index),
             )
             for index in range(count)
         ]
 
     def __len__(self) -> int:
         return len(self.prompt_lengths)
+
+    def sample_images(self, index: int) -> list[bytes]:
+        """Sample ``index``'s images (PNG files; ``[]`` for a text sample)."""
+        # Never None after __post_init__; the annotation keeps the 3.1 form decodable.
+        return self.images[index] if self.images is not None else []
 
     def response_offsets(self) -> np.ndarray:
         """Where each sample's run starts in the response arrays (G + 1 entries)."""
@@ -355,7 +395,8 @@ class Rollout(Message, frozen=True, kw_only=True):
     #: 3.0: the samples travel as columns (docs/wire-format.md); the first released version
     #: (the pre-release 1.x and 2.x are not read).
     #: 3.1 adds ``ToolCall.error`` (a minor: a field with a default; 3.0 messages still read).
-    SCHEMA_VERSION: ClassVar[str] = "3.1"
+    #: 3.2 adds the samples' ``images`` (a minor: 3.1 messages read with no images).
+    SCHEMA_VERSION: ClassVar[str] = "3.2"
     FINITE: ClassVar[dict[str, float | None]] = {"created_at_unix_s": 0.0}
 
     group: PromptGroup

@@ -171,7 +171,8 @@ class ScoredRollout(Message, frozen=True, kw_only=True):
     #: 3.0 writes samples and scores field by field; the first released version (the
     #: pre-release 1.x and 2.x are not read).
     #: 3.1: the rollout's ``ToolCall.error`` (a minor: 3.0 messages still read).
-    SCHEMA_VERSION: ClassVar[str] = "3.1"
+    #: 3.2: the rollout's sample ``images`` (a minor: 3.1 messages still read).
+    SCHEMA_VERSION: ClassVar[str] = "3.2"
     FINITE: ClassVar[dict[str, float | None]] = {"scored_at_unix_s": 0.0}
 
     rollout: Rollout

@@ -27,6 +27,7 @@ from dockyard.schemas import (
     ToolCallError,
     WeightVersion,
 )
+from dockyard.schemas.rollout import PNG_SIGNATURE
 
 
 def make_prompt_group(num_generations: int = 2, **overrides: Any) -> PromptGroup:
@@ -233,6 +234,10 @@ def rollout_samples(draw: st.DrawFn, index: int) -> RolloutSample:
                 ),
                 max_size=2,
             )
+        ),
+        # PNG signature + arbitrary bytes: the wire checks the signature, not the pixels.
+        images=draw(
+            st.lists(st.binary(max_size=24).map(lambda tail: PNG_SIGNATURE + tail), max_size=2)
         ),
     )
 

@@ -31,7 +31,7 @@ from dockyard.schemas.scored import SampleScore
 
 def v3_envelope(message: Rollout | ScoredRollout) -> dict[str, Any]:
     envelope = unpack_payload(encode(message).payload)
-    assert envelope["schema_version"] == "3.1"
+    assert envelope["schema_version"] == "3.2"
     return envelope
 
 

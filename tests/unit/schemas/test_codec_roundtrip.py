@@ -105,8 +105,8 @@ def test_registry_names_every_message_type() -> None:
     # (all with defaults).
     assert versions == {
         "prompt_group": "1.1",
-        "rollout": "3.1",
-        "scored_rollout": "3.1",
+        "rollout": "3.2",
+        "scored_rollout": "3.2",
         "weight_version": "1.0",
         "dead_letter": "1.0",
     }
@@ -117,7 +117,7 @@ def test_headers_carry_identity_schema_and_codec() -> None:
     assert encoded.headers == {
         HEADER_MSG_ID: "rollout:run7-e0-i12:0",
         HEADER_SCHEMA: "rollout",
-        HEADER_SCHEMA_VERSION: "3.1",
+        HEADER_SCHEMA_VERSION: "3.2",
         HEADER_CODEC: CODEC_NAME,
     }
 

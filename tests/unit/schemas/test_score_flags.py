@@ -30,9 +30,9 @@ def scored_with(flags: list[str], detail: str) -> ScoredRollout:
 
 
 def columns_meta(message: ScoredRollout) -> dict[str, Any]:
-    """The envelope of ``message`` as written now (3.1: the scores as columns)."""
+    """The envelope of ``message`` as written now (3.2: the scores as columns)."""
     envelope = unpack_payload(encode(message).payload)
-    assert envelope["schema_version"] == "3.1"
+    assert envelope["schema_version"] == "3.2"
     return envelope
 
 
@@ -42,7 +42,7 @@ def test_flags_and_detail_round_trip() -> None:
     assert decoded == message
     assert decoded.scores[1].flags == ["integrity_violation", "test_timeout"]
     assert decoded.scores[0].detail == "2 of 5 tests passed; ✓ utf-8"
-    assert encode(message).headers["Dockyard-Schema-Version"] == "3.1"
+    assert encode(message).headers["Dockyard-Schema-Version"] == "3.2"
     scores = columns_meta(message)["meta"]["scores"]
     assert scores["flags"] == [["integrity_violation", "test_timeout"]] * 2
     assert scores["detail"] == ["2 of 5 tests passed; ✓ utf-8"] * 2

@@ -34,7 +34,7 @@ def rollout_with(*errors: str | None) -> Rollout:
 
 def envelope_of(message: Rollout) -> dict[str, Any]:
     envelope = unpack_payload(encode(message).payload)
-    assert envelope["schema_version"] == "3.1"
+    assert envelope["schema_version"] == "3.2"
     return envelope
 
 
