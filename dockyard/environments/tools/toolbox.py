@@ -267,10 +267,9 @@ async def run_tool_call(session: ToolSession, call: ParsedCall, limits: ToolLimi
         return ToolOutcome(
             f"error: {call.name} failed: {type(error).__name__}: {error}", ToolFailure.RAISED
         )
-    images: tuple[bytes, ...] = ()
-    if isinstance(output, ToolOutput):
-        output, images = output.text, output.images
-    data = output.encode("utf-8", errors="surrogatepass") if isinstance(output, str) else output
+    images = output.images if isinstance(output, ToolOutput) else ()
+    answer = output.text if isinstance(output, ToolOutput) else output
+    data = answer.encode("utf-8", errors="surrogatepass") if isinstance(answer, str) else answer
     failure = None
     if len(data) > limits.max_output_bytes:
         data, failure = _cut_utf8(data, limits.max_output_bytes), ToolFailure.OUTPUT_TOO_LARGE
