@@ -10,6 +10,7 @@ import numpy as np
 
 from dockyard.engines.base import GenerationResult
 from dockyard.engines.base import SamplingParams as EngineSamplingParams
+from dockyard.models.vision import encode_png
 from dockyard.producers.episodes import Episode
 from dockyard.schemas import (
     EngineInfo,
@@ -47,6 +48,9 @@ class _Generated:
     first_token_s: float | None
     segments: Sequence[Segment] = ()
     tool_calls: Sequence[ToolCall] = ()
+    #: The prompt ids the model attended to, when not the group's (image placeholders expanded).
+    prompt_token_ids: np.ndarray | None = None
+    images: Sequence[bytes] = ()  # PNG files, one per placeholder run
 
 
 def _assemble(
@@ -65,7 +69,11 @@ def _assemble(
     samples = [
         RolloutSample(
             sample_index=index,
-            prompt_token_ids=prompt,
+            prompt_token_ids=(
+                prompt
+                if sample.prompt_token_ids is None
+                else sample.prompt_token_ids.astype(np.int32, copy=False)
+            ),
             response_token_ids=sample.token_ids.astype(np.int32, copy=False),
             behaviour_logprobs=sample.logprobs.astype(np.float32, copy=False),
             token_weight_versions=sample.versions.astype(np.int64, copy=False),
@@ -82,6 +90,7 @@ def _assemble(
             ),
             segments=list(sample.segments),
             tool_calls=list(sample.tool_calls),
+            images=list(sample.images),
         )
         for index, sample in enumerate(generated)
     ]
@@ -140,7 +149,8 @@ def build_episode_rollout(
     worker_id: str,
     started_at_unix_s: float,
 ) -> Rollout:
-    """One group's multi-turn samples: observation tokens masked, turns as segments."""
+    """One group's multi-turn samples: observation tokens masked, turns as segments, each with
+    its prompt and the images it showed."""
     generated = [
         _Generated(
             np.asarray(episode.token_ids),
@@ -151,6 +161,10 @@ def build_episode_rollout(
             episode.first_token_s,
             episode.segments,
             episode.tool_calls,
+            # Each episode's own prompt (its images' placeholders expanded) and every image it
+            # showed, as the normalised pixels the engine saw (lossless PNG).
+            prompt_token_ids=np.asarray(episode.start.prompt_token_ids),
+            images=[encode_png(image) for image in episode.images],
         )
         for episode in episodes
     ]
