@@ -159,14 +159,12 @@ def test_launch_refuses_prompts_it_cannot_format(overrides, says):
     assert str(refused.value).startswith(says)
 
 
+def chat_record(*messages: ChatMessage, index: int = 0, env: str = "math") -> PromptRecord:
+    return PromptRecord(index=index, prompt="", ground_truth="", env=env, messages=messages)
+
+
 def test_a_system_prompt_over_a_record_with_one_is_refused():
-    record = PromptRecord(
-        index=3,
-        prompt="",
-        ground_truth="",
-        env="math",
-        messages=(ChatMessage("system", "a"), ChatMessage("user", "b")),
-    )
+    record = chat_record(ChatMessage("system", "a"), ChatMessage("user", "b"), index=3)
     with pytest.raises(PromptFormatError, match="record 3 already starts with a system message"):
         render_prompt(record, PromptFormat("b", "{{ 'x' }}"), load_tokenizer(BPE))
 
@@ -181,12 +179,8 @@ PARTS_TEMPLATE = (
 
 
 def test_a_message_showing_images_renders_its_image_parts_before_its_text():
-    record = PromptRecord(
-        index=0,
-        prompt="",
-        ground_truth="",
-        env="osworld",
-        messages=(ChatMessage("system", "Be brief."), ChatMessage("user", "Click OK.", images=2)),
+    record = chat_record(
+        ChatMessage("system", "Be brief."), ChatMessage("user", "Click OK.", images=2)
     )
     fmt = PromptFormat(chat_template=PARTS_TEMPLATE)
     rendered = render_prompt(record, fmt, load_tokenizer(BPE))
@@ -200,13 +194,7 @@ def test_a_tool_block_opens_the_text_of_a_message_showing_images_not_its_image_p
     from dockyard.environments.tools.calculator import CALCULATOR_SCHEMA
 
     schemas = (CALCULATOR_SCHEMA,)
-    record = PromptRecord(
-        index=0,
-        prompt="",
-        ground_truth="",
-        env="osworld",
-        messages=(ChatMessage("user", "Click OK.", images=1),),
-    )
+    record = chat_record(ChatMessage("user", "Click OK.", images=1), env="osworld")
     fmt = PromptFormat(
         chat_template=PARTS_TEMPLATE, tool_prompts=ToolPrompts("hermes", {"osworld": schemas})
     )
