@@ -62,9 +62,10 @@ def load_role_config(args: argparse.Namespace) -> MasterConfig:
     """The config of a command that starts work: also refused (exit 2) when it asks for
     something this build does not implement (``dockyard.config.capabilities``)."""
     from dockyard.config.capabilities import ignored, not_implemented
+    from dockyard.models.vision_support import vision_issues
 
     config = load_config_report_or_exit(args).config
-    missing = not_implemented(config)
+    missing = not_implemented(config) + vision_issues(config)
     if missing:
         lines = "\n".join(f"  {issue}" for issue in missing)
         raise CliError(

@@ -384,7 +384,7 @@ def build_episode_runner(
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
     # transformers types decode for batches too (str | list[str]); one sequence gives a str.
     observations = _observations(config, tokenizer)
-    images = _episode_images(config, engine.backend)
+    images = _episode_images(config, engine)
     runner = EpisodeRunner(engine, params, settings, tokenizer, config.env, observations, images)  # type: ignore[arg-type]  # see above
     served = tool_services(config)
     if served:
@@ -424,7 +424,7 @@ def _observations(config: MasterConfig, tokenizer: object) -> Observations | Non
         raise CliError(f"{CHAT_TEMPLATE_KEY}: {error}", exit_code=EXIT_INVALID_CONFIG) from None
 
 
-def _episode_images(config: MasterConfig, backend: str) -> EpisodeImages:
+def _episode_images(config: MasterConfig, engine: GenerationEngine) -> EpisodeImages:
     """The episodes' image gate (the prompt images' limits) and the policy's image processor
     (None unless images are allowed: any image is then refused with that reason)."""
     from dockyard.models import load_processor
@@ -434,7 +434,8 @@ def _episode_images(config: MasterConfig, backend: str) -> EpisodeImages:
     generation = config.policy.generation
     model = config.policy.model_name
     processor = load_processor(model) if generation.allow_multimodal_inputs else None
-    return EpisodeImages(MultimodalLimits.from_config(generation), backend, processor)
+    limits = MultimodalLimits.from_config(generation)
+    return EpisodeImages(limits, engine.backend, engine.accepts_images, processor)
 
 
 def _refuse_unshowable_screenshots(config: MasterConfig) -> None:
@@ -467,7 +468,8 @@ def _screenshots_unshowable(config: MasterConfig) -> str | None:
     from dockyard.producers.multimodal import IMAGE_BACKENDS
 
     backend = config.policy.generation.backend
-    if backend not in IMAGE_BACKENDS:
+    # The torch engine forwards images for a vision-language policy (its processor: below).
+    if backend != "torch" and backend not in IMAGE_BACKENDS:
         return f"the {backend} engine does not forward images"
     if backend == "vllm" and importlib.util.find_spec("torchvision") is None:
         # vLLM's Qwen2-VL module imports transformers' torchvision image processor (checked

@@ -253,7 +253,7 @@ class _Retraining:
     """The restored trainer and the output files; :meth:`train` one step at a time."""
 
     def __init__(self, plan: RetrainPlan, digests: dict[int, str], out_dir: Path) -> None:
-        from dockyard.models import load_policy
+        from dockyard.models import load_policy, load_processor
 
         self.plan, self.digests = plan, digests
         self.report = RetrainReport(plan, out_dir)
@@ -263,7 +263,8 @@ class _Retraining:
         model, self.tokenizer = load_policy(
             config.policy.model_name, "float32", tokenizer_name=config.policy.tokenizer.name
         )
-        self.trainer = PolicyTrainer(model, config)
+        processor = load_processor(config.policy.model_name)
+        self.trainer = PolicyTrainer(model, config, processor=processor)
         # Loading the checkpoint keeps the config's optimizer and schedule settings
         # (PolicyTrainer.load_state_dict): an experiment's lr override takes effect.
         checkpoint = read_checkpoint(plan.checkpoint.path)

@@ -64,7 +64,8 @@ class GenerationRequest:
     """One prompt; the engine generates ``num_samples`` completions for it.
 
     ``images`` are already normalised (see :mod:`dockyard.producers.multimodal`); engines that
-    cannot forward images refuse a request that carries any.
+    cannot forward images refuse a request that carries any. ``prompt_token_ids`` may hold each
+    image as one placeholder (as the chat template writes it) or already expanded.
     """
 
     prompt_token_ids: Sequence[int]
@@ -97,6 +98,9 @@ class GenerationResult:
     weight_versions: np.ndarray
     finish_reason: FinishReason
     timings: GenerationTimings
+    #: The prompt ids the model attended to, when they differ from the request's (a
+    #: vision-language prompt with its image placeholders expanded); None: the request's own.
+    prompt_token_ids: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -120,6 +124,11 @@ class GenerationEngine(ABC):
     """
 
     backend: str = "abstract"
+
+    @property
+    def accepts_images(self) -> bool:
+        """Whether requests may carry images (a rollout worker refuses image samples otherwise)."""
+        return False
 
     @property
     @abstractmethod

@@ -1,5 +1,11 @@
 """The torch engine: batched sampling with a KV cache on any ``transformers`` causal LM.
 
+A vision-language policy (built with its :class:`~dockyard.models.vision.VisionProcessor`)
+generates with images: each request's placeholders are expanded
+(:func:`~dockyard.models.vision.ensure_expanded`), the prefill gets the images' pixel values
+and Qwen2-VL's 3-D M-RoPE positions (the model's own ``get_rope_index``, as in training), and
+every result reports the expanded prompt ids the model attended to.
+
 The default backend on CPU. Prompts are left-padded into one batch (attention mask + explicit
 position ids), the prompt is prefilled once and every step feeds one token per row with the
 cache. Sampling follows :func:`processed_logprobs`, so the returned log-prob of a token is the
@@ -18,6 +24,7 @@ from typing import TypedDict, Unpack
 
 import numpy as np
 import torch
+from PIL import Image
 
 from dockyard.engines.base import (
     EngineError,
@@ -36,6 +43,13 @@ from dockyard.engines.base import (
 from dockyard.engines.refit import ModelClaim, RefitTicket
 from dockyard.engines.sampling import processed_logprobs
 from dockyard.engines.weight_loading import load_into_module, read_state_dict
+from dockyard.models.vision import (
+    VisionProcessor,
+    ensure_expanded,
+    forward_kwargs,
+    mrope_positions,
+    pixel_inputs,
+)
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -67,6 +81,9 @@ class _Row:
     sample_index: int
     request_id: str
     prompt: Sequence[int]
+    images: Sequence[Image.Image] = ()
+    #: The prompt differs from the request's (placeholders expanded): reported in the result.
+    expanded: bool = False
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -100,8 +117,10 @@ class TorchEngine(GenerationEngine):
         max_batch_size: int | None = None,
         max_model_len: int | None = None,
         step_observer: StepObserver | None = None,
+        processor: VisionProcessor | None = None,
     ) -> None:
         self._model = model.eval()
+        self._processor = processor
         self._eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self._pad_token_id = int(pad_token_id)
         self._tokenizer = tokenizer
@@ -128,18 +147,31 @@ class TorchEngine(GenerationEngine):
         **kwargs: Unpack[_EngineOptions],
     ) -> TorchEngine:
         """Load ``model_name`` (``tiny://NAME`` or an HF directory) with its tokenizer."""
-        from dockyard.models import load_policy
+        from dockyard.models import load_policy, load_processor
 
         model, tokenizer = load_policy(model_name, precision, tokenizer_name=tokenizer_name)
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         if eos is None or pad is None:
             raise EngineError(f"tokenizer of {model_name} defines no EOS token")
-        return cls(model, eos_token_ids=[eos], pad_token_id=pad, tokenizer=tokenizer, **kwargs)
+        processor = load_processor(model_name)
+        return cls(
+            model,
+            eos_token_ids=[eos],
+            pad_token_id=pad,
+            tokenizer=tokenizer,
+            processor=processor,
+            **kwargs,
+        )
 
     @property
     def current_version(self) -> int:
         return self._version
+
+    @property
+    def accepts_images(self) -> bool:
+        """Only a vision-language policy (one built with its processor) sees images."""
+        return self._processor is not None
 
     @property
     def model(self) -> torch.nn.Module:
@@ -154,7 +186,8 @@ class TorchEngine(GenerationEngine):
     ) -> list[GenerationResult]:
         self._check_open()
         check_request_shapes(requests, num_samples)
-        refuse_images(requests, self.backend)
+        if self._processor is None:
+            refuse_images(requests, self.backend)
         if params.stop_strings and self._tokenizer is None:
             raise EngineError("stop strings need a tokenizer; construct the engine with one")
         return await asyncio.to_thread(self.generate_blocking, requests, params, num_samples)
@@ -166,8 +199,16 @@ class TorchEngine(GenerationEngine):
         self._check_open()
         check_request_shapes(requests, num_samples)
         started = time.perf_counter()
+        prompts = [self._prompt(request) for request in requests]
         rows = [
-            _Row(index, sample, request.request_id, list(request.prompt_token_ids))
+            _Row(
+                index,
+                sample,
+                request.request_id,
+                prompts[index],
+                request.images,
+                expanded=len(prompts[index]) != len(request.prompt_token_ids),
+            )
             for index, request in enumerate(requests)
             for sample in range(num_samples)
         ]
@@ -245,6 +286,25 @@ class TorchEngine(GenerationEngine):
             raise EngineError(f"refit adapter does not fit the model: {error}") from None
         return {**own, **merged}
 
+    def _prompt(self, request: GenerationRequest) -> list[int]:
+        """The ids the model attends to: image placeholders expanded for a VLM."""
+        ids = list(request.prompt_token_ids)
+        if self._processor is None:
+            return ids
+        try:
+            return ensure_expanded(self._processor, ids, request.images)
+        except ValueError as error:
+            raise EngineError(f"request {request.request_id!r}: {error}") from None
+
+    def _vision(self, rows: list[_Row], input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Pixel values, grids and the modality map of ``rows``' images, in row order."""
+        images = [image for row in rows for image in row.images]
+        if not images:
+            return {}
+        assert self._processor is not None  # images reach rows only through a processor
+        inputs = pixel_inputs(self._processor, images)
+        return forward_kwargs(self._processor, input_ids.cpu(), inputs)
+
     def _check_open(self) -> None:
         if self._closed:
             raise EngineError("the torch engine is shut down")
@@ -288,10 +348,19 @@ class TorchEngine(GenerationEngine):
             attention[index, prompt_len - len(row.prompt) :] = 1
         # The model's device (the trainer's validation runs on its GPU when it has one).
         device = next(self._model.parameters()).device
+        vision = {name: value.to(device) for name, value in self._vision(rows, input_ids).items()}
         input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        positions = (
+            mrope_positions(self._model, input_ids, attention, vision)
+            if vision
+            else (attention.cumsum(-1) - 1).clamp(min=0)
+        )
         output = self._model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            **vision,
         )
         stop_ids = self._stop_ids(params)
         active = list(range(len(rows)))
@@ -334,7 +403,8 @@ class TorchEngine(GenerationEngine):
             attention = torch.cat(
                 [attention, torch.ones((len(rows), 1), dtype=torch.long, device=device)], 1
             )
-            positions = positions[:, -1:] + 1
+            # Text after the prompt: one more position (on each M-RoPE axis for a VLM).
+            positions = positions[..., -1:] + 1
             output = self._model(
                 input_ids=feed[:, None],
                 attention_mask=attention,
@@ -359,4 +429,5 @@ class TorchEngine(GenerationEngine):
                 first_token_s=None if first_token_at is None else first_token_at - started,
                 total_s=finished_at - started,
             ),
+            prompt_token_ids=np.asarray(row.prompt, dtype=np.int64) if row.expanded else None,
         )

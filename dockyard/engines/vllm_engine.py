@@ -129,6 +129,10 @@ def vllm_sampling_kwargs(params: SamplingParams, num_samples: int) -> dict[str, 
 class VllmEngine(GenerationEngine):
     backend = "vllm"
 
+    @property
+    def accepts_images(self) -> bool:
+        return True
+
     def __init__(
         self,
         model_dir: str | Path,

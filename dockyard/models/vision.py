@@ -24,6 +24,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -186,6 +187,43 @@ def expand_placeholders(
     return out
 
 
+def ensure_expanded(
+    processor: VisionProcessor, token_ids: Sequence[int], images: Sequence[Image.Image]
+) -> list[int]:
+    """``token_ids`` with every image's placeholders expanded: single placeholders (a prompt as
+    the chat template wrote it) are widened; ids already expanded (a context carried on from an
+    earlier turn) are checked and kept. Anything else is refused."""
+    runs = placeholder_runs(token_ids, processor.image_token_id)
+    if not images:
+        if runs:
+            raise ValueError(f"{len(runs)} image placeholder run(s) in the token ids but no image")
+        return list(token_ids)
+    if len(runs) == len(images) and all(length == 1 for _, length in runs):
+        return expand_placeholders(processor, token_ids, images)
+    check_expanded(processor, token_ids, pixel_inputs(processor, images).image_grid_thw)
+    return list(token_ids)
+
+
+def mrope_positions(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    vision: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """``[3, B, L]`` Qwen2-VL position ids (temporal, height, width) of a padded batch: an
+    image's patches share positions laid out on its grid, text continues after the largest.
+    The model's own ``get_rope_index``, so an engine's positions are the trainer's."""
+    # Qwen2VLForConditionalGeneration holds the Qwen2VLModel that owns get_rope_index.
+    inner: Any = getattr(model, "model", model)
+    positions, _deltas = inner.get_rope_index(
+        input_ids,
+        mm_token_type_ids=vision["mm_token_type_ids"],
+        image_grid_thw=vision["image_grid_thw"],
+        attention_mask=attention_mask,
+    )
+    return positions  # type: ignore[no-any-return]  # transformers leaves it unannotated
+
+
 def check_expanded(
     processor: VisionProcessor, token_ids: Sequence[int], grid_thw: torch.Tensor
 ) -> None:
@@ -196,6 +234,26 @@ def check_expanded(
         raise ValueError(
             f"placeholder runs {runs} do not match the images' expanded sizes {expected}"
         )
+
+
+def decode_png(data: bytes, *, max_pixels: int) -> Image.Image:
+    """An image from the wire (``RolloutSample.images``) as RGB: PNG only, and its declared
+    size checked against ``max_pixels`` before any pixel is decoded (decompression bombs)."""
+    try:
+        image = Image.open(io.BytesIO(data), formats=["PNG"])
+    except (OSError, Image.DecompressionBombError) as error:
+        raise ValueError(f"not a readable PNG image: {error}") from None
+    width, height = image.size
+    if width * height > max_pixels:
+        image.close()
+        raise ValueError(
+            f"image declares {width}x{height} = {width * height:,} pixels, over "
+            f"policy.generation.max_image_pixels ({max_pixels:,})"
+        )
+    try:
+        return image.convert("RGB")
+    except OSError as error:
+        raise ValueError(f"PNG image data is corrupt: {error}") from None
 
 
 def encode_png(image: Image.Image) -> bytes:

@@ -36,12 +36,20 @@ class EpisodeImages:
 
     limits: MultimodalLimits
     backend: str
+    #: The engine's own answer (``GenerationEngine.accepts_images``).
+    accepts_images: bool
     #: None: the model has no image processor (a text model); any image is then refused.
     processor: VisionProcessor | None = None
 
     def admit(self, images: Sequence[bytes], shown: int) -> list[Image.Image]:
         """The normalised images; ImageInputError (its ``reason``) for what the gate refuses."""
-        admitted = gate_sample_images(images, self.limits, backend=self.backend, shown=shown)
+        admitted = gate_sample_images(
+            images,
+            self.limits,
+            backend=self.backend,
+            accepts_images=self.accepts_images,
+            shown=shown,
+        )
         if admitted and self.processor is None:
             raise ImageInputError(
                 "images_unsupported_by_backend",

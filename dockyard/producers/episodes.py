@@ -235,7 +235,9 @@ class EpisodeRunner:
         #: The run's ``env`` section: the toolboxes' settings (the terminal's sandbox limits).
         self.env = env or EnvConfig()
         #: The image gate and placeholders (None: a run without images refuses any).
-        self.images = images or EpisodeImages(MultimodalLimits(), engine.backend)
+        self.images = images or EpisodeImages(
+            MultimodalLimits(), engine.backend, engine.accepts_images
+        )
         self.toolboxes: dict[str, Toolbox] = {}
 
     def toolbox(self, environment: str) -> Toolbox:

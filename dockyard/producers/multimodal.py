@@ -131,13 +131,20 @@ def normalize_image(image: ImageInput, *, max_image_pixels: int) -> Image.Image:
 
 
 def gate_sample_images(
-    images: Sequence[ImageInput], limits: MultimodalLimits, *, backend: str, shown: int = 0
+    images: Sequence[ImageInput],
+    limits: MultimodalLimits,
+    *,
+    backend: str,
+    accepts_images: bool | None = None,
+    shown: int = 0,
 ) -> list[Image.Image]:
     """The worker-boundary check for one sample: refused unless multimodal inputs are allowed
-    and the backend forwards images; limits enforced; every image normalised. ``shown``: the
+    and the engine forwards images; limits enforced; every image normalised. ``shown``: the
     images the sample already carries (an episode's, before a new screenshot), which count
     towards ``max_images_per_sample`` too.
 
+    ``accepts_images``: the engine's own answer (the torch engine forwards images for a
+    vision-language policy only); None: decided by ``backend`` (:data:`IMAGE_BACKENDS`).
     A sample without images returns ``[]`` whatever the settings are.
     """
     if not images:
@@ -148,7 +155,7 @@ def gate_sample_images(
             f"sample carries {len(images)} image(s) but "
             "policy.generation.allow_multimodal_inputs is false",
         )
-    if backend not in IMAGE_BACKENDS:
+    if not (backend in IMAGE_BACKENDS if accepts_images is None else accepts_images):
         raise ImageInputError(
             "images_unsupported_by_backend",
             f"the {backend} backend does not forward images yet; the sample's "

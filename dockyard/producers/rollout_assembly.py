@@ -108,8 +108,11 @@ def build_rollout(
     worker_id: str,
     started_at_unix_s: float,
     queue_wait_s: float | None = None,
+    images: Sequence[bytes] = (),
 ) -> Rollout:
-    """One group's samples, in ``sample_index`` order, with per-token versions and log-probs."""
+    """One group's samples, in ``sample_index`` order, with per-token versions and log-probs.
+    ``images``: the prompt's images as PNG files (every sample saw them), for a VLM whose
+    results carry the expanded prompt ids."""
     generated = [
         _Generated(
             result.token_ids,
@@ -118,6 +121,8 @@ def build_rollout(
             np.ones(result.num_tokens, dtype=np.uint8),
             result.finish_reason,
             result.timings.first_token_s,
+            prompt_token_ids=result.prompt_token_ids,
+            images=images,
         )
         for result in results
     ]

@@ -39,6 +39,7 @@ from dockyard.environments.tools.toolbox import (
     ToolServiceUnavailable,
     UnknownToolboxError,
 )
+from dockyard.models.vision import encode_png
 from dockyard.observability.prometheus import GENERATED_TOKENS, REFIT_DURATION
 from dockyard.observability.status_files import RUNNING, STARTING, StatusFile
 from dockyard.producers.episodes import EpisodeRunner
@@ -230,7 +231,10 @@ class RolloutWorker:
         for item in received:
             try:
                 images = gate_sample_images(
-                    item.message.images, self.multimodal, backend=self.engine.backend
+                    item.message.images,
+                    self.multimodal,
+                    backend=self.engine.backend,
+                    accepts_images=self.engine.accepts_images,
                 )
             except ImageInputError as error:
                 # Bad input is refused at the boundary with its reason, never sent to an engine.
@@ -279,8 +283,10 @@ class RolloutWorker:
                     engine=self.engine_info,
                     worker_id=self.worker_id,
                     started_at_unix_s=started,
+                    # The normalised images the engine saw, losslessly: what the trainer feeds.
+                    images=[encode_png(image) for image in images],
                 )
-                for index, item in enumerate(items)
+                for index, (item, images) in enumerate(entries)
             ]
             await self.messages.publish_many(rollouts, answers=[i.delivery for i in items])
             for item in items:

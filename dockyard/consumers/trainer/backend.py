@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from dockyard.algorithms.grpo import MasterConfig
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer, StepOutcome
+from dockyard.models.vision import VisionProcessor
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -54,12 +55,21 @@ class TrainerBackend(Protocol):
 
 
 def build_policy_trainer(
-    model: torch.nn.Module, config: MasterConfig, *, mesh: DeviceMesh | None = None
+    model: torch.nn.Module,
+    config: MasterConfig,
+    *,
+    mesh: DeviceMesh | None = None,
+    processor: VisionProcessor | None = None,
 ) -> TrainerBackend:
     """``mesh``: the torchrun ranks' device mesh (torch only; the JAX backend shards over its
-    own devices, ``policy.jax_cfg``)."""
+    own devices, ``policy.jax_cfg``). ``processor``: a vision-language policy's (torch only)."""
     if not config.policy.jax_cfg.enabled:
-        return PolicyTrainer(model, config, mesh=mesh)
+        return PolicyTrainer(model, config, mesh=mesh, processor=processor)
+    if processor is not None:
+        raise ValueError(
+            "policy.jax_cfg.enabled with a vision-language policy: the JAX trainer's model has "
+            "no vision tower, so image samples cannot be trained with it (use the torch trainer)"
+        )
     if mesh is not None:
         raise ValueError(
             "policy.jax_cfg.enabled: the JAX trainer runs in one process over its own devices "

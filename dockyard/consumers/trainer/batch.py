@@ -37,6 +37,9 @@ class TrainingBatch:
     # grpo.malformed_thinking_advantage act on.
     invalid_tool_call: torch.Tensor | None = None
     malformed_thinking: torch.Tensor | None = None
+    # [B] each sample's images (PNG files, in placeholder-run order); None: no sample has any.
+    # Rows follow the batch through slice/take, so a micro-batch keeps its samples' images.
+    images: tuple[tuple[bytes, ...], ...] | None = None
 
     @property
     def size(self) -> int:
@@ -159,7 +162,18 @@ def build_batch(groups: Sequence[ScoredRollout], pad_token_id: int) -> TrainingB
         teacher_logprobs=torch.from_numpy(teacher) if teacher is not None else None,
         invalid_tool_call=_flagged(groups, "invalid_tool_call"),
         malformed_thinking=_flagged(groups, "malformed_thinking"),
+        images=_images(groups),
     )
+
+
+def _images(groups: Sequence[ScoredRollout]) -> tuple[tuple[bytes, ...], ...] | None:
+    """[B] each sample's images; None when no sample has any (a text batch)."""
+    images = tuple(
+        tuple(group.rollout.samples.sample_images(index))
+        for group in groups
+        for index in range(len(group.rollout.samples))
+    )
+    return images if any(images) else None
 
 
 def _flagged(groups: Sequence[ScoredRollout], flag: str) -> torch.Tensor:

@@ -23,7 +23,7 @@ from dockyard.data.chat import build_prompt_dataset
 from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
 from dockyard.environments.tools.prompting import tool_prompts
-from dockyard.models import precision_dtype
+from dockyard.models import load_processor, precision_dtype
 from dockyard.observability.metrics import MetricsLogger
 from dockyard.observability.metrics.gpu_monitor import GpuMonitor, start_gpu_monitor
 
@@ -63,7 +63,9 @@ def build_parts(
     evaluation_model = copy.deepcopy(model) if mesh is not None else None
     # Moves the model to the training device (and shards it over the mesh); torch, or JAX
     # with policy.jax_cfg.enabled.
-    trainer = build_policy_trainer(model, config, mesh=mesh)
+    # A vision-language policy trains its samples' images (every forward pass gets them).
+    processor = load_processor(config.policy.model_name)
+    trainer = build_policy_trainer(model, config, mesh=mesh, processor=processor)
     ranks = TrainerRanks(trainer)
     if evaluation_model is not None:
         evaluation_model.to(trainer.device)

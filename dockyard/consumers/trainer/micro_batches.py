@@ -47,6 +47,9 @@ class MicroBatch:
     # ``[R × (T − 1)]`` next-token log-probs, and whether that target exists.
     gather_index: torch.Tensor | None = None  # [n, columns] long
     gather_valid: torch.Tensor | None = None  # [n, columns] bool
+    # A vision-language pass: pixel_values, image_grid_thw and mm_token_type_ids of its rows'
+    # images (see :mod:`.vision_batches`); None for a text pass.
+    vision: dict[str, torch.Tensor] | None = None
 
     @property
     def size(self) -> int:
@@ -211,9 +214,13 @@ def micro_token_logprobs(
     if micro.position_ids is None:
         assert micro.attention_mask is not None
         mask = micro.attention_mask.to(device, non_blocking=True)
+        vision = {
+            name: value.to(device, non_blocking=True)
+            for name, value in (micro.vision or {}).items()
+        }
         # No KV cache: a scoring pass never decodes, and with a cache Transformers would not
         # read packed position ids as sequence boundaries.
-        output = model(input_ids=input_ids, attention_mask=mask, use_cache=False)
+        output = model(input_ids=input_ids, attention_mask=mask, use_cache=False, **vision)
     else:
         positions = micro.position_ids.to(device, non_blocking=True)
         output = model(input_ids=input_ids, position_ids=positions, use_cache=False)

@@ -62,6 +62,7 @@ from dockyard.consumers.trainer.tensor_parallel import (
     clip_mixed_gradients,
     parallelize_policy,
 )
+from dockyard.consumers.trainer.vision_batches import with_images
 from dockyard.models.devices import compute_precision, grad_scaler, training_device
 from dockyard.models.lora import (
     PeftCheckpoint,
@@ -71,6 +72,7 @@ from dockyard.models.lora import (
     merged_from_state,
     peft_state,
 )
+from dockyard.models.vision import VisionProcessor
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -139,14 +141,19 @@ class PolicyTrainer:
         device: torch.device | None = None,
         *,
         mesh: DeviceMesh | None = None,
+        processor: VisionProcessor | None = None,
     ) -> None:
-        """``mesh``: the ranks' device mesh (under ``torchrun``): 1-D, data parallel; or 2-D
+        """``processor``: a vision-language policy's (its samples' images reach every forward
+        pass, see :mod:`~dockyard.consumers.trainer.vision_batches`).
+
+        ``mesh``: the ranks' device mesh (under ``torchrun``): 1-D, data parallel; or 2-D
         ``("dp", "tp")``, tensor parallel within each data-parallel group
         (:mod:`~dockyard.consumers.trainer.tensor_parallel`). Over ``dp`` the policy is sharded
         with FSDP2 and each rank trains on its share of the batch (see
         :mod:`~dockyard.consumers.trainer.data_parallel`)."""
         self.config = config
         policy = config.policy
+        self.processor = processor
         self.device = device if device is not None else training_device()
         # Master weights in float32 on the training device (moved in place: the caller's model
         # is the trained one); policy.precision applies to the math, see dockyard.models.devices.
@@ -258,7 +265,18 @@ class PolicyTrainer:
     def plan(self, batch: TrainingBatch, purpose: str) -> list[MicroBatch]:
         """The forward passes of ``purpose`` (``"train"`` / ``"logprob"``), see
         :mod:`~dockyard.consumers.trainer.micro_batches`."""
-        return plan_micro_batches(batch, self.config.policy, purpose, varlen=self.varlen)
+        plans = plan_micro_batches(batch, self.config.policy, purpose, varlen=self.varlen)
+        if batch.images is None:
+            return plans
+        if self.processor is None:
+            raise ValueError(
+                "the batch carries images but the policy has no image processor (it is not a "
+                "vision-language model): training them as text would be silently wrong"
+            )
+        if self.context_mesh is not None:
+            raise ValueError("context parallelism cannot carry images (it splits the sequence)")
+        limit = self.config.policy.generation.max_image_pixels
+        return [with_images(micro, batch, self.processor, max_pixels=limit) for micro in plans]
 
     def forward_logprobs(self, model: torch.nn.Module, micro: MicroBatch) -> torch.Tensor:
         """``[n, columns]`` log-probs of ``micro`` under ``model`` in ``policy.precision``."""

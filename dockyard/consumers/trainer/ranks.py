@@ -291,8 +291,11 @@ def follow(trainer: PolicyTrainer) -> None:
 
 def run_follower(config: MasterConfig, mesh: DeviceMesh) -> None:
     """The whole life of a rank other than 0: load the policy, shard it, follow rank 0."""
+    from dockyard.models import load_processor
+
     model, _ = load_trained_policy(config)
-    trainer = PolicyTrainer(model, config, mesh=mesh)
+    processor = load_processor(config.policy.model_name)
+    trainer = PolicyTrainer(model, config, mesh=mesh, processor=processor)
     log.info("trainer.following", rank=dist.get_rank(), world_size=mesh.size())
     follow(trainer)
 

@@ -1,6 +1,7 @@
 """Episodes that show screenshots: a real desktop simulator (``dockyard osworld serve``), the real
-torch engine running a scripted policy (stand-in, named as such: see scripted_policy.py), Qwen2-VL's
-tokenizer, chat template and image processor (the tiny VLM's, built in code).
+torch engine (pixel values, M-RoPE positions) running a scripted policy (stand-in, named as
+such: see scripted_policy.py), Qwen2-VL's tokenizer, chat template and image processor (the tiny
+VLM's, built in code).
 
 The episode's images are its desktop's first screenshot then one per action, each compared with
 the simulator's rendering of the same state made here; the token sequence holds one expanded
@@ -39,7 +40,7 @@ from dockyard.schemas import DatasetPosition, EngineInfo, FinishReason, PromptGr
 from dockyard.schemas.codec import decode, encode
 from tests.osworld_simulator import simulator_command
 from tests.sandbox_service import sandbox_service
-from tests.unit.producers.scripted_policy import scripted_engine
+from tests.unit.producers.scripted_policy import scripted_vision_engine
 
 DATA = Path(__file__).resolve().parents[3] / "configs" / "cpu" / "data"
 RECORD = json.loads((DATA / "osworld_screenshot.jsonl").read_text().splitlines()[0])
@@ -115,7 +116,7 @@ def run_episode(simulator_url: str, turns: Sequence[str], max_images: int = 8):
     sessions opened (each shown its desktop's first screenshot), run, and its rollout built."""
     tok = build_qwen2_vl_tokenizer()
     processor = build_qwen2_vl_processor(tok)
-    engine, _ = scripted_engine(chat_script(turns), tok)
+    engine = scripted_vision_engine(chat_script(turns), processor)
     recording = Recording(engine)
     settings = EpisodeSettings(
         max_turns=4,
@@ -132,7 +133,7 @@ def run_episode(simulator_url: str, turns: Sequence[str], max_images: int = 8):
         tok,
         EnvConfig(osworld=osworld),
         TemplatedObservations(tok, QWEN2_VL_CHAT_TEMPLATE),
-        EpisodeImages(limits, engine.backend, processor),
+        EpisodeImages(limits, engine.backend, engine.accepts_images, processor),
     )
     prompt_text = tok.apply_chat_template(
         RECORD["messages"],
