@@ -408,7 +408,8 @@ class EpisodeRunner:
         try:
             ids = self.images.expand(self.observations.token_ids(observed, closed), images)
         except (ImagePlaceholderError, ChatTemplateError) as error:
-            # Launch refuses a run whose template cannot show images; never shown unshown.
+            # Launch refuses a template that cannot show images; here the episode fails rather
+            # than go on without them.
             episode.finish(FinishReason.ERROR, f"the observation's images: {error}")
             return
         fits = self.images.complete_images(ids, episode.remaining)
