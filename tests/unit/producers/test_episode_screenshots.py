@@ -111,7 +111,7 @@ def chat_script(turns: Sequence[str]) -> list[str]:
     return script
 
 
-def run_episode(simulator_url: str, turns: Sequence[str], max_images: int = 8):
+def run_episode(simulator_url: str, turns: Sequence[str], max_images: int = 8, budget: int = 2048):
     """One episode of the screenshot task's group, as a rollout worker runs it: the group's
     sessions opened (each shown its desktop's first screenshot), run, and its rollout built."""
     tok = build_qwen2_vl_tokenizer()
@@ -122,7 +122,7 @@ def run_episode(simulator_url: str, turns: Sequence[str], max_images: int = 8):
         max_turns=4,
         tool_call_format="hermes",
         max_tool_calls_per_turn=1,
-        max_total_sequence_length=2048,
+        max_total_sequence_length=budget,
     )
     limits = MultimodalLimits(allow_multimodal_inputs=True, max_images_per_sample=max_images)
     osworld = OsworldEnvConfig(simulator_url=simulator_url, observation_type="screenshot")
@@ -234,3 +234,21 @@ def test_a_screenshot_past_max_images_per_sample_ends_the_episode_with_the_reaso
     assert len(episode.tool_calls) == 2  # the write ran and is recorded; its screen not shown
     context = list(episode.start.prompt_token_ids) + episode.token_ids
     assert len(placeholder_runs(context, processor.image_token_id)) == 2
+
+
+def test_a_budget_cut_inside_a_screenshot_keeps_no_part_of_it(simulator_url):
+    turns = [computer(CLICK), "Clicked."]
+    whole, _, processor, _ = run_episode(simulator_url, turns)
+    prompt = len(whole.start.prompt_token_ids)
+    runs = placeholder_runs(
+        [*whole.start.prompt_token_ids, *whole.token_ids], processor.image_token_id
+    )
+    start, length = runs[1]  # the click's screenshot, in the first tool segment
+    # The budget ends five tokens into that run: the run and its image are left out whole.
+    cut, _, _, _ = run_episode(simulator_url, turns, budget=start + 5)
+    assert cut.finish_reason is FinishReason.LENGTH
+    assert len(cut.images) == 1  # the first screen only
+    assert cut.token_ids == whole.token_ids[: start - prompt]
+    context = [*cut.start.prompt_token_ids, *cut.token_ids]
+    assert len(placeholder_runs(context, processor.image_token_id)) == 1
+    assert length == TOKENS_PER_SCREENSHOT
