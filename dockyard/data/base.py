@@ -39,6 +39,8 @@ class PromptRecord:
     agent_name: str = "default"
     extra: dict[str, JsonValue] = field(default_factory=dict)
     messages: tuple[ChatMessage, ...] = ()
+    #: Encoded image files the prompt shows (``fields.images``), before its text.
+    images: tuple[bytes, ...] = ()
 
 
 class Dataset(Protocol):

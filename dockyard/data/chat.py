@@ -64,7 +64,13 @@ class PromptFormat:
         return self.tool_prompts is not None and record.env in self.tool_prompts.tools
 
     def renders(self, record: PromptRecord) -> bool:
-        return bool(record.messages) or self.system_prompt is not None or bool(self.chat_template)
+        # Images reach the prompt only as the chat template's placeholders.
+        return (
+            bool(record.messages)
+            or bool(record.images)
+            or self.system_prompt is not None
+            or bool(self.chat_template)
+        )
 
 
 def resolve_chat_template(value: str | None) -> str | None:
@@ -94,6 +100,13 @@ def conversation(record: PromptRecord, system_prompt: str | None) -> list[dict[s
                 "data.system_prompt or drop the record's system message",
             )
         messages.insert(0, ChatMessage("system", system_prompt))
+    if record.images:
+        # The record's images (fields.images) open the first user turn, before any image parts
+        # the message has itself: each becomes the chat template's placeholder (Qwen2-VL:
+        # <|vision_start|><|image_pad|><|vision_end|>).
+        first = next(i for i, m in enumerate(messages) if m.role == "user")
+        shown = messages[first].images + len(record.images)
+        messages[first] = replace(messages[first], images=shown)
     return [{"role": m.role, "content": _content(m)} for m in messages]
 
 

@@ -152,6 +152,9 @@ def _record(row: object, number: int, fields: FieldMapping, env: str, path: Path
                 "a string, number, bool or null",
             )
         extra[name] = value
+    images: tuple[bytes, ...] = ()
+    if fields.images is not None:
+        images = _images(get("images", fields.images), f"{where}: field {fields.images!r}", path)
     agent = "default"
     if fields.agent is not None:
         agent = get("agent", fields.agent)  # type: ignore[assignment]  # object: narrowed on the next line
@@ -171,7 +174,23 @@ def _record(row: object, number: int, fields: FieldMapping, env: str, path: Path
         agent_name=agent,
         extra=extra,
         messages=messages,
+        images=images,
     )
+
+
+def _images(value: object, where: str, path: Path) -> tuple[bytes, ...]:
+    """The files a record's images field names (relative to the data file), read whole; the
+    rollout worker checks and bounds them (dockyard.producers.multimodal)."""
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise DatasetError("fields.images", f"{where} is not a list of image file paths")
+    files = []
+    for item in value:
+        image = path.parent / item
+        try:
+            files.append(image.read_bytes())
+        except OSError as error:
+            raise DatasetError("fields.images", f"{where}: cannot read {image}: {error}") from None
+    return tuple(files)
 
 
 # The two kinds of test case a program is scored on (dockyard.environments.code_env).

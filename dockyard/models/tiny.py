@@ -24,6 +24,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from dockyard.models.seeded import seeded_model
 from dockyard.models.tiny_vlm import build_qwen2_vl_policy, build_qwen2_vl_processor
 from dockyard.models.tokenizers import (
     DEFAULT_CORPUS,
@@ -96,18 +97,13 @@ def build_tiny_model(
 
     The global RNG is forked so building a model never perturbs a caller's random stream.
     """
-    config = build_config(spec, tokenizer)
-    config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
+
+    def make(config: PretrainedConfig) -> PreTrainedModel:
         model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]  # unannotated in transformers
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    # Module.to and .eval change the model in place and return it.
-    model.to(dtype)  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
-    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval() unannotated
-    return model
+        return model
+
+    config = build_config(spec, tokenizer)
+    return seeded_model(make, config, seed=spec.seed, tokenizer=tokenizer, dtype=dtype)
 
 
 def build_arithmetic_policy(

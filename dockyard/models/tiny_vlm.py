@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from tokenizers import AddedToken
 from transformers import (
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2VLConfig,
@@ -22,6 +23,7 @@ from transformers import (
 )
 from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
+from dockyard.models.seeded import seeded_model
 from dockyard.models.tokenizers import DEFAULT_CORPUS, train_bpe_tokenizer
 from dockyard.models.vision import (
     IMAGE_TOKEN,
@@ -167,15 +169,11 @@ def build_tiny_vlm(
         vision_end_token_id=token_id(VISION_END_TOKEN),
         tie_word_embeddings=True,
     )
-    config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
-        model = Qwen2VLForConditionalGeneration(config)  # type: ignore[no-untyped-call]  # unannotated in transformers
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.to(dtype)  # type: ignore[arg-type]  # functools.wraps on transformers' .to mistypes self
-    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves eval() unannotated
-    return model
+
+    def make(config: PretrainedConfig) -> PreTrainedModel:
+        return Qwen2VLForConditionalGeneration(config)  # type: ignore[no-untyped-call]  # unannotated in transformers
+
+    return seeded_model(make, config, seed=spec.seed, tokenizer=tokenizer, dtype=dtype)
 
 
 def build_qwen2_vl_policy(

@@ -45,6 +45,7 @@ def make_prompt_group(
         dataset_position=DatasetPosition(dataset=dataset_name, epoch=epoch, index=position),
         ground_truth=record.ground_truth,
         extra=dict(record.extra),
+        images=list(record.images),
         dispatch_weight_version=weight_version,
         trace_id=group_id,
         created_at_unix_s=time.time(),

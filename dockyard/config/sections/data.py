@@ -30,6 +30,12 @@ class FieldMapping(Section):
         "(stdin/stdout) or {assert} (Python run after the program) objects; copied to the "
         "scorer as extra 'tests' (program_bench, code)",
     )
+    images: str | None = Field(
+        None,
+        description="field holding the record's images: a list of image files, paths relative "
+        "to the data file; the prompt shows them before its text (a vision-language policy, "
+        "with policy.generation.allow_multimodal_inputs)",
+    )
     agent: str | None = Field(
         None,
         description="field holding the record's agent name (a non-empty string; routes it to "

@@ -24,6 +24,7 @@ from dockyard.environments.base import EnvironmentContext
 from dockyard.environments.registry import build_environment
 from dockyard.environments.tools.prompting import tool_prompts
 from dockyard.models import load_processor, precision_dtype
+from dockyard.models.vision import VisionProcessor
 from dockyard.observability.metrics import MetricsLogger
 from dockyard.observability.metrics.gpu_monitor import GpuMonitor, start_gpu_monitor
 
@@ -32,6 +33,7 @@ from dockyard.observability.metrics.gpu_monitor import GpuMonitor, start_gpu_mon
 class TrainerParts:
     model: torch.nn.Module  # float32 master weights (policy.precision is the compute precision)
     tokenizer: object
+    processor: VisionProcessor | None  # a vision-language policy's
     #: Sharded, a forward pass is a collective of every rank: validation generates on rank 0
     #: alone, with this whole copy refreshed from the gathered weights before each run.
     evaluation_model: torch.nn.Module | None
@@ -94,6 +96,7 @@ def build_parts(
     return TrainerParts(
         model=model,
         tokenizer=tokenizer,
+        processor=processor,
         evaluation_model=evaluation_model,
         trainer=trainer,
         ranks=ranks,

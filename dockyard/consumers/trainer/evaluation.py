@@ -129,6 +129,15 @@ class Evaluator:
         self.batch_size = batch_size
         self.tokenizer = tokenizer
         self.records = [dataset[i] for i in range(min(len(dataset), max_samples or len(dataset)))]
+        with_images = [record.index for record in self.records if record.images]
+        if with_images:
+            # Validation generates on its own engine from the prompt text alone: image prompts
+            # would be answered blind, a silent wrongness, so they are refused at launch.
+            raise ValueError(
+                f"validation records {with_images[:5]} carry images (fields.images); validation "
+                "does not feed images to the model yet: validate on text prompts or set "
+                "data.validation to a dataset without images"
+            )
         self.environment = environment
         eos = tokenizer.eos_token_id  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in this package)
         pad = tokenizer.pad_token_id  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in this package)

@@ -34,6 +34,7 @@ from dockyard.consumers.trainer.build import TrainerParts, build_parts
 from dockyard.consumers.trainer.checkpointing import Checkpointing
 from dockyard.consumers.trainer.dead_letter_watch import DeadLetterWatch
 from dockyard.consumers.trainer.evaluation import EpisodesFactory
+from dockyard.consumers.trainer.image_screen import ImageScreen
 from dockyard.consumers.trainer.intake import Intake, Pending
 from dockyard.consumers.trainer.ledger import Ledger
 from dockyard.consumers.trainer.plot import plot_run
@@ -129,6 +130,16 @@ class TrainerLoop:
             if trust.enabled
             else None
         )
+        self.image_screen = (
+            ImageScreen(
+                parts.processor,
+                config.policy.generation.max_image_pixels,
+                self.plane,
+                lambda: self.progress.ledger,  # replaced on resume: read when used
+            )
+            if parts.processor is not None
+            else None
+        )
         self.publisher = WeightPublisher(
             messages,
             weights,
@@ -220,6 +231,8 @@ class TrainerLoop:
                 break
             else:
                 await self.starvation.check()
+            if self.image_screen is not None and len(intake.pending) >= per_step:
+                intake.pending = await self.image_screen.screen(intake.pending)
             if self.worker_screen is not None and len(intake.pending) >= per_step:
                 intake.pending = await self.worker_screen.screen(intake.pending)
             if len(intake.pending) >= per_step:

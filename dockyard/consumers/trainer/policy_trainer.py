@@ -104,6 +104,7 @@ class StepOutcome:
     seconds: float
     filtered_fraction: float = 0.0  # samples removed by overlong / log-prob-error filters
     advantage_tokens: int = 0  # the valid tokens the advantage means are taken over
+    images: int = 0  # images the step's forward passes fed the vision tower
 
     def as_metrics(self) -> dict[str, float]:
         metrics = {f"loss/{name}": value for name, value in self.loss.as_dict().items()}
@@ -114,6 +115,7 @@ class StepOutcome:
                 "train/advantage_mean": self.advantage_mean,
                 "train/advantage_abs_mean": self.advantage_abs_mean,
                 "train/filtered_sample_fraction": self.filtered_fraction,
+                "train/images": float(self.images),
                 "timing/train_step_s": self.seconds,
             }
         )
@@ -443,6 +445,7 @@ class PolicyTrainer:
             filtered_fraction=result.filtered_fraction,
             seconds=time.perf_counter() - started,
             advantage_tokens=int(valid.sum()),
+            images=sum(map(len, batch.images)) if batch.images is not None else 0,
         )
 
     # -- whole state, sharded or not -----------------------------------------------------------

@@ -243,13 +243,21 @@ class WorkerScreen:
         return [p for p in pending if p.scored.group_id not in drops]
 
     async def _dead_letter(self, item: PendingGroup, reason: str, detail: str) -> None:
-        group_id = item.scored.group_id
-        stream = self.plane.names.scored_consumer.stream
-        try:
-            original = await self.plane.get(stream, item.seq)
-            await self.plane.publish_dead_letter(original, reason, detail, stage="trainer")
-        except (KeyError, DataPlaneError) as error:
-            # The drop stands either way (the ledger records it with the same reason).
-            log.error("trainer.untrusted_dead_letter_failed", group_id=group_id, error=repr(error))
-        self.ledger().record_dropped(group_id, f"{reason}: {detail}")
-        log.warning("trainer.dropped_untrusted", group_id=group_id, reason=reason)
+        await dead_letter_pending(self.plane, self.ledger(), item, reason, detail)
+        log.warning("trainer.dropped_untrusted", group_id=item.scored.group_id, reason=reason)
+
+
+async def dead_letter_pending(
+    plane: DataPlane, ledger: Ledger, item: PendingGroup, reason: str, detail: str
+) -> None:
+    """A pending group refused before a step: its scored message to the dead letters with
+    ``reason``, and the group dropped from the ledger (never silently lost)."""
+    group_id = item.scored.group_id
+    stream = plane.names.scored_consumer.stream
+    try:
+        original = await plane.get(stream, item.seq)
+        await plane.publish_dead_letter(original, reason, detail, stage="trainer")
+    except (KeyError, DataPlaneError) as error:
+        # The drop stands either way (the ledger records it with the same reason).
+        log.error("trainer.dead_letter_failed", group_id=group_id, error=repr(error))
+    ledger.record_dropped(group_id, f"{reason}: {detail}")

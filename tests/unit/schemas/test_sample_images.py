@@ -98,28 +98,26 @@ def test_an_image_that_is_not_a_png_is_refused_on_the_wire_and_in_python():
         make_sample(0, images=[jpeg.getvalue()])
 
 
-def test_an_images_column_that_disagrees_with_the_group_size_is_refused():
+def _more_images_than_allowed(images: list[list[Any]]) -> None:
+    images[0] = [RED] * (MAX_INLINE_IMAGES + 1)  # the bound of PromptGroup.images
+
+
+def _not_bytes(images: list[list[Any]]) -> None:
+    images[0] = ["not bytes"]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda images: images.append([]), ReasonCode.LENGTH_MISMATCH),  # 3 lists, 2 samples
+        (_more_images_than_allowed, ReasonCode.INVALID_FIELD),
+        (_not_bytes, ReasonCode.WRONG_TYPE),
+    ],
+)
+def test_a_malformed_images_column_is_refused(change, reason):
     envelope = envelope_of(rollout_with([RED], []))
-    envelope["meta"]["samples"]["images"].append([])
+    change(envelope["meta"]["samples"]["images"])
     payload = craft(envelope["meta"], schema="rollout", version="3.2", data=envelope["data"])
     with pytest.raises(CodecError) as caught:
         decode(None, payload)
-    assert caught.value.reason is ReasonCode.LENGTH_MISMATCH
-
-
-def test_more_images_than_a_prompt_group_may_carry_are_refused():
-    envelope = envelope_of(rollout_with([RED], []))
-    envelope["meta"]["samples"]["images"][0] = [RED] * (MAX_INLINE_IMAGES + 1)
-    payload = craft(envelope["meta"], schema="rollout", version="3.2", data=envelope["data"])
-    with pytest.raises(CodecError) as caught:
-        decode(None, payload)
-    assert caught.value.reason is ReasonCode.INVALID_FIELD
-
-
-def test_an_images_entry_of_the_wrong_type_is_refused():
-    envelope = envelope_of(rollout_with([RED], []))
-    envelope["meta"]["samples"]["images"][0] = ["not bytes"]
-    payload = craft(envelope["meta"], schema="rollout", version="3.2", data=envelope["data"])
-    with pytest.raises(CodecError) as caught:
-        decode(None, payload)
-    assert caught.value.reason is ReasonCode.WRONG_TYPE
+    assert caught.value.reason is reason

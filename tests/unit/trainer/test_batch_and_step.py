@@ -28,8 +28,13 @@ PAD = 0
 
 
 def scored_group(
-    group_id: str, prompt: list[int], responses: list[list[int]], rewards: list[float]
+    group_id: str,
+    prompt: list[int],
+    responses: list[list[int]],
+    rewards: list[float],
+    images: list[bytes] | None = None,
 ) -> ScoredRollout:
+    """``images``: every sample's (PNG files; the prompt group carries them too)."""
     group = PromptGroup(
         group_id=group_id,
         prompt_token_ids=np.array(prompt, dtype=np.int32),
@@ -40,6 +45,7 @@ def scored_group(
         dataset_position=DatasetPosition(dataset="d", epoch=0, index=0),
         dispatch_weight_version=0,
         trace_id=group_id,
+        images=images or [],
     )
     samples = [
         RolloutSample(
@@ -54,6 +60,7 @@ def scored_group(
             engine=EngineInfo(name="torch", version="test"),
             worker_id="w0",
             timings=SampleTimings(started_at_unix_s=time.time(), finished_at_unix_s=time.time()),
+            images=images or [],
         )
         for index, response in enumerate(responses)
     ]

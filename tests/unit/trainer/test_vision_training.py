@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import time
 
 import numpy as np
 import pytest
@@ -18,17 +17,7 @@ from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.batch import TrainingBatch, build_batch
 from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.models import load_policy, load_processor
-from dockyard.schemas import (
-    DatasetPosition,
-    EngineInfo,
-    PromptGroup,
-    Rollout,
-    RolloutSample,
-    SampleScore,
-    SampleTimings,
-    SamplingParams,
-    ScoredRollout,
-)
+from tests.unit.trainer.test_batch_and_step import scored_group
 
 RECIPE = "tiny://qwen2-vl-bpe"
 MERGE = 2  # Qwen2-VL's spatial merge: 2x2 patches of 14 pixels become one placeholder
@@ -67,48 +56,6 @@ def prompt_ids(tokenizer, processor, images: list[Image.Image]) -> list[int]:
         for grid, rest in zip(grids, parts[1:], strict=True):
             text += "<|image_pad|>" * (int(grid.prod()) // MERGE**2) + rest
     return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def scored(
-    group_id: str,
-    prompt: list[int],
-    responses: list[list[int]],
-    rewards: list[float],
-    images: list[bytes],
-) -> ScoredRollout:
-    group = PromptGroup(
-        group_id=group_id,
-        prompt_token_ids=np.array(prompt, dtype=np.int64),
-        prompt_text="",
-        environment="e",
-        agent="single_turn",
-        num_generations=len(responses),
-        dataset_position=DatasetPosition(dataset="d", epoch=0, index=0),
-        dispatch_weight_version=0,
-        trace_id=group_id,
-        images=images,
-    )
-    samples = [
-        RolloutSample(
-            sample_index=index,
-            prompt_token_ids=np.array(prompt, dtype=np.int64),
-            response_token_ids=np.array(response, dtype=np.int64),
-            behaviour_logprobs=np.full(len(response), -0.5, dtype=np.float32),
-            token_weight_versions=np.zeros(len(response), dtype=np.int64),
-            loss_mask=np.ones(len(response), dtype=np.uint8),
-            finish_reason="stop",
-            sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
-            engine=EngineInfo(name="torch", version="test"),
-            worker_id="w0",
-            timings=SampleTimings(started_at_unix_s=time.time(), finished_at_unix_s=time.time()),
-            images=images,
-        )
-        for index, response in enumerate(responses)
-    ]
-    scores = [SampleScore(sample_index=i, reward=r) for i, r in enumerate(rewards)]
-    return ScoredRollout(
-        rollout=Rollout(group=group, samples=samples), scores=scores, scorer_id="s0"
-    )
 
 
 def config(*overrides: str):
@@ -156,7 +103,7 @@ def test_log_probs_equal_a_direct_forward_on_the_processor_outputs(policy, count
     images = [square((220, 30, 30), (100, 60)), square((30, 30, 220), (56, 84))][:count]
     prompt = prompt_ids(tokenizer, processor, images)
     response = tokenizer("red<|im_end|>", add_special_tokens=False)["input_ids"]
-    group = scored("g", prompt, [response], [1.0], [png(image) for image in images])
+    group = scored_group("g", prompt, [response], [1.0], [png(image) for image in images])
     trainer = PolicyTrainer(model, config(), torch.device("cpu"), processor=processor)
     batch = build_batch([group], tokenizer.pad_token_id)
     ours = trainer.batch_logprobs(trainer.model, batch)[0][batch.token_mask[0].bool()]
@@ -177,8 +124,8 @@ def test_gradients_reach_the_vision_tower_and_a_mixed_batch_steps(policy):
     text_prompt = prompt_ids(tokenizer, processor, [])
     answers = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("green", "blue")]
     groups = [
-        scored("with-image", prompt, answers, [1.0, 0.0], [png(image)]),
-        scored("text", text_prompt, answers, [0.0, 1.0], []),
+        scored_group("with-image", prompt, answers, [1.0, 0.0], [png(image)]),
+        scored_group("text", text_prompt, answers, [0.0, 1.0], []),
     ]
     trainer = PolicyTrainer(model, config(), torch.device("cpu"), processor=processor)
     batch = on_policy(trainer, build_batch(groups, tokenizer.pad_token_id))
@@ -198,7 +145,9 @@ def test_the_vision_tower_gets_no_gradient_from_a_text_only_batch(policy):
     text_prompt = prompt_ids(tokenizer, processor, [])
     answers = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("green", "blue")]
     trainer = PolicyTrainer(model, config(), torch.device("cpu"), processor=processor)
-    batch = on_policy(trainer, build_batch([scored("t", text_prompt, answers, [0.0, 1.0], [])], 0))
+    batch = on_policy(
+        trainer, build_batch([scored_group("t", text_prompt, answers, [0.0, 1.0], [])], 0)
+    )
     assert batch.images is None
     trainer.gradients(batch)
     assert any(p.grad is not None and p.grad.any() for p in trainer.model.parameters())
@@ -211,7 +160,7 @@ def test_placeholders_that_disagree_with_the_images_are_refused(policy):
     image = square((200, 30, 30), (100, 60))  # 8 placeholders
     prompt = prompt_ids(tokenizer, processor, [square((0, 0, 0), (56, 56))])  # 4 of them
     response = tokenizer("red", add_special_tokens=False)["input_ids"]
-    group = scored("bad", prompt, [response], [1.0], [png(image)])
+    group = scored_group("bad", prompt, [response], [1.0], [png(image)])
     trainer = PolicyTrainer(model, config(), torch.device("cpu"), processor=processor)
     with pytest.raises(ValueError, match=r"group 'bad'.*\[4\] do not match .*\[8\]"):
         trainer.batch_logprobs(trainer.model, build_batch([group], 0))
@@ -221,7 +170,38 @@ def test_images_without_an_image_processor_are_refused(policy):
     model, tokenizer, processor = policy
     image = square((200, 30, 30), (56, 56))
     prompt = prompt_ids(tokenizer, processor, [image])
-    group = scored("g", prompt, [[5]], [1.0], [png(image)])
+    group = scored_group("g", prompt, [[5]], [1.0], [png(image)])
     trainer = PolicyTrainer(model, config(), torch.device("cpu"))
     with pytest.raises(ValueError, match="no image processor"):
         trainer.batch_logprobs(trainer.model, build_batch([group], 0))
+
+
+def test_validation_refuses_image_prompts_it_would_answer_blind(policy):
+    from dockyard.consumers.trainer.evaluation import Evaluator
+    from dockyard.data.base import PromptRecord
+
+    model, tokenizer, _ = policy
+    records = [
+        PromptRecord(index=0, prompt="text", ground_truth="a", env="hle"),
+        PromptRecord(index=1, prompt="look", ground_truth="red", env="hle", images=(b"png",)),
+    ]
+    with pytest.raises(ValueError, match=r"validation records \[1\] carry images"):
+        Evaluator(model, tokenizer, records, environment=None, max_new_tokens=2)
+
+
+def test_the_reference_pass_sees_the_images_too(policy):
+    model, tokenizer, processor = policy
+    image = square((220, 30, 30), (100, 60))
+    prompt = prompt_ids(tokenizer, processor, [image])
+    response = tokenizer("red", add_special_tokens=False)["input_ids"]
+    group = scored_group("g", prompt, [response], [1.0], [png(image)])
+    kl = "loss_fn.reference_policy_kl_penalty=0.1"
+    trainer = PolicyTrainer(model, config(kl), torch.device("cpu"), processor=processor)
+    assert trainer.reference is not None
+    batch = build_batch([group], tokenizer.pad_token_id)
+    ours = trainer.batch_logprobs(trainer.reference, batch)[0][batch.token_mask[0].bool()]
+    vision = processor.image_processor(images=[image], return_tensors="pt")
+    ids = prompt + response
+    torch.testing.assert_close(
+        ours, hf_response_logprobs(trainer.reference, ids, len(response), vision), rtol=0, atol=1e-5
+    )
