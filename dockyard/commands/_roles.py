@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from dockyard.engines.base import GenerationEngine, SamplingParams
     from dockyard.observability.prometheus import MetricsServer
     from dockyard.observability.status_files import StatusFile
+    from dockyard.producers.episode_images import EpisodeImages
     from dockyard.producers.episodes import EpisodeRunner
     from dockyard.producers.rollout_worker import RolloutWorker
 
@@ -315,6 +316,7 @@ def prepare_rollout(config: MasterConfig) -> SamplingParams:
     from dockyard.engines.sampling import sampling_params_from_config
 
     _refuse_toolboxes_that_cannot_start(config)
+    _refuse_unshowable_screenshots(config)
     try:
         return sampling_params_from_config(config.policy.generation)
     except InvalidSamplingParams as error:
@@ -382,7 +384,8 @@ def build_episode_runner(
     tokenizer = load_tokenizer(config.policy.model_name, config.policy.tokenizer.name)
     # transformers types decode for batches too (str | list[str]); one sequence gives a str.
     observations = _observations(config, tokenizer)
-    runner = EpisodeRunner(engine, params, settings, tokenizer, config.env, observations)  # type: ignore[arg-type]  # see above
+    images = _episode_images(config, engine)
+    runner = EpisodeRunner(engine, params, settings, tokenizer, config.env, observations, images)  # type: ignore[arg-type]  # see above
     served = tool_services(config)
     if served:
         from dockyard.broker.jetstream import JetStreamPlane
@@ -419,6 +422,73 @@ def _observations(config: MasterConfig, tokenizer: object) -> Observations | Non
         return TemplatedObservations(tokenizer, template)
     except ChatTemplateError as error:
         raise CliError(f"{CHAT_TEMPLATE_KEY}: {error}", exit_code=EXIT_INVALID_CONFIG) from None
+
+
+def _episode_images(config: MasterConfig, engine: GenerationEngine) -> EpisodeImages:
+    """The episodes' image gate (the prompt images' limits) and the policy's image processor
+    (None unless images are allowed: any image is then refused with that reason)."""
+    from dockyard.models import load_processor
+    from dockyard.producers.episode_images import EpisodeImages
+    from dockyard.producers.multimodal import MultimodalLimits
+
+    generation = config.policy.generation
+    model = config.policy.model_name
+    processor = load_processor(model) if generation.allow_multimodal_inputs else None
+    limits = MultimodalLimits.from_config(generation)
+    return EpisodeImages(limits, engine.backend, engine.accepts_images, processor)
+
+
+def _refuse_unshowable_screenshots(config: MasterConfig) -> None:
+    """osworld screenshots the run's episodes could not show the policy are refused at launch,
+    before any engine loads, with the key (without episodes or images allowed, the key table
+    refuses them already)."""
+    kind = config.env.osworld.observation_type
+    generation = config.policy.generation
+    if (
+        kind == "a11y_tree"
+        or not config.grpo.structured_tool_use.enabled
+        or not generation.allow_multimodal_inputs
+        or "osworld" not in _data_environments(config).values()
+    ):
+        return
+    reason = _screenshots_unshowable(config)
+    if reason is not None:
+        raise CliError(
+            f"env.osworld.observation_type={kind}: {reason}", exit_code=EXIT_INVALID_CONFIG
+        )
+
+
+def _screenshots_unshowable(config: MasterConfig) -> str | None:
+    """Why an episode could not show the policy a screenshot; None: it can."""
+    import importlib.util
+
+    from dockyard.data.tool_turns import ChatTemplateError, TemplatedObservations
+    from dockyard.models import load_processor, load_tokenizer
+    from dockyard.models.vision import IMAGE_TOKEN
+    from dockyard.producers.multimodal import IMAGE_BACKENDS
+
+    backend = config.policy.generation.backend
+    # The torch engine forwards images for a vision-language policy (its processor: below).
+    if backend != "torch" and backend not in IMAGE_BACKENDS:
+        return f"the {backend} engine does not forward images"
+    if backend == "vllm" and importlib.util.find_spec("torchvision") is None:
+        # vLLM's Qwen2-VL module imports transformers' torchvision image processor (checked
+        # with vLLM 0.32 CPU: the model cannot even be inspected without it).
+        return "vLLM's vision-language models need torchvision, which is not installed here"
+    if "osworld" in tool_services(config):
+        return "a tool service carries text only (grpo.structured_tool_use.tool_services)"
+    model = config.policy.model_name
+    if load_processor(model) is None:
+        return f"policy.model_name {model!r} has no image processor"
+    tokenizer = load_tokenizer(model, config.policy.tokenizer.name)
+    observations = _observations(config, tokenizer)
+    if not isinstance(observations, TemplatedObservations):
+        return "tool messages need a chat template that renders image parts"
+    try:
+        observations.check_images(IMAGE_TOKEN)
+    except ChatTemplateError as error:
+        return str(error)
+    return None
 
 
 def output_checks(config: MasterConfig) -> OutputChecks:

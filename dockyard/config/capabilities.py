@@ -112,6 +112,11 @@ def _no_tool_use(config: MasterConfig) -> bool:
     return not config.grpo.structured_tool_use.enabled
 
 
+def _screenshots_unseen(config: MasterConfig) -> bool:
+    """An osworld screenshot would not reach the policy: no episode, or no images allowed."""
+    return _no_tool_use(config) or not config.policy.generation.allow_multimodal_inputs
+
+
 def _in_flight_updates(config: MasterConfig) -> bool:
     return config.grpo.async_grpo.in_flight_weight_updates
 
@@ -254,9 +259,12 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported(
         "env.osworld.observation_type",
         "refused",
-        "an episode's tool observations travel as text, so the agent reads the accessibility "
-        "tree (a11y_tree); a screenshot after each action would need images in tool turns",
-        "images in tool observations (a wire change of the rollout schema)",
+        "screenshots are shown in episodes (grpo.structured_tool_use.enabled) to a policy "
+        "allowed images (policy.generation.allow_multimodal_inputs); a single-turn sample or a "
+        "text-only policy would never see them",
+        "by design",
+        when=_screenshots_unseen,
+        condition=" without episodes and policy.generation.allow_multimodal_inputs",
     ),
     # ---- rollouts ----------------------------------------------------------------------------
     Unsupported(

@@ -18,6 +18,9 @@ JsonValue = JsonScalar | list["JsonValue"] | dict[str, "JsonValue"]
 class ChatMessage:
     role: str
     content: str
+    #: Image content parts before the text: where the prompt shows images (its group's, or an
+    #: episode's first screenshot, which the episode fills in: producers/episodes.py).
+    images: int = 0
 
 
 @dataclass(frozen=True)

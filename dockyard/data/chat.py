@@ -100,15 +100,22 @@ def conversation(record: PromptRecord, system_prompt: str | None) -> list[dict[s
                 "data.system_prompt or drop the record's system message",
             )
         messages.insert(0, ChatMessage("system", system_prompt))
-    rendered: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in messages]
     if record.images:
-        # The images open the first user turn, as content parts the chat template turns into
-        # placeholders (Qwen2-VL: <|vision_start|><|image_pad|><|vision_end|> each).
-        first = next(i for i, m in enumerate(rendered) if m["role"] == "user")
-        parts = [{"type": "image"} for _ in record.images]
-        text = rendered[first]["content"]
-        rendered[first]["content"] = [*parts, {"type": "text", "text": text}]
-    return rendered
+        # The record's images (fields.images) open the first user turn, before any image parts
+        # the message has itself: each becomes the chat template's placeholder (Qwen2-VL:
+        # <|vision_start|><|image_pad|><|vision_end|>).
+        first = next(i for i, m in enumerate(messages) if m.role == "user")
+        shown = messages[first].images + len(record.images)
+        messages[first] = replace(messages[first], images=shown)
+    return [{"role": m.role, "content": _content(m)} for m in messages]
+
+
+def _content(message: ChatMessage) -> str | list[dict[str, str]]:
+    """Text, or (a message showing images) its image parts then its text, as multimodal chat
+    templates take them (each renders as the model's image placeholder)."""
+    if not message.images:
+        return message.content
+    return [*([{"type": "image"}] * message.images), {"type": "text", "text": message.content}]
 
 
 def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) -> str:
@@ -143,7 +150,7 @@ def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) ->
             assert fmt.tool_prompts is not None
             block = plain_tool_block(tools, fmt.tool_prompts.tool_call_format)
             first = next(i for i, m in enumerate(messages) if m["role"] != "system")
-            messages[first] = {**messages[first], "content": block + messages[first]["content"]}
+            messages[first] = _prepended(messages[first], block)
             text = _apply(tokenizer, messages, template, ())
     except PromptFormatError:
         raise
@@ -152,6 +159,15 @@ def render_prompt(record: PromptRecord, fmt: PromptFormat, tokenizer: object) ->
             CHAT_TEMPLATE_KEY, f"the chat template failed on record {record.index}: {error}"
         ) from None
     return _without_duplicate_bos(str(text), tokenizer)
+
+
+def _prepended(message: dict[str, Any], text: str) -> dict[str, Any]:
+    """``message`` with ``text`` at the start of its text (after its image parts)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return {**message, "content": text + content}
+    *images, last = content
+    return {**message, "content": [*images, {**last, "text": text + last["text"]}]}
 
 
 def _apply(

@@ -218,22 +218,38 @@ def _test_cases(value: object, where: str) -> list[JsonValue]:
     return cases
 
 
+def _content_parts(content: object) -> tuple[str, int] | None:
+    """``(text, image parts)`` of a message's content; None when it is neither a string nor
+    image parts followed by one text part (where the images go is not guessed)."""
+    if isinstance(content, str):
+        return content, 0
+    if not isinstance(content, list) or not content:
+        return None
+    *images, text = content
+    if any(part != {"type": "image"} for part in images):
+        return None
+    if not isinstance(text, Mapping) or set(text) != {"type", "text"} or text["type"] != "text":
+        return None
+    return (text["text"], len(images)) if isinstance(text["text"], str) else None
+
+
 def _messages(value: object, where: str) -> tuple[ChatMessage, ...]:
     if not isinstance(value, list) or not value:
         raise DatasetError("fields.messages", f"{where} is not a non-empty list of messages")
     messages = []
     for turn, message in enumerate(value):
-        if (
-            not isinstance(message, Mapping)
-            or message.get("role") not in CHAT_ROLES
-            or not isinstance(message.get("content"), str)
-        ):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        parts = _content_parts(content)
+        if not isinstance(message, Mapping) or message.get("role") not in CHAT_ROLES or not parts:
             raise DatasetError(
                 "fields.messages",
                 f"{where}, message {turn}: expected {{role, content}} with role one of "
-                f"{', '.join(sorted(CHAT_ROLES))} and string content, got {message!r:.120}",
+                f"{', '.join(sorted(CHAT_ROLES))} and content a string or a list of "
+                f'{{"type": "image"}} parts then one {{"type": "text", "text": ...}}, got '
+                f"{message!r:.120}",
             )
-        messages.append(ChatMessage(role=message["role"], content=message["content"]))
+        text, images = parts
+        messages.append(ChatMessage(role=message["role"], content=text, images=images))
     if messages[-1].role == "assistant":
         # The prompt ends where the model's turn begins; a finished reply here would be
         # continued, not answered.

@@ -38,7 +38,7 @@ def process_record(record: PromptRecord, instruction: str) -> PromptRecord:
     if not users:
         return replace(record, messages=(*messages, ChatMessage("user", instruction)))
     turn = messages[users[-1]]
-    messages[users[-1]] = ChatMessage(turn.role, f"{turn.content}\n\n{instruction}")
+    messages[users[-1]] = replace(turn, content=f"{turn.content}\n\n{instruction}")
     return replace(record, messages=tuple(messages))
 
 

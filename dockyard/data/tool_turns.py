@@ -44,11 +44,13 @@ class ToolPrompts:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """One call's result as the model reads it."""
+    """One call's result as the model reads it; ``images``: how many images it shows after its
+    text (a screenshot), as image content parts of its tool message."""
 
     call_id: str
     name: str
     text: str
+    images: int = 0
 
 
 def render_observation(fmt: str, results: Sequence[ToolResult]) -> str:
@@ -113,6 +115,11 @@ class PlainObservations:
     tool_call_format: str
 
     def token_ids(self, results: Sequence[ToolResult], turn_closed: bool = True) -> list[int]:
+        if any(result.images for result in results):
+            # Plain text has no image parts: the image would be silently left out.
+            raise ChatTemplateError(
+                "tool results that show images need a chat template that renders image parts"
+            )
         return untrusted_ids(self.codec, render_observation(self.tool_call_format, results))
 
 
@@ -153,7 +160,7 @@ class TemplatedObservations:
                 "role": "tool",
                 "tool_call_id": result.call_id,
                 "name": result.name,
-                "content": _RESULT.format(index),
+                "content": _content(_RESULT.format(index), result.images),
             }
             for index, result in enumerate(results)
         ]
@@ -164,6 +171,17 @@ class TemplatedObservations:
         except Exception as error:  # jinja2 raises template and undefined errors of many types
             raise ChatTemplateError(f"the chat template fails on tool messages: {error}") from None
         return str(text)
+
+    def check_images(self, image_token: str) -> None:
+        """ChatTemplateError unless the template renders a tool message's image parts, one
+        ``image_token`` each (checked at launch: an image left out would be a silent drop)."""
+        probe = self._render([ToolResult("probe", "probe", "probe", images=2)])
+        shown = probe[probe.index(_TURN) :].count(image_token)
+        if shown != 2:
+            raise ChatTemplateError(
+                f"the chat template renders {shown} {image_token!r} for a tool message with two "
+                "image parts, not one each, so a screenshot in a tool turn cannot be shown"
+            )
 
     def token_ids(self, results: Sequence[ToolResult], turn_closed: bool = True) -> list[int]:
         text = self._render(results)
@@ -182,3 +200,11 @@ class TemplatedObservations:
     def _trusted_ids(self, text: str) -> list[int]:
         """The template's own text: its special tokens are the template's to write."""
         return [int(token) for token in self.tokenizer.encode(text, add_special_tokens=False)]
+
+
+def _content(text: str, images: int) -> str | list[dict[str, str]]:
+    """A tool message's content: its text, then one image part per image it shows (the parts
+    multimodal chat templates render as their image placeholder)."""
+    if not images:
+        return text
+    return [{"type": "text", "text": text}, *([{"type": "image"}] * images)]

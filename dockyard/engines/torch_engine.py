@@ -121,6 +121,17 @@ class TorchEngine(GenerationEngine):
     ) -> None:
         self._model = model.eval()
         self._processor = processor
+        # A policy never writes an image: a sampled placeholder would be an image run with no
+        # pixels (the next turn's prefill and the trainer refuse it), so they are never drawn.
+        self._unsampled = (
+            []
+            if processor is None
+            else [
+                processor.image_token_id,
+                processor.vision_start_token_id,
+                processor.vision_end_token_id,
+            ]
+        )
         self._eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self._pad_token_id = int(pad_token_id)
         self._tokenizer = tokenizer
@@ -366,7 +377,12 @@ class TorchEngine(GenerationEngine):
         active = list(range(len(rows)))
         first_token_at: float | None = None
         for step in range(1, budget + 1):
-            logprobs = processed_logprobs(output.logits[:, -1, :], params)
+            logits = output.logits[:, -1, :]
+            if self._unsampled:
+                logits = logits.index_fill(
+                    -1, torch.tensor(self._unsampled, device=logits.device), float("-inf")
+                )
+            logprobs = processed_logprobs(logits, params)
             if params.greedy:
                 chosen = logprobs.argmax(dim=-1)
             else:

@@ -12,14 +12,23 @@ An episode ends when
 - the sequence budget ``policy.max_total_sequence_length`` is reached, in a turn or in the middle
   of an observation (``length``; the observation is cut to fit), or a turn hits
   ``policy.generation.max_new_tokens`` (``length``),
-- the engine aborted the turn (``abort``), or the tool service is gone (``error``: a *failed*
-  episode, see ``grpo.async_grpo.max_generation_failures``).
+- an observation would show more images than ``policy.generation.max_images_per_sample``
+  (``length``: the image budget, like the token budget; the observation is not appended and
+  :attr:`Episode.ended_by` says why),
+- the engine aborted the turn (``abort``), or the tool service is gone, or an image from the
+  environment is refused (``error``: a *failed* episode, see
+  ``grpo.async_grpo.max_generation_failures``).
 
 What goes on the wire: the response is every token after the prompt — model turns and
 observations — with a segment per turn (``assistant``) and per observation (``tool``). Only
 model tokens are trained on (``loss_mask`` 1) and carry behaviour log-probs; observation tokens
 are masked, with log-prob 0 and the weight version of the model token before them, so the
 oldest token's version (staleness) is always a model token's.
+
+Images (:mod:`dockyard.producers.episode_images`): an episode shows its prompt's images, then
+the first screenshot of its environment (:meth:`ToolSession.initial_images`, filling the
+prompt's remaining image placeholders), then each observation's; every turn's request carries
+all of them, and the tokens hold each as its expanded placeholder run, in the same order.
 """
 
 from __future__ import annotations
@@ -31,7 +40,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dockyard.config.sections.env import EnvConfig
-from dockyard.data.tool_turns import Observations, PlainObservations, ToolResult
+from dockyard.data.tool_turns import (
+    ChatTemplateError,
+    Observations,
+    PlainObservations,
+    ToolResult,
+)
 from dockyard.engines.base import GenerationEngine, GenerationRequest, GenerationResult
 from dockyard.engines.base import SamplingParams as EngineSamplingParams
 from dockyard.environments.tools.calls import (
@@ -42,6 +56,7 @@ from dockyard.environments.tools.calls import (
 )
 from dockyard.environments.tools.toolbox import (
     NOT_RUN_PREFIX,
+    TaskRefused,
     Toolbox,
     ToolFailure,
     ToolLimits,
@@ -51,6 +66,8 @@ from dockyard.environments.tools.toolbox import (
     run_tool_call,
     toolbox_class,
 )
+from dockyard.producers.episode_images import EpisodeImages, ImagePlaceholderError
+from dockyard.producers.multimodal import ImageInputError, MultimodalLimits
 from dockyard.schemas import FinishReason, PromptGroup, Segment, ToolCall, ToolCallError
 from dockyard.utils.logging import get_logger
 
@@ -98,8 +115,10 @@ class EpisodeSettings:
 class EpisodeStart:
     #: Unique per delivery of a sample (group, attempt, delivery, sample): names its sandbox.
     episode_id: str
+    #: With each image's placeholder expanded.
     prompt_token_ids: Sequence[int]
     session: ToolSession
+    #: Normalised, one per placeholder run of the prompt, in order.
     images: Sequence[Image.Image] = ()
 
 
@@ -119,7 +138,14 @@ class Episode:
     finish_reason: FinishReason | None = None
     #: Why a failed episode failed (finish reason ``error``).
     failure: str | None = None
+    #: Why an episode stopped that no finish reason says alone (the image budget).
+    ended_by: str | None = None
     first_token_s: float | None = None
+    #: The prompt's images, then each observation's: one per placeholder run, in order.
+    images: list[Image.Image] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.images = list(self.start.images)
 
     @property
     def running(self) -> bool:
@@ -157,9 +183,18 @@ class Episode:
         elif kept < result.num_tokens or result.finish_reason == "length":
             self.finish(FinishReason.LENGTH)
 
-    def add_observation(self, token_ids: Sequence[int], current_version: int) -> None:
-        """Masked tokens; cut to the budget (and the episode ends) when they do not fit."""
-        kept = list(token_ids[: self.remaining])
+    def add_observation(
+        self,
+        token_ids: Sequence[int],
+        current_version: int,
+        images: Sequence[Image.Image] = (),
+        fits: tuple[int, int] | None = None,
+    ) -> None:
+        """Masked tokens; cut to the budget (and the episode ends) when they do not fit.
+        ``fits``: ``(tokens, images)`` that may be kept of them (whole image runs only)."""
+        length, shown = fits or (self.remaining, len(images))
+        kept = list(token_ids[:length])
+        self.images.extend(images[:shown])
         start = len(self.token_ids)
         version = self.versions[-1] if self.versions else current_version
         self.token_ids.extend(kept)
@@ -188,6 +223,7 @@ class EpisodeRunner:
         codec: TextCodec,
         env: EnvConfig | None = None,
         observations: Observations | None = None,
+        images: EpisodeImages | None = None,
     ) -> None:
         self.engine = engine
         self.params = params
@@ -198,6 +234,10 @@ class EpisodeRunner:
         self.observations = observations or PlainObservations(codec, settings.tool_call_format)
         #: The run's ``env`` section: the toolboxes' settings (the terminal's sandbox limits).
         self.env = env or EnvConfig()
+        #: The image gate and placeholders (None: a run without images refuses any).
+        self.images = images or EpisodeImages(
+            MultimodalLimits(), engine.backend, engine.accepts_images
+        )
         self.toolboxes: dict[str, Toolbox] = {}
 
     def toolbox(self, environment: str) -> Toolbox:
@@ -218,11 +258,25 @@ class EpisodeRunner:
             for index in range(group.num_generations):
                 episode_id = f"{group.group_id}:{group.attempt}:d{delivery}:s{index}"
                 session = await toolbox.open_session(episode_id, group.extra)
-                starts.append(EpisodeStart(episode_id, prompt, session, images))
+                starts.append(EpisodeStart(episode_id, prompt, session))
+                starts[-1] = await self.shown_start(starts[-1], images)
         except BaseException:
             await self.close(starts)
             raise
         return starts
+
+    async def shown_start(self, start: EpisodeStart, images: Sequence[Image.Image]) -> EpisodeStart:
+        """``start`` showing the prompt's ``images`` (normalised already) and the session's
+        first screenshot, placeholders expanded. TaskRefused: they cannot be shown."""
+        try:
+            initial = self.images.admit(await start.session.initial_images(), len(images))
+            shown = [*images, *initial]
+            prompt = self.images.expand(start.prompt_token_ids, shown)
+        except ImageInputError as error:
+            raise TaskRefused(error.reason, f"the episode's first images: {error}") from None
+        except ImagePlaceholderError as error:
+            raise TaskRefused("image_placeholders", f"the prompt's images: {error}") from None
+        return dataclasses.replace(start, prompt_token_ids=prompt, images=shown)
 
     async def run_prompts(
         self, environment: str, prompts: Sequence[tuple[str, Sequence[int], Mapping[str, Any]]]
@@ -235,6 +289,7 @@ class EpisodeRunner:
             for episode_id, prompt, task in prompts:
                 session = await toolbox.open_session(episode_id, task)
                 starts.append(EpisodeStart(episode_id, list(prompt), session))
+                starts[-1] = await self.shown_start(starts[-1], ())
             return await self.run(starts)
         finally:
             await self.close(starts)
@@ -290,7 +345,7 @@ class EpisodeRunner:
             self.params, max_new_tokens=min(self.params.max_new_tokens, longest)
         )
         requests = [
-            GenerationRequest(episode.context(), episode.start.episode_id, episode.start.images)
+            GenerationRequest(episode.context(), episode.start.episode_id, list(episode.images))
             for episode in active
         ]
         results = await self.engine.generate(requests, params, 1)
@@ -318,6 +373,7 @@ class EpisodeRunner:
         limits = self.settings.tool_limits
         allowed = self.settings.max_tool_calls_per_turn
         observed: list[ToolResult] = []
+        shown: list[bytes] = []
         for malformed in parsed.malformed:
             text = f"error: malformed tool call: {malformed.reason}"
             observed.append(ToolResult("malformed", "malformed", text))
@@ -340,13 +396,43 @@ class EpisodeRunner:
                     error=wire_error(outcome.failure),
                 )
             )
-            observed.append(ToolResult(call_id, call.name, outcome.text))
+            observed.append(ToolResult(call_id, call.name, outcome.text, len(outcome.images)))
+            shown.extend(outcome.images)
+        images = self.admitted(episode, shown)
+        if images is None:
+            return
         # Tool output is untrusted: a literal "<|im_end|>" in it stays text, never becomes the
         # special token (a tool could otherwise end the turn or forge one of the model's).
         turn = episode.last_turn_ids()
         closed = bool(turn) and turn[-1] == getattr(self.codec, "eos_token_id", None)
-        ids = self.observations.token_ids(observed, turn_closed=closed)
-        episode.add_observation(ids, self.engine.current_version)
+        try:
+            ids = self.images.expand(self.observations.token_ids(observed, closed), images)
+        except (ImagePlaceholderError, ChatTemplateError) as error:
+            # Launch refuses a template that cannot show images; here the episode fails rather
+            # than go on without them.
+            episode.finish(FinishReason.ERROR, f"the observation's images: {error}")
+            return
+        fits = self.images.complete_images(ids, episode.remaining)
+        episode.add_observation(ids, self.engine.current_version, images, fits)
+
+    def admitted(self, episode: Episode, shown: Sequence[bytes]) -> list[Image.Image] | None:
+        """The observation's images, normalised; None: the episode ended on them — past
+        ``max_images_per_sample`` (``length``, the image budget) or refused (``error``)."""
+        try:
+            return self.images.admit(shown, len(episode.images))
+        except ImageInputError as error:
+            log.warning(
+                "episode.images_refused",
+                episode=episode.start.episode_id,
+                reason=error.reason,
+                error=str(error),
+            )
+            if error.reason == "too_many_images":
+                episode.ended_by = f"{error.reason}: {error}"
+                episode.finish(FinishReason.LENGTH)
+            else:
+                episode.finish(FinishReason.ERROR, f"{error.reason}: {error}")
+            return None
 
     async def outcome(
         self, episode: Episode, call: ParsedCall, index: int, allowed: int, limits: ToolLimits

@@ -136,9 +136,12 @@ def gate_sample_images(
     *,
     backend: str,
     accepts_images: bool | None = None,
+    shown: int = 0,
 ) -> list[Image.Image]:
     """The worker-boundary check for one sample: refused unless multimodal inputs are allowed
-    and the engine forwards images; limits enforced; every image normalised.
+    and the engine forwards images; limits enforced; every image normalised. ``shown``: the
+    images the sample already carries (an episode's, before a new screenshot), which count
+    towards ``max_images_per_sample`` too.
 
     ``accepts_images``: the engine's own answer (the torch engine forwards images for a
     vision-language policy only); None: decided by ``backend`` (:data:`IMAGE_BACKENDS`).
@@ -158,10 +161,10 @@ def gate_sample_images(
             f"the {backend} backend does not forward images yet; the sample's "
             f"{len(images)} image(s) are refused rather than dropped",
         )
-    if len(images) > limits.max_images_per_sample:
+    if shown + len(images) > limits.max_images_per_sample:
         raise ImageInputError(
             "too_many_images",
-            f"sample carries {len(images)} images, over "
+            f"sample carries {shown + len(images)} images, over "
             f"policy.generation.max_images_per_sample ({limits.max_images_per_sample})",
         )
     return [normalize_image(image, max_image_pixels=limits.max_image_pixels) for image in images]

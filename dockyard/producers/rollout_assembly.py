@@ -10,6 +10,7 @@ import numpy as np
 
 from dockyard.engines.base import GenerationResult
 from dockyard.engines.base import SamplingParams as EngineSamplingParams
+from dockyard.models.vision import encode_png
 from dockyard.producers.episodes import Episode
 from dockyard.schemas import (
     EngineInfo,
@@ -153,7 +154,8 @@ def build_episode_rollout(
     worker_id: str,
     started_at_unix_s: float,
 ) -> Rollout:
-    """One group's multi-turn samples: observation tokens masked, turns as segments."""
+    """One group's multi-turn samples: observation tokens masked, turns as segments, each with
+    its prompt and the images it showed."""
     generated = [
         _Generated(
             np.asarray(episode.token_ids),
@@ -164,6 +166,10 @@ def build_episode_rollout(
             episode.first_token_s,
             episode.segments,
             episode.tool_calls,
+            # Each episode's own prompt (its images' placeholders expanded) and every image it
+            # showed, as the normalised pixels the engine saw (lossless PNG).
+            prompt_token_ids=np.asarray(episode.start.prompt_token_ids),
+            images=[encode_png(image) for image in episode.images],
         )
         for episode in episodes
     ]

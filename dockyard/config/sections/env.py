@@ -245,8 +245,10 @@ class OsworldEnvConfig(EnvSettings):
     )
     observation_type: Literal["a11y_tree", "screenshot", "screenshot_a11y_tree"] = Field(
         "a11y_tree",
-        description="what the agent reads after each action (OSWorld's observation_type); "
-        "tool observations are text, so only a11y_tree runs in episodes",
+        description="what the agent is shown with the task and after each action "
+        "(OSWorld's observation_type): the accessibility tree as text, the desktop's "
+        "screenshot as an image, or both; screenshots need episodes and "
+        "policy.generation.allow_multimodal_inputs",
     )
     max_observation_chars: PositiveInt = Field(
         8_000, description="the observation text is cut (marked) past this"

@@ -13,6 +13,10 @@ reaches the state the agent saw:
 - anything else is sent to the controller's ``/execute`` as OSWorld sends it (a ``computer_13``
   action as its pyautogui command); a program the controller refuses is one action taken, and
   its error is part of the observation.
+
+The observation is what ``env.osworld.observation_type`` names, as OSWorld's: the accessibility
+tree as text (``a11y_tree``), the controller's screenshot (``screenshot``: a PNG the episode
+shows as an image), or both (``screenshot_a11y_tree``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dockyard.environments.osworld.actions import (
     parse_actions,
 )
 from dockyard.environments.osworld.controller_client import DesktopController
-from dockyard.environments.tools.toolbox import ToolArgumentError
+from dockyard.environments.tools.toolbox import ToolArgumentError, ToolOutput
 
 #: The episode's one tool, ``computer``; its arguments depend on the action space.
 COMPUTER_TOOL = "computer"
@@ -98,14 +102,16 @@ class DesktopSession:
         self.finished: str | None = None
         self.actions_taken = 0
 
-    async def act(self, step: Step) -> str:
-        """Take one step; the observation text. Raises ActionRefused."""
+    async def act(self, step: Step) -> ToolOutput:
+        """Take one step; the observation. Raises ActionRefused."""
         if self.finished is not None:
             raise ActionRefused(f"the task is over: the agent answered {self.finished}")
         if step.answer is not None:
             if step.answer != "WAIT":
                 self.finished = step.answer
-                return f"{self.finished} recorded: the task is over, the desktop is scored now"
+                return ToolOutput(
+                    f"{self.finished} recorded: the task is over, the desktop is scored now"
+                )
             return await self.observe()
         if self.actions_taken >= self.settings.max_actions:
             raise ActionRefused(
@@ -116,13 +122,25 @@ class DesktopSession:
         result = await self.controller.execute_python(step.code)
         observation = await self.observe()
         if not result.ok:
-            return f"error: the controller refused the action: {result.error}\n{observation}"
+            refused = f"error: the controller refused the action: {result.error}\n"
+            return ToolOutput(refused + observation.text, observation.images)
         return observation
 
     async def tree(self) -> list[Node]:
         return parse_tree(await self.controller.accessibility_tree())
 
-    async def observe(self) -> str:
+    async def observe(self) -> ToolOutput:
+        kind = self.settings.observation_type
+        text = await self.tree_text() if kind in ("a11y_tree", "screenshot_a11y_tree") else ""
+        return ToolOutput(text, await self.screenshots())
+
+    async def screenshots(self) -> tuple[bytes, ...]:
+        """The screen as the observation type shows it: one PNG, or none (``a11y_tree``)."""
+        if self.settings.observation_type == "a11y_tree":
+            return ()
+        return (await self.controller.screenshot(),)
+
+    async def tree_text(self) -> str:
         text = linearize(await self.tree())
         limit = self.settings.max_observation_chars
         if len(text) > limit:

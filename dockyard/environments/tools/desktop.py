@@ -6,9 +6,12 @@ redelivered group replays from scratch on fresh desktops. A call is, in the ``py
 space, ``{"name": "computer", "arguments": {"action": "<pyautogui code | WAIT | DONE | FAIL>"}}``,
 and in ``computer_13`` (``env.osworld.action_space``) the action object itself,
 ``{"name": "computer", "arguments": {"action_type": "CLICK", "x": 20, "y": 20}}``;
-the observation is the accessibility tree after the action, as text
-(``env.osworld.observation_type: a11y_tree``). The reward is decided by the scorer, which
-replays the actions in a fresh desktop (:mod:`dockyard.environments.osworld.environment`).
+the observation after the action is what ``env.osworld.observation_type`` names: the
+accessibility tree as text, the desktop's screenshot (an image the episode shows in the tool
+message), or both; with a screenshot type the episode's prompt also shows the desktop's first
+screenshot after the task's setup (OSWorld's first observation, :meth:`initial_images`). The
+reward is decided by the scorer, which replays the actions in a fresh desktop
+(:mod:`dockyard.environments.osworld.environment`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dockyard.environments.tools.toolbox import (
     TaskRefused,
     ToolArgumentError,
     Toolbox,
+    ToolOutput,
     ToolServiceUnavailable,
     ToolSession,
     register_toolbox,
@@ -47,12 +51,18 @@ class DesktopToolSession(ToolSession):
     def tool_names(self) -> frozenset[str]:
         return frozenset({COMPUTER_TOOL})
 
-    async def call(self, name: str, arguments: Mapping[str, Any]) -> str:
+    async def call(self, name: str, arguments: Mapping[str, Any]) -> ToolOutput:
         try:
             step = call_step(self.session.settings.action_space, arguments)
             return await self.session.act(step)
         except (ActionParseError, ActionRefused) as error:
             raise ToolArgumentError(str(error)) from None
+        except ControllerUnavailable as error:
+            raise ToolServiceUnavailable(str(error)) from None
+
+    async def initial_images(self) -> tuple[bytes, ...]:
+        try:
+            return await self.session.screenshots()
         except ControllerUnavailable as error:
             raise ToolServiceUnavailable(str(error)) from None
 
@@ -69,12 +79,6 @@ class DesktopToolbox(Toolbox):
             raise ValueError(
                 "env.osworld.simulator_url: not set; the desktops are the simulator's "
                 "(dockyard osworld serve)"
-            )
-        if settings.observation_type != "a11y_tree":
-            # Tool observations travel as text; a screenshot would have to be dropped.
-            raise ValueError(
-                f"env.osworld.observation_type={settings.observation_type}: episodes observe "
-                "text, so only a11y_tree runs"
             )
         self.settings = settings
         self.simulator = SimulatorClient(settings.simulator_url, settings.request_timeout_s)

@@ -39,6 +39,7 @@ from dockyard.environments.tools.toolbox import (
     TaskRefused,
     ToolArgumentError,
     Toolbox,
+    ToolOutput,
     ToolServiceUnavailable,
     ToolSession,
 )
@@ -116,6 +117,14 @@ class ToolService:
         except Exception as error:  # the tool's failure is the caller's observation
             await request.respond_error("500", f"{type(error).__name__}: {error}")
             return
+        if isinstance(output, ToolOutput):
+            if output.images:
+                # The service's reply is the tool's text: an image would be dropped on the way.
+                await request.respond_error(
+                    "500", f"{body['name']} answered with images, which a tool service cannot carry"
+                )
+                return
+            output = output.text
         await request.respond(
             output.encode("utf-8", "surrogatepass") if isinstance(output, str) else output
         )

@@ -87,22 +87,41 @@ class ToolLimits:
 
 
 @dataclass(frozen=True)
+class ToolOutput:
+    """A tool's answer that shows images too (a desktop's screenshot): its text, and the encoded
+    image files in the order the model is shown them. The episode gates, bounds and normalises
+    the images as it does a prompt's (:mod:`dockyard.producers.multimodal`)."""
+
+    text: str
+    images: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
 class ToolOutcome:
     """What the model reads back for one call, and the failure it stands for (None: answered)."""
 
     text: str
     failure: ToolFailure | None = None
+    #: Encoded image files shown after the text (a screenshot); none for an error.
+    images: tuple[bytes, ...] = ()
 
 
 class ToolSession(abc.ABC):
-    """One episode's tools. Outputs are text or bytes (checked as UTF-8 by run_tool_call)."""
+    """One episode's tools. Outputs are text or bytes (checked as UTF-8 by run_tool_call), or a
+    :class:`ToolOutput` when the answer shows images."""
 
     @property
     @abc.abstractmethod
     def tool_names(self) -> frozenset[str]: ...
 
     @abc.abstractmethod
-    async def call(self, name: str, arguments: Mapping[str, Any]) -> str | bytes: ...
+    async def call(self, name: str, arguments: Mapping[str, Any]) -> str | bytes | ToolOutput: ...
+
+    async def initial_images(self) -> tuple[bytes, ...]:
+        """What the episode is shown with its prompt, after the task's setup (OSWorld's first
+        screenshot): encoded image files, filling the prompt's image placeholders. None by
+        default."""
+        return ()
 
     async def aclose(self) -> None:  # noqa: B027 - optional: most sessions hold nothing
         """Discard the episode's sandbox."""
@@ -248,7 +267,9 @@ async def run_tool_call(session: ToolSession, call: ParsedCall, limits: ToolLimi
         return ToolOutcome(
             f"error: {call.name} failed: {type(error).__name__}: {error}", ToolFailure.RAISED
         )
-    data = output.encode("utf-8", errors="surrogatepass") if isinstance(output, str) else output
+    images = output.images if isinstance(output, ToolOutput) else ()
+    answer = output.text if isinstance(output, ToolOutput) else output
+    data = answer.encode("utf-8", errors="surrogatepass") if isinstance(answer, str) else answer
     failure = None
     if len(data) > limits.max_output_bytes:
         data, failure = _cut_utf8(data, limits.max_output_bytes), ToolFailure.OUTPUT_TOO_LARGE
@@ -261,4 +282,4 @@ async def run_tool_call(session: ToolSession, call: ParsedCall, limits: ToolLimi
         )
     if failure is ToolFailure.OUTPUT_TOO_LARGE:
         text += f"\n[output cut at {limits.max_output_bytes} bytes]"
-    return ToolOutcome(text, failure)
+    return ToolOutcome(text, failure, images)

@@ -149,3 +149,44 @@ async def test_a_served_terminal_toolbox_gets_its_task_and_refuses_a_broken_one(
         await service.stop()
         await server_nc.close()
         await client_nc.close()
+
+
+@pytest.mark.parametrize("kind", ["a11y_tree", "screenshot"])
+async def test_a_served_desktop_answers_its_text_and_refuses_to_drop_a_screenshot(
+    nats_server, kind
+):
+    # The service's reply is the tool's text: the tree travels; a screenshot cannot, so the
+    # call is answered with an error that says so (never the text without its image).
+    import json as _json
+    from pathlib import Path
+
+    from dockyard.config.sections.env import OsworldEnvConfig
+    from dockyard.environments.tools.desktop import DesktopToolbox
+    from tests.osworld_simulator import simulator_command
+    from tests.sandbox_service import sandbox_service
+
+    data = Path(__file__).resolve().parents[3] / "configs" / "cpu" / "data" / "osworld.jsonl"
+    task = _json.loads(data.read_text().splitlines()[0])["task"]
+    with sandbox_service(simulator_command()) as url:
+        toolbox = DesktopToolbox(OsworldEnvConfig(simulator_url=url, observation_type=kind))
+        server_nc = await nats.connect(nats_server.url)
+        client_nc = await nats.connect(nats_server.url)
+        service = await ToolService(server_nc, toolbox).start()
+        remote = RemoteToolbox(client_nc, "osworld")
+        try:
+            session = await remote.open_session("g:0:d1:s0", {"task": task})
+            arguments = {"action": "pyautogui.click(20, 20)"}
+            call = ParsedCall("computer", _json.dumps(arguments), arguments)
+            outcome = await run_tool_call(session, call, ToolLimits())
+            await session.aclose()
+        finally:
+            await service.stop()
+            await toolbox.aclose()
+            await server_nc.close()
+            await client_nc.close()
+    if kind == "a11y_tree":
+        assert (outcome.failure, outcome.images) == (None, ())
+        assert "entry\tName\t" in outcome.text
+    else:
+        assert outcome.failure is ToolFailure.RAISED
+        assert "answered with images, which a tool service cannot carry" in outcome.text

@@ -159,13 +159,45 @@ def test_launch_refuses_prompts_it_cannot_format(overrides, says):
     assert str(refused.value).startswith(says)
 
 
+def chat_record(*messages: ChatMessage, index: int = 0, env: str = "math") -> PromptRecord:
+    return PromptRecord(index=index, prompt="", ground_truth="", env=env, messages=messages)
+
+
 def test_a_system_prompt_over_a_record_with_one_is_refused():
-    record = PromptRecord(
-        index=3,
-        prompt="",
-        ground_truth="",
-        env="math",
-        messages=(ChatMessage("system", "a"), ChatMessage("user", "b")),
-    )
+    record = chat_record(ChatMessage("system", "a"), ChatMessage("user", "b"), index=3)
     with pytest.raises(PromptFormatError, match="record 3 already starts with a system message"):
         render_prompt(record, PromptFormat("b", "{{ 'x' }}"), load_tokenizer(BPE))
+
+
+# A multimodal template's shape (Qwen2-VL's): a message's content is a string or a list of
+# parts, an image part written as the model's image placeholder.
+PARTS_TEMPLATE = (
+    "{% for m in messages %}[{{ m.role }}] {% if m.content is string %}{{ m.content }}"
+    "{% else %}{% for p in m.content %}{% if p.type == 'image' %}<image>{% else %}{{ p.text }}"
+    "{% endif %}{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}[assistant] "
+)
+
+
+def test_a_message_showing_images_renders_its_image_parts_before_its_text():
+    record = chat_record(
+        ChatMessage("system", "Be brief."), ChatMessage("user", "Click OK.", images=2)
+    )
+    fmt = PromptFormat(chat_template=PARTS_TEMPLATE)
+    rendered = render_prompt(record, fmt, load_tokenizer(BPE))
+    assert rendered == "[system] Be brief.\n[user] <image><image>Click OK.\n[assistant] "
+
+
+def test_a_tool_block_opens_the_text_of_a_message_showing_images_not_its_image_parts():
+    # The template ignores tools=: the plain-text block goes at the start of the first user
+    # message's text, after its image parts (which stay where the data put them).
+    from dockyard.data.tool_turns import ToolPrompts, plain_tool_block
+    from dockyard.environments.tools.calculator import CALCULATOR_SCHEMA
+
+    schemas = (CALCULATOR_SCHEMA,)
+    record = chat_record(ChatMessage("user", "Click OK.", images=1), env="osworld")
+    fmt = PromptFormat(
+        chat_template=PARTS_TEMPLATE, tool_prompts=ToolPrompts("hermes", {"osworld": schemas})
+    )
+    rendered = render_prompt(record, fmt, load_tokenizer(BPE))
+    block = plain_tool_block(schemas, "hermes")
+    assert rendered == f"[user] <image>{block}Click OK.\n[assistant] "

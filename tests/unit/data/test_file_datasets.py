@@ -89,6 +89,34 @@ def test_messages_field_gives_a_chat_record(tmp_path):
     assert record.ground_truth == "4"
 
 
+def test_a_message_with_image_parts_keeps_where_its_images_go(tmp_path):
+    content = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Which differs?"}]
+    rows = [{"chat": [{"role": "user", "content": content}], "answer": "b"}]
+    config = DatasetConfig(name="c", path=str(write_jsonl(tmp_path / "c.jsonl", rows)))
+    config.fields.messages = "chat"
+    [message] = build_dataset(config, "math")[0].messages
+    assert (message.role, message.content, message.images) == ("user", "Which differs?", 2)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        [{"type": "text", "text": "after"}, {"type": "image"}],  # where would the image go?
+        [{"type": "image"}],  # no text
+        [{"type": "image", "url": "file:///etc/passwd"}, {"type": "text", "text": "x"}],
+        [{"type": "text", "text": 3}],
+        [],
+    ],
+)
+def test_content_parts_other_than_images_then_text_are_refused_with_the_key(tmp_path, content):
+    rows = [{"chat": [{"role": "user", "content": content}], "answer": "b"}]
+    config = DatasetConfig(name="c", path=str(write_jsonl(tmp_path / "c.jsonl", rows)))
+    config.fields.messages = "chat"
+    with pytest.raises(DatasetError, match="image") as refused:
+        build_dataset(config, "math")[0]
+    assert refused.value.key == "fields.messages"
+
+
 @pytest.mark.parametrize(
     ("rows", "key", "says"),
     [

@@ -9,6 +9,7 @@ tokens; the expected texts are the format that template documents, written out b
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,28 @@ def test_a_toolbox_not_in_this_build_cannot_have_its_tools_described():
     )
     with pytest.raises(ValueError, match=r"grpo\.structured_tool_use\.describe_tools: no toolbox"):
         tool_prompts(config)
+
+
+def test_a_tool_message_showing_images_renders_one_placeholder_per_image_after_its_text():
+    # Qwen2-VL's template (the tiny VLM's): a tool message is its own turn, its image parts
+    # written <|vision_start|><|image_pad|><|vision_end|> (expanded per image later).
+    from dockyard.models.tiny_vlm import QWEN2_VL_CHAT_TEMPLATE, build_qwen2_vl_tokenizer
+
+    tok = build_qwen2_vl_tokenizer()
+    observations = TemplatedObservations(tok, QWEN2_VL_CHAT_TEMPLATE)
+    observations.check_images("<|image_pad|>")
+    ids = observations.token_ids([ToolResult("c", "computer", "clicked", images=2)])
+    image = "<|vision_start|><|image_pad|><|vision_end|>"
+    assert tok.decode(ids) == (
+        f"\n<|im_start|>tool\nclicked{image}{image}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert ids.count(tok.convert_tokens_to_ids("<|image_pad|>")) == 2  # special, not text
+
+
+def test_a_template_that_cannot_show_images_is_refused_and_plain_text_never_drops_one(qwen_tok):
+    # Qwen2.5-Instruct's text template writes a list content as its Python repr: no placeholder.
+    with pytest.raises(ChatTemplateError, match=re.escape("renders 0 '<|image_pad|>'")):
+        TemplatedObservations(qwen_tok, QWEN).check_images("<|image_pad|>")
+    plain = PlainObservations(qwen_tok, "hermes")
+    with pytest.raises(ChatTemplateError, match="need a chat template that renders image parts"):
+        plain.token_ids([ToolResult("c", "computer", "", images=1)])

@@ -4,11 +4,13 @@ actions, malformed or hostile output scores 0 with its reason, and a bad task is
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from dockyard.config.sections.env import EnvConfig, OsworldEnvConfig
 from dockyard.engines.base import SamplingParams
@@ -20,9 +22,19 @@ from dockyard.environments.base import (
     ScoringGroup,
     ToolCallRecord,
 )
+from dockyard.environments.osworld.actions import parse_actions
+from dockyard.environments.osworld.desktop import Desktop
 from dockyard.environments.osworld.environment import OsworldEnvironment
+from dockyard.environments.osworld.tasks import parse_task
 from dockyard.environments.registry import build_environment
-from dockyard.environments.tools.toolbox import NOT_RUN_PREFIX, TaskRefused, toolbox_class
+from dockyard.environments.tools.calls import ParsedCall
+from dockyard.environments.tools.toolbox import (
+    NOT_RUN_PREFIX,
+    TaskRefused,
+    ToolLimits,
+    run_tool_call,
+    toolbox_class,
+)
 from dockyard.producers.episodes import Episode, EpisodeRunner, EpisodeSettings
 from dockyard.schemas import FinishReason
 from tests.osworld_simulator import simulator_command
@@ -343,3 +355,52 @@ async def test_a_computer_13_episode_solves_its_task_and_malformed_calls_are_too
     await environment.aclose()
     assert scores.rewards == [1.0]
     assert scores.samples[0].components["actions"] == 3.0
+
+
+def rendered(task_id: str, *codes: str) -> bytes:
+    """The screen of the task's desktop after ``codes``, rendered here (not by the service)."""
+    desktop = Desktop.from_spec(parse_task(RECORDS[task_id]["task"]).desktop)
+    for code in codes:
+        for action in parse_actions(code):
+            desktop.apply(action)
+    return desktop.screenshot()
+
+
+def act(code: str) -> ParsedCall:
+    arguments = {"action": code}
+    return ParsedCall("computer", json.dumps(arguments), arguments)
+
+
+def pixels(png: bytes) -> bytes:
+    with Image.open(io.BytesIO(png)) as image:
+        return image.convert("RGB").tobytes()
+
+
+@pytest.mark.parametrize(
+    ("kind", "shows_tree"), [("screenshot", False), ("screenshot_a11y_tree", True)]
+)
+async def test_a_screenshot_observation_is_the_desktops_screen_after_the_action(
+    simulator_url, kind, shows_tree
+):
+    # OSWorld's observation types: the screen after each action (and the tree too with
+    # screenshot_a11y_tree), and the first screen after the task's setup with the prompt.
+    settings = OsworldEnvConfig(simulator_url=simulator_url, observation_type=kind)
+    toolbox = toolbox_class("osworld").from_env_config(EnvConfig(osworld=settings))
+    session = await toolbox.open_session("e0", {"task": RECORDS["osw-fill-name"]["task"]})
+    try:
+        [first] = await session.initial_images()
+        click = act("pyautogui.click(20, 20)")
+        clicked = await run_tool_call(session, click, ToolLimits())
+        write = act("pyautogui.write('Ada')")
+        written = await run_tool_call(session, write, ToolLimits())
+        done = await run_tool_call(session, act("DONE"), ToolLimits())
+    finally:
+        await session.aclose()
+        await toolbox.aclose()
+    assert pixels(first) == pixels(rendered("osw-fill-name"))
+    assert pixels(clicked.images[0]) == pixels(rendered("osw-fill-name", "pyautogui.click(20, 20)"))
+    typed = rendered("osw-fill-name", "pyautogui.click(20, 20)", "pyautogui.write('Ada')")
+    assert [pixels(png) for png in written.images] == [pixels(typed)]
+    assert pixels(typed) != pixels(first)  # the screen shows the action
+    assert ("entry\tName\tAda\t" in written.text) is shows_tree
+    assert (written.failure, done.images) == (None, ())  # DONE ends the task: nothing to see

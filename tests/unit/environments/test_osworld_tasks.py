@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.environments.osworld.prompts import task_prompt
+from dockyard.environments.osworld.prompts import screenshot_task_message, task_prompt
 from dockyard.environments.osworld.tasks import TaskError, parse_task
 from tests.sandbox_service import dockyard_command
 
@@ -87,6 +87,21 @@ def test_the_prompts_command_refuses_a_record_without_a_readable_task(tmp_path):
     assert not (tmp_path / "out.jsonl").exists()  # nothing half-written
 
 
+def test_each_shipped_screenshot_record_is_its_tasks_image_part_then_text():
+    # The screenshot preset's records: the same tasks, each a user message whose image part
+    # the episode fills with the desktop's first screenshot (OSWorld's first observation).
+    shots = [json.loads(line) for line in DATA.with_name("osworld_screenshot.jsonl").open()]
+    assert [r["task"] for r in shots] == [r["task"] for r in RECORDS]
+    for record in shots:
+        task = parse_task(record["task"])
+        [message] = record["messages"]
+        assert message == screenshot_task_message(task)
+        image, text = message["content"]
+        assert image == {"type": "image"}
+        instruction, action_space, *_tree = task_prompt(task).split("\n")
+        assert text["text"] == f"{instruction}\n{action_space}\n"
+
+
 def field(**widget: object) -> dict[str, object]:
     return {"type": "text_field", "name": "A", "x": 0, "y": 0, "width": 50, "height": 20, **widget}
 
@@ -124,22 +139,29 @@ def test_a_bad_task_is_refused_with_the_field_that_is_wrong(raw, message):
     assert refused.value.reason == "bad_task"
 
 
-def test_an_observation_other_than_the_tree_is_refused_at_launch():
-    # Tool observations travel as text: a screenshot after each action would have to be
-    # dropped, so the config says so at launch instead (and the toolbox will not start).
+def test_screenshots_are_refused_at_launch_where_the_policy_would_never_see_them():
+    # A screenshot is shown only in an episode, to a policy allowed images: a single-turn run
+    # or a text-only policy would drop every one, so the config says so at launch instead.
     from dockyard.config.capabilities import not_implemented
     from dockyard.config.loader import load_config
     from dockyard.config.sections.env import OsworldEnvConfig
     from dockyard.environments.tools.desktop import DesktopToolbox
 
-    preset = "configs/cpu/grpo_osworld.yaml"
+    preset = "configs/cpu/grpo_osworld.yaml"  # episodes, images not allowed
     assert not_implemented(load_config(preset, [])) == []
-    screenshots = load_config(preset, ["env.osworld.observation_type=screenshot"])
-    assert [i.path for i in not_implemented(screenshots)] == ["env.osworld.observation_type"]
-    with pytest.raises(ValueError, match="only a11y_tree runs"):
-        DesktopToolbox(
-            OsworldEnvConfig(simulator_url="http://127.0.0.1:1", observation_type="screenshot")
-        )
+    screenshots = ["env.osworld.observation_type=screenshot"]
+    text_only = load_config(preset, screenshots)
+    assert [i.path for i in not_implemented(text_only)] == ["env.osworld.observation_type"]
+    allowed = [*screenshots, "policy.generation.allow_multimodal_inputs=true"]
+    assert not_implemented(load_config(preset, allowed)) == []
+    single_turn = load_config(
+        preset,
+        [*allowed, "grpo.structured_tool_use.enabled=false", "grpo.max_rollout_turns=1"],
+    )
+    assert [i.path for i in not_implemented(single_turn)] == ["env.osworld.observation_type"]
+    # Where episodes show screenshots, the toolbox opens on every observation type.
+    for kind in ("a11y_tree", "screenshot", "screenshot_a11y_tree"):
+        DesktopToolbox(OsworldEnvConfig(simulator_url="http://127.0.0.1:1", observation_type=kind))
     with pytest.raises(ValueError, match=r"env\.osworld\.simulator_url: not set"):
         DesktopToolbox(OsworldEnvConfig())
 

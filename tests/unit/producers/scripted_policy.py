@@ -62,3 +62,29 @@ def scripted_engine(turn_texts: Sequence[str], tok=None) -> tuple[TorchEngine, o
         policy, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, tokenizer=tok
     )
     return engine, tok
+
+
+class ScriptedVisionPolicy(ScriptedPolicy):
+    """The script, for a vision-language engine: it also holds the tiny Qwen2-VL's inner model
+    (``model``), whose ``get_rope_index`` the engine asks for the requests' 3-D positions (real
+    code); the pixel values reach ``forward`` and are ignored there, like everything else."""
+
+    def __init__(self, turns: Sequence[Sequence[int]], eos: int, vocab_size: int) -> None:
+        from dockyard.models.tiny_vlm import build_qwen2_vl_policy
+
+        super().__init__(turns, eos, vocab_size)
+        self.model = build_qwen2_vl_policy()[0].model
+
+
+def scripted_vision_engine(turn_texts: Sequence[str], processor) -> TorchEngine:
+    """A TorchEngine showing images to a policy that writes ``turn_texts`` one after another."""
+    tok = processor.tokenizer
+    turns = [tok.encode(text, add_special_tokens=False) for text in turn_texts]
+    policy = ScriptedVisionPolicy(turns, tok.eos_token_id, len(tok))
+    return TorchEngine(
+        policy,
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+        tokenizer=tok,
+        processor=processor,
+    )
