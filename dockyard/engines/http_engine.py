@@ -2,7 +2,9 @@
 client-side refit gate, staging of new weights, and the request fan-out.
 
 A subclass says how one request becomes samples (``_generate_one``) and how one server loads
-staged weights (``_refit_server``); this class runs them on every request and every server.
+staged weights (``_refit_server``); this class runs them on every request and every server. A
+subclass whose servers load more than weights directories (vLLM: LoRA adapters) replaces
+``_refit_all``, which runs with requests held back.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from dockyard.engines.vllm_server import VllmServerEngine
 from dockyard.models import build_bpe_policy, save_policy
 from tests.vllm_server import LORA_ARGS, LORA_ENV, vllm_server
 
-pytestmark = pytest.mark.slow
+# The module's server starts inside the first test's time limit: on two shared cores, minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
