@@ -12,8 +12,7 @@ import httpx
 import numpy as np
 import pytest
 from engine_reference import reference_logprobs
-from safetensors.torch import save_file
-from test_vllm_lora import ATOL, adapter, greedy, torch_engine_on
+from test_vllm_lora import ATOL, adapter, refit_to_two_adapters_and_compare
 
 from dockyard.engines.base import GenerationRequest
 from dockyard.engines.sampling import make_sampling_params
@@ -72,23 +71,7 @@ def adapter_dirs(server) -> list[str]:
 
 async def test_adapter_events_match_the_torch_engines_merged_model(server, engine, tmp_path):
     requests, tokenizer = server["requests"], server["tokenizer"]
-    base_outputs = await greedy(engine, requests)
-    sampling = make_sampling_params(max_new_tokens=8, temperature=1.0, seed=4)
-    first, second = adapter(1), adapter(2)
-    save_file({k: v.contiguous() for k, v in second.items()}, str(tmp_path / "v2.safetensors"))
-    for version, source, state in ((1, first, first), (2, tmp_path / "v2.safetensors", second)):
-        await engine.update_weights(version, source)
-        assert engine.current_version == version
-        merged = await torch_engine_on(state, version, tokenizer)
-        outputs = await greedy(engine, requests)
-        assert outputs == await greedy(merged, requests)
-        assert outputs != base_outputs  # the adapter acts
-        results = await engine.generate(requests, sampling, num_samples=2)
-        assert all(r.weight_versions.tolist() == [version] * r.num_tokens for r in results)
-        for result in results:
-            prompt = list(requests[result.request_index].prompt_token_ids)
-            expected = reference_logprobs(merged.model, prompt, result.token_ids.tolist())
-            np.testing.assert_allclose(result.logprobs, expected, atol=ATOL)
+    async for version in refit_to_two_adapters_and_compare(engine, requests, tokenizer, tmp_path):
         # One adapter at a time: the previous one is unloaded and its files deleted; the live
         # one was written in the server's own temp dir (sent in the request, not shared).
         (name, path), *others = served_adapters(server["url"]).items()
