@@ -19,6 +19,17 @@ pytestmark = pytest.mark.slow
 ensure_vllm()
 
 
+def assert_logprobs_agree_with_the_trainer(run_dir) -> None:
+    """The engine's log-probs and the trainer's agree: ``token_mult_prob_error`` ≈ 1."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    errors = [
+        r["metrics"]["loss/token_mult_prob_error"]
+        for r in records
+        if "loss/token_mult_prob_error" in r["metrics"]
+    ]
+    assert errors and all(abs(error - 1.0) < 0.02 for error in errors)
+
+
 @pytest.mark.parametrize(
     "weights",
     [[], ["policy.dtensor_cfg.lora_cfg.enabled=true"]],
@@ -45,13 +56,7 @@ def test_a_few_steps_with_the_vllm_engine(tmp_path, small_run, weights):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert metric_steps(run_dir) == [1, 2, 3]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    errors = [
-        r["metrics"]["loss/token_mult_prob_error"]
-        for r in records
-        if "loss/token_mult_prob_error" in r["metrics"]
-    ]
-    assert errors and all(abs(error - 1.0) < 0.02 for error in errors)
+    assert_logprobs_agree_with_the_trainer(run_dir)
     refits = [
         json.loads(line)["version"]
         for line in (run_dir / "logs" / "rollout-0.log").read_text().splitlines()
@@ -92,13 +97,7 @@ def test_a_lora_run_with_a_vllm_server(tmp_path, small_run):
         models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
     assert [m for m in models if m.get("parent")] == []  # the worker retired its adapter
     assert metric_steps(run_dir) == [1, 2, 3]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    errors = [
-        r["metrics"]["loss/token_mult_prob_error"]
-        for r in records
-        if "loss/token_mult_prob_error" in r["metrics"]
-    ]
-    assert errors and all(abs(error - 1.0) < 0.02 for error in errors)
+    assert_logprobs_agree_with_the_trainer(run_dir)
     rollout_log = (run_dir / "logs" / "rollout-0.log").read_text()
     refits = [
         json.loads(line)["version"] for line in rollout_log.splitlines() if '"refit.done"' in line
