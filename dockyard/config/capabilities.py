@@ -64,13 +64,9 @@ class Unsupported:
         return f"{self.why} (planned: {self.until})"
 
 
-def _lora_beyond_adapter_engines(config: MasterConfig) -> bool:
-    """An engine that cannot refit from an adapter: SGLang, or a vLLM server you launched."""
-    generation = config.policy.generation
-    in_process = generation.backend == "torch" or (
-        generation.backend == "vllm" and generation.vllm_cfg.mode != "server"
-    )
-    return config.policy.dtensor_cfg.enabled and not in_process
+def _lora_with_sglang(config: MasterConfig) -> bool:
+    """SGLang is the one engine that does not refit from adapters here."""
+    return config.policy.dtensor_cfg.enabled and config.policy.generation.backend == "sglang"
 
 
 def _without_tensor_parallel(config: MasterConfig) -> bool:
@@ -213,12 +209,14 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported(
         "policy.dtensor_cfg.lora_cfg.enabled",
         "refused",
-        "LoRA weight events carry the adapter alone, which the torch engine merges and the "
-        "in-process vLLM engine loads (enable_lora); SGLang and vllm_cfg.mode=server do not "
-        "refit from adapters here",
+        "LoRA weight events carry the adapter alone, which the torch engine merges and vLLM "
+        "loads (in process: enable_lora; a server: /v1/load_lora_adapter); the SGLang client "
+        "loads none: SGLang's HTTP API has /load_lora_adapter, but SGLang does not run on the "
+        "CPU machines this build is tested on, so a client for it would be untested (use "
+        "backend=vllm, in process or mode=server, or backend=torch)",
         TRAINER_AT_SCALE,
-        when=_lora_beyond_adapter_engines,
-        condition=" with backend=sglang or vllm_cfg.mode=server",
+        when=_lora_with_sglang,
+        condition=" with backend=sglang",
     ),
     Unsupported(
         "policy.dtensor_cfg.lora_cfg.dropout",

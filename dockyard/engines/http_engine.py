@@ -2,7 +2,9 @@
 client-side refit gate, staging of new weights, and the request fan-out.
 
 A subclass says how one request becomes samples (``_generate_one``) and how one server loads
-staged weights (``_refit_server``); this class runs them on every request and every server.
+staged weights (``_refit_server``); this class runs them on every request and every server. A
+subclass whose servers load more than weights directories (vLLM: LoRA adapters) replaces
+``_refit_all``, which runs with requests held back.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import asyncio
 import tempfile
 import time
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from dockyard.engines.base import (
@@ -91,23 +93,9 @@ class HttpServerEngine(GenerationEngine):
         self._check_open()
         started = time.perf_counter()
         async with self._gate.refit():
-            path = await asyncio.to_thread(stage_weights_dir, source, self._staging_dir)
             # Every server finishes (or fails) before the gate opens: requests must never reach
             # a server that is still loading weights.
-            outcomes = await asyncio.gather(
-                *(self._refit_server(url, version, path) for url in self._pool.urls),
-                return_exceptions=True,
-            )
-            failed = [
-                f"{url}: {outcome}"
-                for url, outcome in zip(self._pool.urls, outcomes, strict=True)
-                if isinstance(outcome, BaseException)
-            ]
-            if failed:
-                raise EngineError(
-                    f"refit to version {version} failed on {len(failed)} of "
-                    f"{len(self._pool.urls)} {self.label} servers: {'; '.join(failed)}"
-                )
+            await self._refit_all(version, source)
             self._version = version
         log.info(
             "refit_done",
@@ -115,6 +103,33 @@ class HttpServerEngine(GenerationEngine):
             version=version,
             seconds=round(time.perf_counter() - started, 4),
         )
+
+    async def _refit_all(self, version: int, source: WeightSource) -> None:
+        """Make every server serve ``source`` as ``version`` (runs with the gate closed)."""
+        path = await asyncio.to_thread(stage_weights_dir, source, self._staging_dir)
+        await self._on_every_server(
+            f"refit to version {version}", lambda url: self._refit_server(url, version, path)
+        )
+
+    async def _on_every_server(
+        self, what: str, call: Callable[[str], Awaitable[object]]
+    ) -> list[object]:
+        """``call(url)`` on every server at once; their results, or one error naming each server
+        that failed (after all of them finished)."""
+        outcomes = await asyncio.gather(
+            *(call(url) for url in self._pool.urls), return_exceptions=True
+        )
+        failed = [
+            f"{url}: {outcome}"
+            for url, outcome in zip(self._pool.urls, outcomes, strict=True)
+            if isinstance(outcome, BaseException)
+        ]
+        if failed:
+            raise EngineError(
+                f"{what} failed on {len(failed)} of {len(self._pool.urls)} {self.label} "
+                f"servers: {'; '.join(failed)}"
+            )
+        return list(outcomes)
 
     @abstractmethod
     async def _refit_server(self, url: str, version: int, path: Path) -> None:

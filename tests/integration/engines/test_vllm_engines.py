@@ -10,26 +10,24 @@ from __future__ import annotations
 
 import math
 import os
-import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import torch
 from engine_reference import reference_logprobs
+from test_vllm_lora import adapter
 
 from dockyard.config.sections.policy import VllmConfig
-from dockyard.engines.base import GenerationRequest
+from dockyard.engines.base import EngineError, GenerationRequest
 from dockyard.engines.sampling import make_sampling_params
-from dockyard.engines.vllm_engine import WORKER_EXTENSION, VllmEngine
+from dockyard.engines.vllm_engine import VllmEngine
 from dockyard.engines.vllm_server import VllmServerEngine
 from dockyard.models import build_bpe_policy, save_policy
+from tests.vllm_server import VLLM_ENV
+from tests.vllm_server import vllm_server as serve
 
 pytestmark = pytest.mark.slow
 
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 # vLLM's CPU kernels and transformers' differ in summation order; float32 agrees far closer.
 ATOL = 2e-3
 
@@ -98,64 +96,10 @@ async def test_inprocess_refit_matches_the_torch_engine_on_new_weights(engine, p
     np.testing.assert_allclose(result.logprobs, -math.log(vocab), atol=ATOL)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_server(policies):
-    port = free_port()
-    env = {**os.environ, **VLLM_ENV, "VLLM_SERVER_DEV_MODE": "1"}
-    log_path = policies["root"] / "server.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                str(policies["root"] / "v0"),
-                "--dtype",
-                "float32",
-                "--port",
-                str(port),
-                "--host",
-                "127.0.0.1",
-                "--max-model-len",
-                "256",
-                "--enforce-eager",
-                "--logprobs-mode",
-                "processed_logprobs",
-                "--worker-extension-cls",
-                WORKER_EXTENSION,
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        import httpx
-
-        deadline = time.monotonic() + 240
-        while True:
-            assert process.poll() is None, log_path.read_text()[-4000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "vLLM server did not become healthy"
-            time.sleep(0.5)  # polling a starting server with a deadline, not synchronisation
+    with serve(policies["root"] / "v0", policies["root"] / "server.log") as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 async def test_a_vllm_server_gives_teacher_logprobs_of_the_sampled_tokens(vllm_server, policies):
@@ -219,3 +163,19 @@ async def test_vllm_serves_the_tiny_mixture_of_experts(tmp_path):
         assert_matches(results, requests, model, temperature=0.8, top_k=50)
     finally:
         await moe.shutdown()
+
+
+async def test_an_adapter_event_to_a_server_without_runtime_lora_is_refused(vllm_server, policies):
+    """This server was started without VLLM_ALLOW_RUNTIME_LORA_UPDATING: the refusal says what
+    to start it with; the engine keeps its version and serves on."""
+    engine = VllmServerEngine([vllm_server], request_timeout_s=120)
+    try:
+        version = engine.current_version
+        with pytest.raises(EngineError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable"):
+            await engine.update_weights(version + 1, adapter(1))
+        assert engine.current_version == version
+        params = make_sampling_params(max_new_tokens=4, temperature=1.0, seed=1)
+        results = await engine.generate(prompts(policies["tokenizer"]), params, 1)
+        assert all(r.weight_versions.tolist() == [version] * r.num_tokens for r in results)
+    finally:
+        await engine.shutdown()

@@ -85,12 +85,13 @@ async def greedy(engine, requests) -> list[list[int]]:
     return [r.token_ids.tolist() for r in sorted(results, key=lambda r: r.request_index)]
 
 
-async def test_adapter_refits_match_the_torch_engines_merged_model(setup, tmp_path):
-    engine, requests, tokenizer = setup["engine"], setup["requests"], setup["tokenizer"]
+async def refit_to_two_adapters_and_compare(engine, requests, tokenizer, tmp_path):
+    """Version 1 as a state dict, version 2 as a blob file: after each, greedy outputs equal the
+    torch engine's merged model (and differ from the base's), sampled tokens carry the version
+    and their log-probs equal the merged model's within ATOL. The second adapter replaces the
+    first (base + its own adapter, never a stack of both). Shared with the server test."""
     base_outputs = await greedy(engine, requests)
     sampling = make_sampling_params(max_new_tokens=8, temperature=1.0, seed=4)
-    # Version 1 as a state dict, version 2 as a blob file: the second replaces the first (it is
-    # base + its own adapter, never a stack of both).
     first, second = adapter(1), adapter(2)
     save_file({k: v.contiguous() for k, v in second.items()}, str(tmp_path / "v2.safetensors"))
     for version, source, state in ((1, first, first), (2, tmp_path / "v2.safetensors", second)):
@@ -106,6 +107,13 @@ async def test_adapter_refits_match_the_torch_engines_merged_model(setup, tmp_pa
             prompt = list(requests[result.request_index].prompt_token_ids)
             expected = reference_logprobs(merged.model, prompt, result.token_ids.tolist())
             np.testing.assert_allclose(result.logprobs, expected, atol=ATOL)
+        yield version
+
+
+async def test_adapter_refits_match_the_torch_engines_merged_model(setup, tmp_path):
+    engine, requests, tokenizer = setup["engine"], setup["requests"], setup["tokenizer"]
+    async for _ in refit_to_two_adapters_and_compare(engine, requests, tokenizer, tmp_path):
+        pass
 
 
 async def test_a_full_weight_refit_drops_the_adapter(setup):

@@ -20,7 +20,8 @@ from dockyard.environments import (
     build_environment,
 )
 from dockyard.environments.judge import JudgeUnavailableError
-from tests.judge_server import MODEL_NAME, free_port, vllm_judge
+from tests.judge_server import MODEL_NAME, vllm_judge
+from tests.vllm_server import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -92,8 +92,9 @@ def test_a_checkpoint_holds_the_merged_model_and_resumes_the_adapter(tmp_path):
 
 
 def test_lora_is_refused_only_where_an_engine_cannot_refit_from_adapters():
-    """The torch engine merges adapters and the in-process vLLM engine loads them; SGLang and a
-    vLLM server launched by the user do not; tensor parallelism splits peft's layers too."""
+    """The torch engine merges adapters, vLLM loads them (in process, and on a server through
+    /v1/load_lora_adapter); the SGLang client does not; tensor parallelism splits peft's layers
+    too."""
     from dockyard.config.capabilities import not_implemented
 
     def refused(*overrides: str) -> list[str]:
@@ -111,5 +112,5 @@ def test_lora_is_refused_only_where_an_engine_cannot_refit_from_adapters():
         "policy.generation.vllm_cfg.mode=server",
         f"policy.generation.vllm_cfg.server_urls={url}",
     ]
-    assert "policy.dtensor_cfg.lora_cfg.enabled" in refused(*server)
+    assert "policy.dtensor_cfg.lora_cfg.enabled" not in refused(*server)
     assert refused("policy.dtensor_cfg.tensor_parallel_size=2") == []
