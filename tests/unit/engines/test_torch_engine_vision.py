@@ -43,8 +43,7 @@ def direct_logprobs(engine: TorchEngine, ids: list[int], images, generated: int)
     input_ids = torch.tensor([ids])
     kwargs = {}
     if images:
-        processor = engine._processor
-        vision = processor.image_processor(images=images, return_tensors="pt")
+        vision = engine._processor.image_processor(images=images, return_tensors="pt")
         kwargs = {
             "pixel_values": vision["pixel_values"],
             "image_grid_thw": vision["image_grid_thw"],
@@ -52,6 +51,15 @@ def direct_logprobs(engine: TorchEngine, ids: list[int], images, generated: int)
         }
     with torch.no_grad():
         logits = model(input_ids=input_ids, **kwargs).logits[0].float()
+    # A policy never samples an image: the engine gives the placeholder and vision start/end
+    # tokens -inf before sampling, so its log-probs are those of the distribution without them.
+    processor = engine._processor
+    never = [
+        processor.image_token_id,
+        processor.vision_start_token_id,
+        processor.vision_end_token_id,
+    ]
+    logits[:, never] = float("-inf")
     logprobs = torch.log_softmax(logits[:-1], dim=-1).gather(-1, input_ids[0, 1:, None])[:, 0]
     return logprobs[-generated:]
 
