@@ -10,13 +10,12 @@ checked the same way, and a group that fails goes to the dead letters with
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
 
 import numpy as np
 
 from dockyard.broker.plane import DataPlane
 from dockyard.consumers.trainer.ledger import Ledger
-from dockyard.consumers.trainer.worker_trust import PendingGroup, dead_letter_pending
+from dockyard.consumers.trainer.pending_screen import PendingScreen
 from dockyard.models.vision import (
     VisionProcessor,
     check_expanded,
@@ -25,12 +24,8 @@ from dockyard.models.vision import (
     placeholder_runs,
 )
 from dockyard.schemas import ScoredRollout
-from dockyard.utils.logging import get_logger
-
-log = get_logger(__name__)
 
 REASON = "image_placeholder_mismatch"
-P = TypeVar("P", bound=PendingGroup)
 
 
 def image_mismatch(
@@ -55,8 +50,10 @@ def image_mismatch(
     return None
 
 
-class ImageScreen:
+class ImageScreen(PendingScreen):
     """Before a step: the pending groups not checked yet, checked; the bad ones dead-lettered."""
+
+    event = "trainer.dropped_image_mismatch"
 
     def __init__(
         self,
@@ -65,22 +62,14 @@ class ImageScreen:
         plane: DataPlane,
         ledger: Callable[[], Ledger],
     ) -> None:
+        super().__init__(plane, ledger)
         self.processor = processor
         self.max_pixels = max_pixels
-        self.plane = plane
-        self.ledger = ledger  # the trainer replaces its ledger on resume: read it when used
-        self._checked: set[str] = set()
 
-    async def screen(self, pending: list[P]) -> list[P]:
-        fresh = [p for p in pending if p.scored.group_id not in self._checked]
-        # Bounded: only what is still pending is remembered.
-        self._checked = {p.scored.group_id for p in pending}
-        refused: set[str] = set()
-        for item in fresh:
-            why = image_mismatch(item.scored, self.processor, max_pixels=self.max_pixels)
-            if why is None:
-                continue
-            refused.add(item.scored.group_id)
-            await dead_letter_pending(self.plane, self.ledger(), item, REASON, why)
-            log.warning("trainer.dropped_image_mismatch", group_id=item.scored.group_id, why=why)
-        return [p for p in pending if p.scored.group_id not in refused]
+    async def refusals(self, fresh: list[ScoredRollout]) -> dict[str, tuple[str, str]]:
+        refused = {}
+        for scored in fresh:
+            why = image_mismatch(scored, self.processor, max_pixels=self.max_pixels)
+            if why is not None:
+                refused[scored.group_id] = (REASON, why)
+        return refused

@@ -23,11 +23,10 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
 
 import torch
 
-from dockyard.broker.plane import DataPlane, DataPlaneError
+from dockyard.broker.plane import DataPlane
 from dockyard.config.sections.grpo import WorkerTrustConfig
 from dockyard.consumers.trainer.agreement import (
     GEN_KL_SUM,
@@ -37,6 +36,7 @@ from dockyard.consumers.trainer.agreement import (
 )
 from dockyard.consumers.trainer.batch import TrainingBatch, build_batch
 from dockyard.consumers.trainer.ledger import Ledger
+from dockyard.consumers.trainer.pending_screen import PendingScreen
 from dockyard.observability.prometheus import (
     WORKER_FLAGGED,
     WORKER_GEN_KL,
@@ -189,26 +189,15 @@ def workers_of(groups: Iterable[ScoredRollout]) -> list[str]:
     return [worker for group in groups for worker in group.rollout.samples.worker_id]
 
 
-class PendingGroup(Protocol):
-    """A scored group waiting for a step, with its place in the scored stream."""
-
-    @property
-    def scored(self) -> ScoredRollout: ...
-
-    @property
-    def seq(self) -> int: ...
-
-
-P = TypeVar("P", bound=PendingGroup)
-
-
-class WorkerScreen:
+class WorkerScreen(PendingScreen):
     """The trainer's use of :class:`WorkerTrust`: before a step, measure the groups not judged
     yet, and dead-letter (and drop from the ledger) those of flagged workers.
 
     ``measure``: a batch's :func:`~.agreement.agreement_sums` under the trainer's weights
     (``TrainerRanks.agreement_sums``: with several ranks each measures its share and rank 0
     gathers the rows, so the judgement is the one a single process makes)."""
+
+    event = "trainer.dropped_untrusted"
 
     def __init__(
         self,
@@ -218,46 +207,13 @@ class WorkerScreen:
         plane: DataPlane,
         ledger: Callable[[], Ledger],
     ) -> None:
+        super().__init__(plane, ledger)
         self.trust = WorkerTrust(config)
         self.measure = measure
         self.pad_token_id = pad_token_id
-        self.plane = plane
-        self.ledger = ledger  # the trainer replaces its ledger on resume: read it when used
-        self._judged: set[str] = set()
 
-    async def screen(self, pending: list[P]) -> list[P]:
-        """``pending`` without the groups of flagged workers (those are dead-lettered)."""
-        fresh = [p for p in pending if p.scored.group_id not in self._judged]
-        # Bounded: only what is still pending is remembered.
-        self._judged = {p.scored.group_id for p in pending}
-        if not fresh:
-            return pending
-        groups = [p.scored for p in fresh]
-        batch = build_batch(groups, self.pad_token_id)
+    async def refusals(self, fresh: list[ScoredRollout]) -> dict[str, tuple[str, str]]:
+        batch = build_batch(fresh, self.pad_token_id)
         sums = await asyncio.to_thread(self.measure, batch)
-        drops = self.trust.judge(groups, agreements_of(sums, workers_of(groups)))
-        for item in fresh:
-            reason = drops.get(item.scored.group_id)
-            if reason is not None:
-                await self._dead_letter(item, reason, self.trust.detail(reason))
-        return [p for p in pending if p.scored.group_id not in drops]
-
-    async def _dead_letter(self, item: PendingGroup, reason: str, detail: str) -> None:
-        await dead_letter_pending(self.plane, self.ledger(), item, reason, detail)
-        log.warning("trainer.dropped_untrusted", group_id=item.scored.group_id, reason=reason)
-
-
-async def dead_letter_pending(
-    plane: DataPlane, ledger: Ledger, item: PendingGroup, reason: str, detail: str
-) -> None:
-    """A pending group refused before a step: its scored message to the dead letters with
-    ``reason``, and the group dropped from the ledger (never silently lost)."""
-    group_id = item.scored.group_id
-    stream = plane.names.scored_consumer.stream
-    try:
-        original = await plane.get(stream, item.seq)
-        await plane.publish_dead_letter(original, reason, detail, stage="trainer")
-    except (KeyError, DataPlaneError) as error:
-        # The drop stands either way (the ledger records it with the same reason).
-        log.error("trainer.dead_letter_failed", group_id=group_id, error=repr(error))
-    ledger.record_dropped(group_id, f"{reason}: {detail}")
+        drops = self.trust.judge(fresh, agreements_of(sums, workers_of(fresh)))
+        return {group: (reason, self.trust.detail(reason)) for group, reason in drops.items()}
