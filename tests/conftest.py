@@ -22,6 +22,7 @@ import pytest
 from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from tests.system_deps import ensure_system_packages
+from tests.timing_report import SuiteTiming
 
 ensure_system_packages()  # bubblewrap, sandbox pytest (scripts/ensure_system_packages.sh)
 
@@ -36,6 +37,16 @@ def _kill_all_servers() -> None:
 atexit.register(_kill_all_servers)
 
 NatsServerFactory = Callable[..., EmbeddedNatsServer]
+
+_TIMING = SuiteTiming()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _TIMING.record(report)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    _TIMING.write_summary(terminalreporter)
 
 
 def _start_server(store_dir: Path, **settings: object) -> EmbeddedNatsServer:

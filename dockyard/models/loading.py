@@ -16,7 +16,6 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
-    AutoTokenizer,
     PreTrainedModel,
 )
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
@@ -26,8 +25,8 @@ from dockyard.models.tiny import (
     build_tiny_processor,
     build_tiny_recipe,
     save_policy,
-    tiny_recipe_name,
 )
+from dockyard.models.tokenizer_loading import load_tokenizer, tiny_recipe_name
 from dockyard.models.vision import VisionProcessor, is_vision_model_dir
 from dockyard.utils.logging import get_logger
 
@@ -46,15 +45,6 @@ def precision_dtype(precision: str) -> torch.dtype:
     except KeyError:
         known = ", ".join(PRECISION_DTYPES)
         raise ValueError(f"unknown precision {precision!r}; expected one of {known}") from None
-
-
-def load_tokenizer(model_name: str, tokenizer_name: str | None = None) -> PreTrainedTokenizerBase:
-    """The tokenizer alone (scorers and the dispatcher need no weights)."""
-    name = tokenizer_name or model_name
-    recipe = tiny_recipe_name(name)
-    if recipe is not None:
-        return build_tiny_recipe(recipe)[1]
-    return AutoTokenizer.from_pretrained(name)
 
 
 def load_policy(

@@ -26,6 +26,7 @@ from transformers import (
 )
 
 from dockyard.models.seeded import seeded_model
+from dockyard.models.tokenizer_loading import TINY_SCHEME
 from dockyard.models.tiny_vlm import build_qwen2_vl_policy, build_qwen2_vl_processor
 from dockyard.models.tokenizers import (
     DEFAULT_CORPUS,
@@ -38,7 +39,6 @@ from dockyard.models.vision import VisionProcessor, is_vision_config
 
 Arch = Literal["qwen2", "llama", "qwen3_moe"]
 
-TINY_SCHEME = "tiny://"
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
@@ -219,13 +219,6 @@ TINY_RECIPES: dict[str, TinyRecipe] = {
         build_qwen2_vl_processor,
     ),
 }
-
-
-def tiny_recipe_name(model_name: str) -> str | None:
-    """``"qwen2-arithmetic"`` for ``"tiny://qwen2-arithmetic"``; None for any other name."""
-    if not model_name.startswith(TINY_SCHEME):
-        return None
-    return model_name[len(TINY_SCHEME) :]
 
 
 def _recipe(name: str) -> TinyRecipe:
