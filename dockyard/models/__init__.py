@@ -45,7 +45,22 @@ _MODULE_OF = {
     "train_bpe_tokenizer": "tokenizers",
 }
 
-__all__ = sorted(_MODULE_OF)
+__all__ = [
+    "TINY_RECIPES",
+    "TinyModelSpec",
+    "build_arithmetic_policy",
+    "build_bpe_policy",
+    "build_character_tokenizer",
+    "build_tiny_model",
+    "build_tiny_recipe",
+    "load_policy",
+    "load_processor",
+    "load_tokenizer",
+    "materialize_model_dir",
+    "precision_dtype",
+    "save_policy",
+    "train_bpe_tokenizer",
+]
 
 
 def __getattr__(name: str) -> object:

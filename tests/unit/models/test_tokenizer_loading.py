@@ -67,6 +67,7 @@ def test_an_unknown_tiny_recipe_is_refused_with_the_known_ones():
 def test_the_package_resolves_its_lazy_names_and_refuses_others():
     import dockyard.models as models
 
+    assert sorted(models.__all__) == sorted(models._MODULE_OF)
     assert all(callable(getattr(models, name)) or name == "TINY_RECIPES" for name in models.__all__)
     with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
         _ = models.nosuch
