@@ -20,14 +20,14 @@ from transformers import (
 )
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from dockyard.models.names import is_vision_model_dir, tiny_recipe_name
 from dockyard.models.tiny import (
-    TINY_RECIPES,
     build_tiny_processor,
     build_tiny_recipe,
     save_policy,
 )
-from dockyard.models.tokenizer_loading import load_tokenizer, tiny_recipe_name
-from dockyard.models.vision import VisionProcessor, is_vision_model_dir
+from dockyard.models.tokenizer_loading import load_tokenizer
+from dockyard.models.vision import VisionProcessor
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -77,14 +77,6 @@ def load_policy(
         parameters=sum(p.numel() for p in model.parameters()),
     )
     return model.eval(), tokenizer  # type: ignore[no-untyped-call]  # unannotated in transformers
-
-
-def is_vision_model(model_name: str) -> bool:
-    """Whether ``model_name`` is a vision-language policy, without loading its weights."""
-    recipe = tiny_recipe_name(model_name)
-    if recipe is not None:
-        return TINY_RECIPES.get(recipe) is not None and TINY_RECIPES[recipe].processor is not None
-    return is_vision_model_dir(model_name)
 
 
 def load_processor(model_name: str) -> VisionProcessor | None:

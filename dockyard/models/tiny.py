@@ -25,9 +25,9 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
+from dockyard.models.names import TINY_SCHEME
 from dockyard.models.seeded import seeded_model
 from dockyard.models.tiny_vlm import build_qwen2_vl_policy, build_qwen2_vl_processor
-from dockyard.models.tokenizer_loading import TINY_SCHEME
 from dockyard.models.tokenizers import (
     DEFAULT_CORPUS,
     BpeStyle,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from dockyard.models.names import tiny_recipe_name
 from dockyard.models.tokenizers import (
     DEFAULT_CORPUS,
     build_calculator_tokenizer,
@@ -20,8 +21,6 @@ from dockyard.models.tokenizers import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-
-TINY_SCHEME = "tiny://"
 
 #: The tokenizer of each text ``tiny://`` recipe, as :data:`dockyard.models.tiny.TINY_RECIPES`
 #: builds it (tests/unit/models/test_tokenizer_loading.py holds the two together). The
@@ -34,13 +33,6 @@ TINY_TOKENIZERS: dict[str, Callable[[], PreTrainedTokenizerFast]] = {
     "qwen3-moe-bpe": lambda: train_bpe_tokenizer(DEFAULT_CORPUS, vocab_size=512, style="qwen2"),
     "llama-bpe": lambda: train_bpe_tokenizer(DEFAULT_CORPUS, vocab_size=512, style="gpt2"),
 }
-
-
-def tiny_recipe_name(model_name: str) -> str | None:
-    """``"qwen2-arithmetic"`` for ``"tiny://qwen2-arithmetic"``; None for any other name."""
-    if not model_name.startswith(TINY_SCHEME):
-        return None
-    return model_name[len(TINY_SCHEME) :]
 
 
 def load_tokenizer(model_name: str, tokenizer_name: str | None = None) -> PreTrainedTokenizerBase:

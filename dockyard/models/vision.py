@@ -20,7 +20,6 @@ against the CPU build of torch used here); the directory it writes is the standa
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +30,11 @@ from PIL import Image
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
+from dockyard.models.names import VISION_MODEL_TYPES
+
 IMAGE_TOKEN = "<|image_pad|>"
 VISION_START_TOKEN = "<|vision_start|>"
 VISION_END_TOKEN = "<|vision_end|>"
-#: ``config.model_type`` values whose placeholders follow this module's contract.
-VISION_MODEL_TYPES = ("qwen2_vl",)
 _PREPROCESSOR_FILE = "preprocessor_config.json"
 
 
@@ -90,13 +89,6 @@ class VisionProcessor:
 def is_vision_config(config: object) -> bool:
     """Whether a model config is a vision-language model this module serves."""
     return getattr(config, "model_type", None) in VISION_MODEL_TYPES
-
-
-def is_vision_model_dir(model_dir: str | Path) -> bool:
-    config = Path(model_dir) / "config.json"
-    if not config.is_file():
-        return False
-    return bool(json.loads(config.read_text()).get("model_type") in VISION_MODEL_TYPES)
 
 
 def special_token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dockyard.config.errors import ConfigIssue
 from dockyard.config.master import MasterConfig
-from dockyard.models.loading import is_vision_model
+from dockyard.models.names import is_vision_model
 
 
 def vision_issues(config: MasterConfig) -> list[ConfigIssue]:

@@ -14,6 +14,7 @@ import pytest
 
 from dockyard.models import load_tokenizer
 from dockyard.models.tiny import TINY_RECIPES, build_tiny_recipe
+from dockyard.models.names import TINY_VISION_RECIPES, is_vision_model
 from dockyard.models.tokenizer_loading import TINY_TOKENIZERS
 
 TEXTS = ["12+30=", "Hello, world! 3*4=12", "<bos>7+8=15<eos>", "ünïcode  spaces\n"]
@@ -42,6 +43,13 @@ def test_a_tiny_recipe_tokenizer_is_the_one_its_model_is_built_with(recipe):
 def test_every_text_recipe_has_a_tokenizer_built_without_its_model():
     text_recipes = {name for name, recipe in TINY_RECIPES.items() if recipe.processor is None}
     assert text_recipes == set(TINY_TOKENIZERS)
+
+
+def test_the_vision_recipes_are_named_without_building_them():
+    vision = {name for name, recipe in TINY_RECIPES.items() if recipe.processor is not None}
+    assert vision == TINY_VISION_RECIPES
+    assert all(is_vision_model(f"tiny://{name}") for name in vision)
+    assert not any(is_vision_model(f"tiny://{name}") for name in TINY_TOKENIZERS)
 
 
 @pytest.mark.slow  # a fresh interpreter importing transformers' tokenizer code
