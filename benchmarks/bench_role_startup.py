@@ -84,7 +84,16 @@ def _round(url: str, work: Path, env: dict[str, str]) -> dict[str, float]:
             log = (work / f"{namespace}-{role}.log").open("wb")
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "dockyard", "--log-format", "json", *args, *common, *extra],
+                    [
+                        sys.executable,
+                        "-m",
+                        "dockyard",
+                        "--log-format",
+                        "json",
+                        *args,
+                        *common,
+                        *extra,
+                    ],
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from dockyard.models import load_tokenizer
-from dockyard.models.tiny import TINY_RECIPES, build_tiny_recipe
 from dockyard.models.names import TINY_VISION_RECIPES, is_vision_model
+from dockyard.models.tiny import TINY_RECIPES, build_tiny_recipe
 from dockyard.models.tokenizer_loading import TINY_TOKENIZERS
 
 TEXTS = ["12+30=", "Hello, world! 3*4=12", "<bos>7+8=15<eos>", "ünïcode  spaces\n"]
