@@ -104,16 +104,18 @@ class Supervisor:
         self.max_restarts = max_restarts
         options = ["--log-format", "json"]
         base = [sys.executable, "-m", "dockyard", *options]
-        common = ["--config", str(config_path), *overrides, "--status-dir", str(self.status_dir)]
 
-        def port(offset: int) -> list[str]:
-            """Roles of one machine must not share a port: N, N+1, ... (0 and null as given)."""
-            if not metrics_port:
-                return []
-            return [f"run.metrics_port={metrics_port + offset}"]
+        def common(port_offset: int) -> list[str]:
+            """The role's config, its overrides (its own metrics port among them: overrides are
+            positional, so they come before any option), and where it writes its status."""
+            port = []
+            if metrics_port:  # roles of one machine must not share a port: N, N+1, ...
+                port = [f"run.metrics_port={metrics_port + port_offset}"]
+            config = ["--config", str(config_path), *overrides, *port]
+            return [*config, "--status-dir", str(self.status_dir)]
 
         logs = run_dir / "logs"
-        trainer_args = ["trainer", *common, *port(0), "--run-dir", str(run_dir)]
+        trainer_args = ["trainer", *common(0), "--run-dir", str(run_dir)]
         self.trainer = RoleProcess(
             "trainer",
             "0",
@@ -126,7 +128,7 @@ class Supervisor:
             RoleProcess(
                 "rollout",
                 str(i),
-                [*base, "rollout", *common, *port(1 + i), "--worker-id", f"w{i}"],
+                [*base, "rollout", *common(1 + i), "--worker-id", f"w{i}"],
                 logs / f"rollout-{i}.log",
             )
             for i in range(num_rollout_workers)
@@ -138,8 +140,7 @@ class Supervisor:
                 [
                     *base,
                     "score",
-                    *common,
-                    *port(1 + num_rollout_workers + i),
+                    *common(1 + num_rollout_workers + i),
                     "--scorer-id",
                     f"s{i}",
                 ],

@@ -4,7 +4,9 @@ the counters moved by what the run did, read with prometheus-client's own parser
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -118,6 +120,25 @@ def test_metrics_scraped_during_a_run_follow_what_the_run_did(tmp_path, small_ru
     assert len(backlogs) == 3
 
 
+def free_port_block(size: int) -> int:
+    """A base port whose ``size`` consecutive ports are free now (bound and released)."""
+    for _ in range(100):
+        base = random.randrange(20000, 60000)
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + size):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {size} consecutive free ports found")
+
+
 def scrape(port: int) -> Samples:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
         return parse(reply.read().decode())
@@ -131,7 +152,14 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 def test_each_role_process_of_a_fleet_serves_its_own_metrics(tmp_path, small_run):
     run_dir = tmp_path / "run"
     status_dir = run_dir / "status"
-    overrides = [*small_run, "grpo.max_num_steps=1000", "run.num_scorers=2", "run.metrics_port=0"]
+    # A base port N, as a user sets it: the roles get N, N+1, ... (docs/operations.md).
+    base = free_port_block(4)
+    overrides = [
+        *small_run,
+        "grpo.max_num_steps=1000",
+        "run.num_scorers=2",
+        f"run.metrics_port={base}",
+    ]
     command = [sys.executable, "-m", "dockyard", "--log-format", "json", "run"]
     process = subprocess.Popen(
         [*command, "--config", str(QUICKSTART), *overrides, "--run-dir", str(run_dir)],
@@ -165,7 +193,13 @@ def test_each_role_process_of_a_fleet_serves_its_own_metrics(tmp_path, small_run
             process.kill()
             process.communicate()
 
-    assert len(set(where.values())) == len(names)  # one endpoint per process
+    # trainer N, rollout worker N+1, scorers N+2 and N+3: one endpoint per process
+    assert where == {
+        "trainer-0": base,
+        "rollout-w0": base + 1,
+        "scorer-s0": base + 2,
+        "scorer-s1": base + 3,
+    }
     steps = value(trainer, "dockyard_train_step_duration_seconds_count")
     trained = value(
         trainer, "dockyard_messages_received_total", stage="trainer", type="ScoredRollout"

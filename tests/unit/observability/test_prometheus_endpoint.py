@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dockyard.cli import CliError, main
+from dockyard.cli import CliError, build_parser, main
 from dockyard.commands._common import EXIT_INVALID_CONFIG
 from dockyard.commands._roles import metrics_endpoint
 from dockyard.config.loader import load_config
@@ -38,6 +38,25 @@ def test_dockyard_run_gives_each_role_process_its_own_port(tmp_path):
         "scorer-1": ["run.metrics_port=9104"],
         "scorer-2": ["run.metrics_port=9105"],
     }
+
+
+def test_each_role_command_line_parses_with_its_port_among_the_overrides(tmp_path):
+    """The port comes before the options: argparse takes overrides only before them (issue
+    #42: ``run.metrics_port=N`` used to be refused as an unrecognized argument)."""
+    supervisor = Supervisor(
+        QUICKSTART,
+        ["grpo.max_num_steps=3"],
+        tmp_path,
+        num_rollout_workers=1,
+        num_scorers=1,
+        metrics_port=9100,
+    )
+    parser = build_parser()
+    for offset, role in enumerate(supervisor.roles):
+        dockyard_at = role.argv.index("dockyard")
+        args = parser.parse_args(role.argv[dockyard_at + 1 :])
+        assert args.overrides == ["grpo.max_num_steps=3", f"run.metrics_port={9100 + offset}"]
+        assert args.status_dir == str(tmp_path / "status")
 
 
 @pytest.mark.parametrize("port", [None, 0])
