@@ -68,8 +68,6 @@ def _refuse_metrics_ports_out_of_range(config: MasterConfig) -> None:
 
 def _trainer_ranks(config: MasterConfig, requested: int | None) -> int:
     """How many trainer ranks to start (``cluster``, ``--trainer-ranks``, this machine's GPUs)."""
-    import torch
-
     from dockyard.fleet.trainer_ranks import (
         LaunchRefused,
         check_jax_devices,
@@ -77,10 +75,13 @@ def _trainer_ranks(config: MasterConfig, requested: int | None) -> int:
         ranks_for_run,
     )
 
+    cuda_devices = 0
+    if config.cluster.gpus_per_node:  # only then are GPUs counted (torch is seconds to import)
+        import torch
+
+        cuda_devices = torch.cuda.device_count()
     try:
-        ranks = ranks_for_run(
-            config.cluster, requested=requested, cuda_devices=torch.cuda.device_count()
-        )
+        ranks = ranks_for_run(config.cluster, requested=requested, cuda_devices=cuda_devices)
         check_ranks_can_run(config, ranks)
         check_jax_devices(config)
     except LaunchRefused as refused:
