@@ -110,6 +110,17 @@ def data_plane_config(nats_server: EmbeddedNatsServer) -> DataPlaneConfig:
     return make_data_plane_config(nats_server.url)
 
 
+@pytest.fixture(scope="session")
+def judge_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One vLLM judge server (tests/judge_server.py) for the whole run: every test that asks
+    for it carries ``xdist_group(JUDGE_GROUP)`` (tests/judge_server.py), so one worker starts
+    it, once."""
+    from tests.judge_server import vllm_judge
+
+    with vllm_judge(tmp_path_factory.mktemp("judge")) as url:
+        yield url
+
+
 @pytest.fixture
 def data_plane_config_factory() -> Callable[..., DataPlaneConfig]:
     """``factory(url, **section overrides)``: configs for private servers (fresh namespace)."""

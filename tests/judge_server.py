@@ -15,6 +15,9 @@ from tests.vllm_install import ensure_vllm
 from tests.vllm_server import vllm_api_server
 
 MODEL_NAME = "tiny-judge"
+#: The xdist group of every test that uses the session's ``judge_url`` (tests/conftest.py): one
+#: worker runs them all, so the server starts once.
+JUDGE_GROUP = "vllm-judge"
 MAX_MODEL_LEN = 2048
 
 

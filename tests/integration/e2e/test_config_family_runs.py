@@ -31,6 +31,7 @@ from tests.integration.e2e.ledger_checks import (
     metric_steps,
     read_trail,
 )
+from tests.judge_server import JUDGE_GROUP
 from tests.osworld_simulator import simulator_command
 from tests.sandbox_service import sandbox_service, serve_command
 
@@ -147,14 +148,6 @@ def simulator_url() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="module")
-def judge_url(tmp_path_factory) -> Iterator[str]:
-    from tests.judge_server import vllm_judge
-
-    with vllm_judge(tmp_path_factory.mktemp("judge")) as url:
-        yield url
-
-
 def _check_run(run_dir: Path, result: subprocess.CompletedProcess[str], run: CpuRun) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert metric_steps(run_dir) == list(range(1, STEPS + 1))
@@ -175,8 +168,16 @@ def _check_run(run_dir: Path, result: subprocess.CompletedProcess[str], run: Cpu
     assert all(reason.rsplit(": ", 1)[-1] in allowed for reason in dead), dead
 
 
+def _preset_params() -> list[object]:
+    """One case per preset; those judged by the session's vLLM judge share its xdist group."""
+    return [
+        pytest.param(name, marks=[pytest.mark.xdist_group(JUDGE_GROUP)] if run.judge else [])
+        for name, run in sorted(RUNS.items())
+    ]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("name", _preset_params())
 def test_the_cpu_preset_runs_a_few_steps_end_to_end(name, tmp_path, request):
     run = RUNS[name]
     overrides = list(run.overrides)

@@ -20,21 +20,15 @@ from dockyard.environments import (
     build_environment,
 )
 from dockyard.environments.judge import JudgeUnavailableError
-from tests.judge_server import MODEL_NAME, vllm_judge
+from tests.judge_server import JUDGE_GROUP, MODEL_NAME
 from tests.vllm_server import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(JUDGE_GROUP)]
 
 DATA = Path(__file__).resolve().parents[3] / "configs" / "cpu" / "data" / "gdpval.jsonl"
 FIELDS = FieldMapping(
     prompt="task", answer="solution", metadata=["rubric", "deliverables", "setup"]
 )
-
-
-@pytest.fixture(scope="module")
-def judge_url(tmp_path_factory):
-    with vllm_judge(tmp_path_factory.mktemp("judge")) as url:
-        yield url
 
 
 def _records():
