@@ -23,6 +23,7 @@ from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from tests.system_deps import ensure_system_packages
 from tests.timing_report import SuiteTiming
+from tests.xdist_grouping import group_by_shared_fixtures
 
 ensure_system_packages()  # bubblewrap, sandbox pytest (scripts/ensure_system_packages.sh)
 
@@ -39,6 +40,11 @@ atexit.register(_kill_all_servers)
 NatsServerFactory = Callable[..., EmbeddedNatsServer]
 
 _TIMING = SuiteTiming()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    group_by_shared_fixtures(items)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
