@@ -111,23 +111,21 @@ class TrainerInputs:
     extra_datasets: tuple[Dataset, ...] = ()
 
 
-def prepare_trainer(config: MasterConfig) -> TrainerInputs:
-    """The training data and the tokenizer; an unknown dataset or environment is refused."""
+def build_datasets(config: MasterConfig, *, files_only: bool = False) -> dict[str, Dataset]:
+    """Every dataset the run reads, by its key path: a missing file, a record that does not
+    parse or a field mapping that does not fit is refused here with its key path, before any
+    role starts. ``files_only``: only the ``path`` datasets (``dockyard config validate``: a
+    registered name may be one this machine's build does not carry, as the GPU family's are)."""
     from dockyard.data.base import DatasetError, UnknownDatasetError
     from dockyard.data.catalog import build_dataset
-    from dockyard.data.chat import PromptFormat, PromptFormatError, format_dataset
-    from dockyard.environments.registry import available_environments
-    from dockyard.models import load_tokenizer
 
     sections = _dataset_sections(config)
     if config.sft is not None:
         sections["sft.dev_dataset"] = config.sft.dev_dataset
     built: dict[str, Dataset] = {}
     for key, section in sections.items():
-        if section is None:
+        if section is None or (files_only and section.path is None):
             continue
-        # Every dataset the run reads is built here, so a bad file or field mapping is refused
-        # at launch with its key path, not found by the trainer after the roles started.
         try:
             built[key] = build_dataset(
                 section, config.data.default_env, config.data.default_processor
@@ -136,6 +134,16 @@ def prepare_trainer(config: MasterConfig) -> TrainerInputs:
             raise CliError(f"{key}.name: {error}", exit_code=EXIT_INVALID_CONFIG) from None
         except DatasetError as error:
             raise CliError(f"{key}.{error.key}: {error}", exit_code=EXIT_INVALID_CONFIG) from None
+    return built
+
+
+def prepare_trainer(config: MasterConfig) -> TrainerInputs:
+    """The training data and the tokenizer; an unknown dataset or environment is refused."""
+    from dockyard.data.chat import PromptFormat, PromptFormatError, format_dataset
+    from dockyard.environments.registry import available_environments
+    from dockyard.models import load_tokenizer
+
+    built = build_datasets(config)
     if config.data.default_env not in available_environments():
         raise CliError(
             f"data.default_env: unknown environment {config.data.default_env!r} "

@@ -19,7 +19,12 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    load_config_report_or_exit(args)
+    from dockyard.commands._roles import build_datasets
+
+    report = load_config_report_or_exit(args)
+    # Every dataset file must exist and parse: found here, not by a trainer after its fleet
+    # started. (Tokenizers, models and named datasets may live on another machine.)
+    build_datasets(report.config, files_only=True)
     print("ok")
     return 0
 

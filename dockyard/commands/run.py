@@ -31,11 +31,16 @@ POLL_S = 0.5
 
 def _run(args: argparse.Namespace) -> int:
     from dockyard.commands._inprocess import run_in_process
+    from dockyard.commands._roles import prepare_trainer
     from dockyard.fleet.progress import ProgressDisplay
 
     config = load_role_config(args)
     _refuse_metrics_ports_out_of_range(config)
     trainer_ranks = _trainer_ranks(config, args.trainer_ranks)
+    if config.data_plane is not None:
+        # What the trainer would refuse at its start (a dataset file, the environment, tools,
+        # the tokenizer and chat template) is refused here, before any role starts.
+        prepare_trainer(config)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / f"{config.run.name}-{stamp}")
     private_dir(run_dir)  # config.yaml may hold data_plane.credentials; logs, checkpoints
@@ -151,7 +156,9 @@ def _run_processes(
         if server is not None:
             server.stop()
     if code not in (0, 130):
-        raise CliError(f"the trainer exited with status {code}; see {run_dir / 'logs'}", code)
+        message = supervisor.trainer.error_message()
+        detail = f": {message}\n" if message else "; "
+        raise CliError(f"the trainer exited with status {code}{detail}see {run_dir / 'logs'}", code)
     return code
 
 

@@ -23,6 +23,20 @@ from dockyard.utils.private_files import create_private_file, private_dir
 
 log = get_logger(__name__)
 
+#: A role's exit status when it refused its config or inputs at start-up (a missing dataset
+#: file, an unreachable toolbox: dockyard.commands._common.EXIT_INVALID_CONFIG). Restarting
+#: would only refuse again: the run ends with the role's own message.
+EXIT_REFUSED = 2
+#: The trainer's exit status when it starved (dockyard.commands._roles.EXIT_STARVED).
+EXIT_STARVED = 3
+#: How much of a role's log is searched for its error message.
+ERROR_TAIL_BYTES = 64 * 1024
+ERROR_MARK = "dockyard: error:"
+
+
+class RoleProcessFailed(Exception):
+    """A helper role that cannot run: refused at start-up, or died too often."""
+
 
 def _terminate_with_parent() -> None:
     """In the child, before exec: SIGTERM this role if the supervisor dies, even by SIGKILL,
@@ -81,6 +95,20 @@ class RoleProcess:
             return self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             return None
+
+    def error_message(self) -> str:
+        """The last error the role's command printed (``dockyard: error: ...`` and what
+        follows it), or "" when its log has none."""
+        try:
+            with self.log_path.open("rb") as handle:
+                handle.seek(max(0, self.log_path.stat().st_size - ERROR_TAIL_BYTES))
+                tail = handle.read().decode(errors="replace")
+        except OSError:
+            return ""
+        start = tail.rfind(ERROR_MARK)
+        if start < 0:
+            return ""
+        return tail[start + len(ERROR_MARK) :].strip()
 
 
 class Supervisor:
@@ -178,19 +206,26 @@ class Supervisor:
         """Restart dead helpers; the trainer's exit status once it has exited, else None."""
         code = self.trainer.poll()
         if code is not None:
-            if code == 0 or self.trainer.restarts >= self.max_restarts or code == 3:
+            final = code in (0, EXIT_REFUSED, EXIT_STARVED)
+            if final or self.trainer.restarts >= self.max_restarts:
                 return code
             self._restart(self.trainer, code)
             return None
         for role in [*self.workers, *self.scorers]:
             role_code = role.poll()
-            if role_code is not None:
-                if role.restarts >= self.max_restarts:
-                    raise RuntimeError(
-                        f"{role.name} died {role.restarts + 1} times (last exit {role_code}); "
-                        f"see {role.log_path}"
-                    )
-                self._restart(role, role_code)
+            if role_code is None:
+                continue
+            if role_code == EXIT_REFUSED:
+                raise RoleProcessFailed(
+                    f"{role.name} refused to start: {role.error_message() or '(no message)'} "
+                    f"(see {role.log_path})"
+                )
+            if role.restarts >= self.max_restarts:
+                raise RoleProcessFailed(
+                    f"{role.name} died {role.restarts + 1} times (last exit {role_code}); "
+                    f"see {role.log_path}"
+                )
+            self._restart(role, role_code)
         return None
 
     def _restart(self, role: RoleProcess, code: int) -> None:
