@@ -107,6 +107,20 @@ def test_a_non_finite_gradient_skips_the_step_and_says_so(precision):
     assert trainer.optimizer.state_dict()["state"] == optimizer_state["state"] == {}
 
 
+def test_under_float16_loss_scaling_the_skipped_step_lowers_the_scale():
+    # GradScaler's own overflow handling still runs: unscale_ found the inf, update() halves
+    # the scale (its backoff factor) although the trainer did not call scaler.step.
+    trainer = trainer_in("float16")
+    nan_at_bad_token(trainer)
+    scale = trainer.scaler.get_scale()
+    weights, _ = snapshot(trainer)
+    outcome = trainer.step(batch_with_one_bad_token())
+    assert outcome.skipped_nonfinite_grad
+    assert trainer.scaler.get_scale() == scale * trainer.scaler.get_backoff_factor()
+    for name, p in trainer.model.named_parameters():
+        assert torch.equal(p, weights[name]), name
+
+
 def test_the_next_finite_step_is_applied():
     trainer = trainer_in("float32")
     handle = nan_at_bad_token(trainer)
