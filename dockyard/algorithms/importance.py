@@ -2,8 +2,10 @@
 
 The engine sampled each token with log-prob ``gen``; the trainer's π_old assigns it ``prev``.
 The off-policy weight ``w = π_old / π_gen = exp(prev − gen)`` is detached and multiplies the
-clipped surrogate (``loss_fn.use_importance_sampling_correction``). Non-finite weights become 0
-(the token is dropped, never allowed to poison the sum).
+clipped surrogate (``loss_fn.use_importance_sampling_correction``). The log-ratio is clamped to
+±20 before ``exp`` (:mod:`dockyard.algorithms.ratios`: ``exp(100)`` is ``inf`` in float32, and
+such a weight used to be zeroed, silently dropping the token); a non-finite log-ratio gives weight
+0 (the token is dropped, never allowed to poison the sum).
 
 Truncation (``loss_fn.truncated_importance_sampling_type``, bounds
 ``truncated_importance_sampling_ratio_min`` / ``truncated_importance_sampling_ratio``):
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from dockyard.algorithms.masked import finite_or_zero, per_sequence_mean, zero_where_masked
+from dockyard.algorithms.ratios import bounded_weight
 from dockyard.config.sections.loss import ClippedPGLossConfig
 
 
@@ -66,8 +69,8 @@ def sequence_geometric_mean_weight(
     """
     log_ratio = zero_where_masked(prev_logprobs - generation_logprobs, mask)
     all_finite = torch.isfinite(log_ratio).all(dim=-1)
-    weight = torch.exp(per_sequence_mean(finite_or_zero(log_ratio), mask))
-    return torch.where(all_finite, finite_or_zero(weight), torch.zeros_like(weight))
+    weight = bounded_weight(per_sequence_mean(finite_or_zero(log_ratio), mask))
+    return torch.where(all_finite, weight, torch.zeros_like(weight))
 
 
 def _truncate(raw: torch.Tensor, cfg: ClippedPGLossConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +103,7 @@ def importance_weights(
         raw = sequence_geometric_mean_weight(prev, gen, mask).unsqueeze(-1)
         raw_mask = valid_sequences
     else:
-        raw = finite_or_zero(torch.exp(zero_where_masked(prev - gen, mask)))
+        raw = bounded_weight(zero_where_masked(prev - gen, mask))
         raw_mask = mask
 
     if kind is None:

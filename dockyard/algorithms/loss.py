@@ -25,8 +25,11 @@ language-model term, and a per-sequence mean would weight each token of a short 
 more than each token of a long one — a length bias the term has no reason to carry.
 
 GSPO (``sequence_level_importance_ratios``) replaces ``r`` by the per-sequence
-``exp(mean_t(lp − prev))``. ``force_on_policy_ratio`` sets π_old := sg(π_θ), so ``r ≡ 1`` with
-the policy gradient intact (and the IS weight becomes ``exp(sg(lp) − gen)``).
+``exp(mean_t(lp − prev))``. Every ratio and IS weight takes ``exp`` of its log-ratio clamped to
+±20 (:mod:`dockyard.algorithms.ratios`): a float32 ``exp`` overflows past ≈ 88.7, and backward
+through an infinite ratio makes a NaN gradient even where the token is clipped.
+``force_on_policy_ratio`` sets π_old := sg(π_θ), so ``r ≡ 1`` with the policy gradient intact
+(and the IS weight becomes ``exp(sg(lp) − gen)``).
 
 Reduction is token level (``Σ / global valid tokens``) or sequence level (per-sequence mean,
 then ``Σ / global valid sequences``). Both divide by counts of the *whole* batch
@@ -45,7 +48,6 @@ from dockyard.algorithms.importance import ImportanceWeights, importance_weights
 from dockyard.algorithms.kl import kl_estimate, reference_kl
 from dockyard.algorithms.loss_metrics import LossMetrics
 from dockyard.algorithms.masked import (
-    finite_or_zero,
     masked_max,
     masked_min,
     masked_sum,
@@ -54,6 +56,7 @@ from dockyard.algorithms.masked import (
     token_level_reduce,
     zero_where_masked,
 )
+from dockyard.algorithms.ratios import bounded_exp, bounded_weight
 from dockyard.config.sections.loss import ClippedPGLossConfig
 
 # Tolerance when checking that a micro-batch's counts fit inside the declared global counts.
@@ -195,8 +198,9 @@ class ClippedPGLoss:
             kl_per_token = reference_kl(lp, ref, cfg)
             if cfg.use_on_policy_kl_approximation:
                 # Tokens were sampled from π_gen, the KL is an expectation under π_θ: reweight
-                # by π_θ/π_gen (detached), as the reference system does. NaN/inf drop the token.
-                kl_per_token = finite_or_zero(torch.exp(lp - gen)).detach() * kl_per_token
+                # by π_θ/π_gen (detached), as the reference system does. Bounded like every
+                # weight; a non-finite log-ratio drops the token.
+                kl_per_token = bounded_weight(lp - gen).detach() * kl_per_token
             kl_term = self._reduce(kl_per_token, mask, counts)
         kl_loss = (
             cfg.reference_policy_kl_penalty * kl_term
@@ -236,12 +240,12 @@ class ClippedPGLoss:
             ratio = torch.exp(lp - lp.detach())  # ≡ 1, gradient = ∇lp
             ratio_clamped, clipped = ratio, no_clip
         elif cfg.sequence_level_importance_ratios:
-            seq_ratio = torch.exp(per_sequence_mean(lp - prev, mask)).unsqueeze(-1)
+            seq_ratio = bounded_exp(per_sequence_mean(lp - prev, mask)).unsqueeze(-1)
             ratio = seq_ratio.expand_as(lp)
             ratio_clamped = ratio.clamp(low, high)
             clipped = (ratio.detach() < low) | (ratio.detach() > high)
         else:
-            ratio = torch.exp(lp - prev)
+            ratio = bounded_exp(lp - prev)
             ratio_clamped = ratio.clamp(low, high)
             clipped = (ratio.detach() < low) | (ratio.detach() > high)
 

@@ -83,6 +83,7 @@ def _run(args: argparse.Namespace) -> int:
         "steps": result.steps,
         "val_accuracy": result.val_accuracy,
         "stopped_early": result.stopped_early,
+        "skipped_nonfinite_grad_steps": result.skipped_nonfinite_grad_steps,
         "seconds": result.seconds,
         "model": str(out),
     }

@@ -160,6 +160,18 @@ class MasterConfig(Section):
                     "grpo.adv_estimator.name=opd needs on_policy_distillation.enabled=true",
                 )
             )
+        if self.loss_fn.sequence_level_importance_ratios:
+            # OPD's advantage is per token (teacher − π_old); GSPO's one ratio per sequence
+            # gives every token of a sequence the same weight, so the gradient would see only
+            # the sequence mean of the teacher's per-token signal.
+            issues.append(
+                ConfigIssue(
+                    "loss_fn.sequence_level_importance_ratios",
+                    "GSPO's sequence ratio averages grpo.adv_estimator.name=opd's per-token "
+                    "advantages over each sequence (every token gets the sequence's mean "
+                    "teacher signal): use token ratios with opd",
+                )
+            )
         return issues
 
     def _prev_logprob_issues(self) -> list[ConfigIssue]:

@@ -79,8 +79,9 @@ class GRPOEstimator(AdvantageEstimator):
 
 @register_estimator
 class ReinforcePlusPlusEstimator(AdvantageEstimator):
-    """REINFORCE++: group-mean baseline (``minus_baseline``), per-token ``−β·KL`` folded in when
-    ``loss_fn.use_kl_in_reward``, then whitened across the batch's valid tokens."""
+    """REINFORCE++: group-mean baseline (``minus_baseline``), minus the KL-penalised return to go
+    ``β·Σ_{i≥t} KL_i`` when ``loss_fn.use_kl_in_reward``, then whitened across the batch's valid
+    tokens."""
 
     name = "reinforce_plus_plus"
     folds_kl_in_reward = True

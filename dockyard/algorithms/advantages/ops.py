@@ -114,6 +114,15 @@ def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     )
 
 
+def return_to_go(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``Σ_{i ≥ t, valid} x_i`` at each valid token ``t`` of each row (``[B, T]``), else 0.
+
+    Masked tokens (padding, a multi-turn episode's observations) neither add to a return nor get
+    one: a reversed cumulative sum of the masked values."""
+    kept = zero_where_masked(values, mask)
+    return zero_where_masked(kept.flip(-1).cumsum(-1).flip(-1), mask)
+
+
 def reinforce_plus_plus_advantages(
     rewards: torch.Tensor,
     index: torch.Tensor,
@@ -124,13 +133,19 @@ def reinforce_plus_plus_advantages(
     minus_baseline: bool,
     kl_penalty_per_token: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """REINFORCE++ ``[B, T]``: ``r − mean_group(r)`` (with ``minus_baseline``), minus the per-token
-    ``β·KL`` when KL is in the reward, then whitened over all valid tokens of the batch."""
+    """REINFORCE++ ``[B, T]`` (arXiv 2501.03262): the outcome ``r`` (``r − mean_group(r)`` with
+    ``minus_baseline``) minus, when KL is in the reward, the KL-penalised return to go
+    ``β·Σ_{i ≥ t} KL_i`` over the sample's valid tokens, then whitened over all valid tokens of
+    the batch (population variance).
+
+    The return to go is the paper's (and verl's ``compute_reinforce_plus_plus_outcome_advantage``
+    with γ = 1): the penalty is a per-token reward, so token ``t`` is credited with the KL of
+    every token it leads to, not with its own KL alone."""
     centred = rewards - group_stats(rewards, index, num_groups, valid).mean
     per_sample = centred if minus_baseline else rewards
     advantages = per_sample.unsqueeze(-1).expand(token_mask.shape)
     if kl_penalty_per_token is not None:
-        advantages = advantages - kl_penalty_per_token
+        advantages = advantages - return_to_go(kl_penalty_per_token, token_mask.bool())
     return whiten(advantages, token_mask.bool() & valid.unsqueeze(-1))
 
 

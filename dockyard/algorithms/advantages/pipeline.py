@@ -63,8 +63,9 @@ def compute_advantages(
 ) -> torch.Tensor:
     """``[B, T]`` advantages for the full batch of a step, ready for :class:`LossInputs`.
 
-    Order: estimator → ``−β·KL`` per token when ``loss_fn.use_kl_in_reward`` (unless the
-    estimator folds it itself, as REINFORCE++ does before whitening; KL of π_old, no gradient)
+    Order: estimator → ``−β·KL_t`` per token when ``loss_fn.use_kl_in_reward`` (unless the
+    estimator folds it itself, as REINFORCE++ does — the return to go ``−β·Σ_{i≥t} KL_i``,
+    before whitening; KL of π_old, no gradient)
     → clip to ``[advantage_clip_low, advantage_clip_high]`` → invalid-output overrides.
     """
     advantages = estimator.compute(inputs)

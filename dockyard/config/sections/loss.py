@@ -143,6 +143,20 @@ class ClippedPGLossConfig(Section):
                     "set a positive penalty or unset loss_fn.use_kl_in_reward",
                 )
             )
+        if self.use_kl_in_reward and self.sequence_level_importance_ratios:
+            # KL folded into the advantages makes them per token (A_t − β·KL_t, or REINFORCE++'s
+            # return to go); GSPO's one ratio per sequence gives every token of a sequence the
+            # same weight, so the gradient sees only the sequence mean of A_t.
+            issues.append(
+                ConfigIssue(
+                    "sequence_level_importance_ratios",
+                    "GSPO's sequence ratio averages the per-token advantages that "
+                    "loss_fn.use_kl_in_reward=true makes over each sequence (every token gets "
+                    "its sequence's mean advantage, so the KL penalty no longer falls on the "
+                    "tokens that incurred it): unset loss_fn.use_kl_in_reward (the KL term "
+                    "stays in the loss) or use token ratios",
+                )
+            )
         if self.use_kl_in_reward and self.use_on_policy_kl_approximation:
             issues.append(
                 ConfigIssue(

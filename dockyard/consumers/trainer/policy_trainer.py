@@ -112,6 +112,8 @@ class StepOutcome:
     filtered_fraction: float = 0.0  # samples removed by overlong / log-prob-error filters
     advantage_tokens: int = 0  # the valid tokens the advantage means are taken over
     images: int = 0  # images the step's forward passes fed the vision tower
+    #: The gradient was not finite, so the optimizer step was not applied (weights unchanged).
+    skipped_nonfinite_grad: bool = False
 
     def as_metrics(self) -> dict[str, float]:
         metrics = {f"loss/{name}": value for name, value in self.loss.as_dict().items()}
@@ -123,6 +125,7 @@ class StepOutcome:
                 "train/advantage_abs_mean": self.advantage_abs_mean,
                 "train/filtered_sample_fraction": self.filtered_fraction,
                 "train/images": float(self.images),
+                "train/skipped_nonfinite_grad": float(self.skipped_nonfinite_grad),
                 "timing/train_step_s": self.seconds,
             }
         )
@@ -462,9 +465,24 @@ class PolicyTrainer:
             )
         if isinstance(grad_norm, DTensor):  # sharded gradients: the norm of the whole
             grad_norm = grad_norm.full_tensor()
-        # With float16 loss scaling, a step whose gradients overflowed is skipped and the scale
-        # lowered; otherwise this is optimizer.step().
-        self.scaler.step(self.optimizer)
+        # The norm is the whole gradient's (every rank holds the same value), so every rank
+        # takes the same decision. A non-finite gradient is never applied: AdamW would write
+        # NaN into every weight, and every rollout worker would load them.
+        applied = bool(torch.isfinite(grad_norm))
+        if applied:
+            # With float16 loss scaling, a step whose gradients overflowed is skipped and the
+            # scale lowered; otherwise this is optimizer.step().
+            self.scaler.step(self.optimizer)
+        else:
+            log.warning(
+                "trainer.nonfinite_gradient_skipped",
+                grad_norm=float(grad_norm),
+                loss=result.loss.loss,
+                loss_scale=self.scaler.get_scale() if self.scaler.is_enabled() else None,
+                reason="the optimizer step is not applied; the weights stay as they were",
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+        # Lowers the float16 loss scale after an overflow (unscale_ recorded it); else a no-op.
         self.scaler.update()
         learning_rate = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
@@ -479,6 +497,7 @@ class PolicyTrainer:
             seconds=time.perf_counter() - started,
             advantage_tokens=int(valid.sum()),
             images=sum(map(len, batch.images)) if batch.images is not None else 0,
+            skipped_nonfinite_grad=not applied,
         )
 
     # -- whole state, sharded or not -----------------------------------------------------------

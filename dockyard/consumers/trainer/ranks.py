@@ -350,4 +350,6 @@ def merge_outcomes(outcomes: list[StepOutcome], sizes: list[int]) -> StepOutcome
         / max(sum(sizes), 1),
         advantage_tokens=tokens,
         images=sum(o.images for o in outcomes),  # each share's own samples' images
+        # Decided from the whole gradient's norm, the same on every rank.
+        skipped_nonfinite_grad=any(o.skipped_nonfinite_grad for o in outcomes),
     )

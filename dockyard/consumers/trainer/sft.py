@@ -27,6 +27,8 @@ class SFTResult:
     val_accuracy: float | None
     seconds: float
     stopped_early: bool
+    #: Steps whose gradient was not finite: not applied (the weights stayed as they were).
+    skipped_nonfinite_grad_steps: int = 0
 
 
 def sft_batch(
@@ -63,6 +65,7 @@ def run_sft(
     pad = tokenizer.pad_token_id  # type: ignore[attr-defined]  # tokenizer: object here
     accuracy: float | None = None
     step = 0
+    skipped = 0
     for step in range(1, config.max_num_steps + 1):
         records = [dataset[rng.randrange(len(dataset))] for _ in range(config.batch_size)]
         prompts = [tokenizer(r.prompt)["input_ids"] for r in records]  # type: ignore[operator]  # a transformers tokenizer, typed object here
@@ -83,12 +86,27 @@ def run_sft(
         loss = (losses * target_mask).sum() / target_mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
-        optimizer.step()
+        # A non-finite gradient is never applied: AdamW would write NaN into every weight, and
+        # the warm-started weights are what GRPO starts from and the workers first load.
+        grad_norm = torch.nn.utils.get_total_norm(
+            [p.grad for p in model.parameters() if p.grad is not None]
+        )
+        if torch.isfinite(grad_norm):
+            optimizer.step()
+        else:
+            skipped += 1
+            log.warning(
+                "sft.nonfinite_gradient_skipped",
+                step=step,
+                grad_norm=float(grad_norm),
+                loss=float(loss),
+                reason="the optimizer step is not applied; the weights stay as they were",
+            )
         if step % config.val_period == 0:
             model.eval()
             accuracy = evaluate()
             log.info("sft.progress", step=step, loss=float(loss), val_accuracy=accuracy)
             if config.stop_at_val_accuracy is not None and accuracy >= config.stop_at_val_accuracy:
-                return SFTResult(step, accuracy, time.perf_counter() - started, True)
+                return SFTResult(step, accuracy, time.perf_counter() - started, True, skipped)
     model.eval()
-    return SFTResult(step, accuracy, time.perf_counter() - started, False)
+    return SFTResult(step, accuracy, time.perf_counter() - started, False, skipped)

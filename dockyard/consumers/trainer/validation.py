@@ -87,8 +87,14 @@ class Validation:
             {
                 "sft/steps": result.steps,
                 "sft/val_accuracy": result.val_accuracy or 0.0,
+                "sft/skipped_nonfinite_grad_steps": result.skipped_nonfinite_grad_steps,
                 "timing/sft_s": result.seconds,
             },
             step=0,
         )
-        log.info("sft.done", steps=result.steps, val_accuracy=result.val_accuracy)
+        log.info(
+            "sft.done",
+            steps=result.steps,
+            val_accuracy=result.val_accuracy,
+            skipped_nonfinite_grad_steps=result.skipped_nonfinite_grad_steps,
+        )

@@ -138,6 +138,95 @@ def test_reinforce_plus_plus_folds_kl_in_before_whitening():
     assert_values(est.compute(batch), expected)
 
 
+def _reinforce_plus_plus_by_definition(
+    rewards: list[float],
+    groups: list[int],
+    mask: list[list[float]],
+    kl: list[list[float]],
+    beta: float,
+    minus_baseline: bool,
+) -> list[list[float]]:
+    """REINFORCE++ (arXiv 2501.03262; verl's compute_reinforce_plus_plus_outcome_advantage,
+    γ = 1) written out with loops: the KL-penalised return to go over the sample's valid tokens,
+    A_t = (r − b) − β·Σ_{i ≥ t, valid} KL_i, then whitened over every valid token of the batch
+    with the population variance."""
+    returns: list[list[float]] = []
+    for row, reward in enumerate(rewards):
+        same = [rewards[j] for j in range(len(rewards)) if groups[j] == groups[row]]
+        outcome = reward - sum(same) / len(same) if minus_baseline else reward
+        returns.append(
+            [
+                outcome - beta * sum(kl[row][i] for i in range(t, len(kl[row])) if mask[row][i])
+                if mask[row][t]
+                else 0.0
+                for t in range(len(kl[row]))
+            ]
+        )
+    valid = [
+        x for r, m in zip(returns, mask, strict=True) for x, on in zip(r, m, strict=True) if on
+    ]
+    mean = sum(valid) / len(valid)
+    std = math.sqrt(sum((x - mean) ** 2 for x in valid) / len(valid))
+    return [
+        [(x - mean) / std if on else 0.0 for x, on in zip(r, m, strict=True)]
+        for r, m in zip(returns, mask, strict=True)
+    ]
+
+
+def _kl_in_reward_estimator(beta: float, minus_baseline: bool) -> AdvantageEstimator:
+    loss = ClippedPGLossConfig(
+        reference_policy_kl_penalty=beta, reference_policy_kl_type="k1", use_kl_in_reward=True
+    )
+    return build_estimator(grpo_cfg("reinforce_plus_plus", minus_baseline=minus_baseline), loss)
+
+
+@pytest.mark.parametrize(
+    ("minus_baseline", "expected"),
+    [
+        # r − β·Σ_{i≥t} KL_i: [[1 − 0.2, 1 − 0.2], [0, 0]] = [[0.8, 0.8], [0, 0]];
+        # mean 0.4, population std 0.4 → [[1, 1], [−1, −1]] (issue 44's minimal case).
+        (False, [[1.0, 1.0], [-1.0, -1.0]]),
+        # One sample per group: r − mean_group(r) = 0, so A = −β·Σ KL = [[−0.2, −0.2], [0, 0]];
+        # mean −0.1, std 0.1 → [[−1, −1], [1, 1]].
+        (True, [[-1.0, -1.0], [1.0, 1.0]]),
+    ],
+)
+def test_reinforce_plus_plus_penalises_the_kl_return_to_go(minus_baseline, expected):
+    # prev −1 everywhere, reference [[−1, −1.2], [−1, −1]], k1 = prev − ref: KL only on the
+    # last token of sample 0 (0.2). Every token of sample 0 carries the KL still to come.
+    batch = AdvantageInputs(
+        rewards=t([1, 0]),
+        group_ids=[0, 1],
+        token_mask=torch.ones(2, 2),
+        prev_logprobs=torch.full((2, 2), -1.0, dtype=torch.float64),
+        reference_logprobs=t([[-1.0, -1.2], [-1.0, -1.0]]),
+    )
+    got = _kl_in_reward_estimator(1.0, minus_baseline).compute(batch)
+    assert_values(got, expected)
+
+
+@pytest.mark.parametrize("minus_baseline", [False, True])
+def test_reinforce_plus_plus_return_to_go_counts_only_valid_tokens(minus_baseline):
+    # A masked token in the middle (an observation of a multi-turn episode) holds a large KL
+    # that must not enter any return; two groups of two, β = 0.5.
+    rewards, groups = [1.0, 0.0, 0.5, 1.0], [0, 0, 1, 1]
+    mask = [[1, 0, 1], [1, 1, 1], [1, 1, 0], [0, 1, 1]]
+    prev = [[-1.0, -1.0, -1.0], [-2.0, -1.0, -0.5], [-1.0, -3.0, -1.0], [-1.0, -1.0, -2.0]]
+    ref = [[-1.1, -6.0, -1.3], [-2.0, -1.2, -0.5], [-1.4, -3.0, -9.0], [-7.0, -1.5, -2.1]]
+    kl = [[p - r for p, r in zip(pr, rr, strict=True)] for pr, rr in zip(prev, ref, strict=True)]
+    batch = AdvantageInputs(
+        rewards=t(rewards),
+        group_ids=groups,
+        token_mask=t(mask),
+        prev_logprobs=t(prev),
+        reference_logprobs=t(ref),
+    )
+    got = _kl_in_reward_estimator(0.5, minus_baseline).compute(batch)
+    assert_values(
+        got, _reinforce_plus_plus_by_definition(rewards, groups, mask, kl, 0.5, minus_baseline)
+    )
+
+
 def test_gdpo_normalises_each_component_then_the_sum():
     # two groups of two, components "correct" and "format"; LOO, no per-group std:
     # correct [1, 0 | 1, 1] → [1, -1 | 0, 0]; format [1, 0 | 0, 1] → [1, -1 | -1, 1]

@@ -31,6 +31,15 @@ LOSS_CASES: list[tuple[str, dict[str, object], str]] = [
         "disable_ppo_ratio",
     ),
     (
+        "gspo with KL folded into the advantages",
+        {
+            "sequence_level_importance_ratios": True,
+            "token_level_loss": False,
+            "use_kl_in_reward": True,
+        },
+        "sequence_level_importance_ratios",
+    ),
+    (
         "force with reinforce",
         {"disable_ppo_ratio": True, "force_on_policy_ratio": True},
         "force_on_policy_ratio",

@@ -26,6 +26,9 @@ OPD_OK = [
     "+on_policy_distillation.teachers.math_expert.model_name=/models/math",
 ]
 
+#: GSPO with the sequence-level loss it needs.
+GSPO = ["loss_fn.sequence_level_importance_ratios=true", "loss_fn.token_level_loss=false"]
+
 #: π_old := sg(π_θ): no π_old pass (the step is one optimizer update on its batch).
 ON_POLICY_NO_PREV = ["policy.skip_prev_logprobs=true", "loss_fn.force_on_policy_ratio=true"]
 
@@ -108,6 +111,22 @@ INVALID_CASES: list[tuple[str, list[str], str]] = [
     ),
     ("skip prev with PPO ratio", ["policy.skip_prev_logprobs=true"], "policy.skip_prev_logprobs"),
     ("unknown estimator", ["grpo.adv_estimator.name=magic"], "grpo.adv_estimator.name"),
+    # GSPO's one ratio per sequence averages per-token advantages over the sequence.
+    (
+        "gspo with the opd estimator's per-token advantages",
+        [*OPD_OK, *GSPO],
+        "loss_fn.sequence_level_importance_ratios",
+    ),
+    (
+        "gspo with KL folded into the advantages",
+        [*GSPO, "loss_fn.use_kl_in_reward=true"],
+        "loss_fn.sequence_level_importance_ratios",
+    ),
+    (
+        "gspo with REINFORCE++'s KL return to go",
+        [*GSPO, "grpo.adv_estimator.name=reinforce_plus_plus", "loss_fn.use_kl_in_reward=true"],
+        "loss_fn.sequence_level_importance_ratios",
+    ),
     ("temperature nan", ["policy.generation.temperature=nan"], "policy.generation.temperature"),
     ("temperature inf", ["policy.generation.temperature=inf"], "policy.generation.temperature"),
     ("temperature negative", ["policy.generation.temperature=-1"], "policy.generation.temperature"),
@@ -307,10 +326,13 @@ VALID_CASES: list[tuple[str, list[str]]] = [
             "grpo.reward_shaping.max_response_length=16",
         ],
     ),
+    ("gspo with sequence loss", GSPO),
+    # Per-sample advantages, constant over each sequence: GSPO takes them whole.
     (
-        "gspo with sequence loss",
-        ["loss_fn.sequence_level_importance_ratios=true", "loss_fn.token_level_loss=false"],
+        "gspo with reinforce++ without KL in the reward",
+        [*GSPO, "grpo.adv_estimator.name=reinforce_plus_plus"],
     ),
+    ("gspo with gdpo", [*GSPO, "grpo.adv_estimator.name=gdpo"]),
     ("cispo", ["loss_fn.use_cispo=true"]),
     (
         "icepop",

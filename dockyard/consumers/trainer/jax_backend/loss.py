@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from dockyard.algorithms.loss_metrics import LossMetrics
+from dockyard.algorithms.ratios import LOG_RATIO_BOUND
 from dockyard.config.sections.loss import ClippedPGLossConfig, KLType
 
 Array = jax.Array
@@ -47,6 +48,18 @@ def per_sequence_mean(values: Array, mask: Array) -> Array:
 
 def finite_or_zero(values: Array) -> Array:
     return jnp.where(jnp.isfinite(values), values, jnp.zeros((), values.dtype))
+
+
+def bounded_exp(log_ratio: Array) -> Array:
+    # dockyard.algorithms.ratios: exp of a float32 log-ratio past ≈ 88.7 is inf, and backward
+    # through it gives a NaN gradient even for a clipped token.
+    return jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+
+
+def bounded_weight(log_ratio: Array) -> Array:
+    # A non-finite log-ratio (probability zero, NaN) is no weight: 0, not the bound.
+    finite = jnp.isfinite(log_ratio)
+    return jnp.where(finite, bounded_exp(jnp.where(finite, log_ratio, 0.0)), 0.0)
 
 
 def masked_min(values: Array, mask: Array) -> Array:
@@ -123,8 +136,8 @@ class _Weights:
 def _sequence_geometric_mean_weight(prev: Array, gen: Array, mask: Array) -> Array:
     log_ratio = zero_where_masked(prev - gen, mask)
     all_finite = jnp.isfinite(log_ratio).all(axis=-1)
-    weight = jnp.exp(per_sequence_mean(finite_or_zero(log_ratio), mask))
-    return jnp.where(all_finite, finite_or_zero(weight), 0.0)
+    weight = bounded_weight(per_sequence_mean(finite_or_zero(log_ratio), mask))
+    return jnp.where(all_finite, weight, 0.0)
 
 
 def _importance_weights(prev: Array, gen: Array, mask: Array, cfg: ClippedPGLossConfig) -> _Weights:
@@ -134,7 +147,7 @@ def _importance_weights(prev: Array, gen: Array, mask: Array, cfg: ClippedPGLoss
         raw = _sequence_geometric_mean_weight(prev, gen, mask)[:, None]
         raw_mask = valid_sequences
     else:
-        raw = finite_or_zero(jnp.exp(zero_where_masked(prev - gen, mask)))
+        raw = bounded_weight(zero_where_masked(prev - gen, mask))
         raw_mask = mask
     low, high = cfg.truncated_importance_sampling_ratio_min, cfg.truncated_importance_sampling_ratio
     truncation_mask = raw_mask
@@ -223,9 +236,10 @@ def clipped_pg_loss(
         ratio_clamped, clipped = ratio, no_clip
     else:
         if cfg.sequence_level_importance_ratios:
-            ratio = jnp.broadcast_to(jnp.exp(per_sequence_mean(lp - prev, mask))[:, None], lp.shape)
+            sequence_ratio = bounded_exp(per_sequence_mean(lp - prev, mask))
+            ratio = jnp.broadcast_to(sequence_ratio[:, None], lp.shape)
         else:
-            ratio = jnp.exp(lp - prev)
+            ratio = bounded_exp(lp - prev)
         ratio_clamped = jnp.clip(ratio, low, high)
         clipped = (sg(ratio) < low) | (sg(ratio) > high)
     if cfg.disable_ppo_ratio:
@@ -256,7 +270,7 @@ def clipped_pg_loss(
             cfg.kl_output_clamp_value,
         )
         if cfg.use_on_policy_kl_approximation:
-            kl_per_token = sg(finite_or_zero(jnp.exp(lp - gen))) * kl_per_token
+            kl_per_token = sg(bounded_weight(lp - gen)) * kl_per_token
         kl_term = reduce(kl_per_token)
     kl_loss = cfg.reference_policy_kl_penalty * kl_term if kl_in_loss else jnp.zeros_like(kl_term)
 

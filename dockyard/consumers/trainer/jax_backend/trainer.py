@@ -253,10 +253,24 @@ class JaxPolicyTrainer:
     def _apply_program(
         self, params: ParamState, opt_state: Any, grads: ParamState, learning_rate: jax.Array
     ) -> tuple[ParamState, Any, jax.Array]:
+        """The update, or — when the gradient is not finite — the parameters and optimizer
+        state unchanged (as the torch trainer skips ``optimizer.step()``): optax would write
+        NaN into every weight and moment. Selected on the device, so the program has one shape
+        either way."""
         norm = optax.tree.norm(grads)
         opt_state.hyperparams["learning_rate"] = learning_rate
-        updates, opt_state = self.transform.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, norm
+        updates, new_state = self.transform.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        finite = jnp.isfinite(norm)
+
+        def keep_if_not_finite(new: Any, old: Any) -> Any:
+            return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+        return (
+            keep_if_not_finite(new_params, params),
+            keep_if_not_finite(new_state, opt_state),
+            norm,
+        )
 
     # ---- host side -----------------------------------------------------------------------------
 
@@ -384,8 +398,19 @@ class JaxPolicyTrainer:
             self.params, self.opt_state, self._pending, jnp.float32(learning_rate)
         )
         self._pending = None
+        # The schedule counts steps whether or not this one was applied, as the torch trainer's.
         self.schedule_step += 1
-        self._push()
+        applied = bool(np.isfinite(float(norm)))
+        if applied:
+            self._push()
+        else:
+            log.warning(
+                "trainer.nonfinite_gradient_skipped",
+                grad_norm=float(norm),
+                loss=result.metrics.loss,
+                loss_scale=None,
+                reason="the optimizer step is not applied; the weights stay as they were",
+            )
         advantages, valid = result.advantages, result.token_mask.bool()
         return StepOutcome(
             loss=result.metrics,
@@ -395,6 +420,7 @@ class JaxPolicyTrainer:
             advantage_abs_mean=float(advantages[valid].abs().mean()) if valid.any() else 0.0,
             filtered_fraction=result.filtered_fraction,
             seconds=time.perf_counter() - started,
+            skipped_nonfinite_grad=not applied,
         )
 
     # ---- optimizer state in checkpoints ------------------------------------------------------

@@ -178,3 +178,40 @@ def test_micro_batch_shares_sum_to_the_full_batch(name):
         np.testing.assert_allclose(
             float(merged[index]), expected, rtol=1e-5, atol=1e-6, err_msg=key
         )
+
+
+def _overflowing_batch() -> dict[str, np.ndarray]:
+    """Log-ratios far past float32's ``exp`` range (issue 44): lp − prev = 100 on token (0, 0),
+    a sequence mean of 100 in row 1, prev − gen = 100 and lp − gen = 100 on token (2, 0); the
+    other tokens are on-policy. Advantages of both signs."""
+    lp = np.array([[0.0, -1.0], [0.0, -1.0], [-1.0, -1.0]], np.float32)
+    prev = np.array([[-100.0, -1.0], [-200.0, -1.0], [-1.0, -1.0]], np.float32)
+    gen = np.array([[-100.0, -1.0], [-200.0, -1.0], [-101.0, -1.0]], np.float32)
+    return {
+        "logprobs": lp,
+        "prev_logprobs": prev,
+        "generation_logprobs": gen,
+        "reference_logprobs": lp - np.float32(0.5),
+        "advantages": np.array([[1.0, 1.0], [1.0, -1.0], [-1.0, 1.0]], np.float32),
+        "token_mask": np.ones((3, 2), np.float32),
+        "sample_mask": np.ones(3, np.float32),
+        "rewards": np.array([1.0, 0.0, 1.0], np.float32),
+    }
+
+
+@pytest.mark.parametrize(
+    "name", ["grpo_default", "gspo", "cispo", "tis", "gspo_tis", "kl_k1_on_policy"]
+)
+def test_overflowing_log_ratios_are_bounded_as_in_torch(name):
+    # The JAX twin bounds every log-ratio before exp as the torch loss does: the same finite
+    # value and gradient (tests/unit/algorithms/test_ratio_bound.py checks torch's by formula).
+    cfg = ClippedPGLossConfig(**CASES[name])
+    values = _overflowing_batch()
+    t_loss, t_grad, t_metrics = _torch(cfg, values)
+    j_loss, j_grad, j_vector = _jax(cfg, values)
+    assert np.isfinite(t_grad).all() and np.isfinite(j_grad).all()
+    np.testing.assert_allclose(j_loss, t_loss, rtol=1e-5)
+    np.testing.assert_allclose(j_grad, t_grad, rtol=1e-5, atol=1e-7)
+    j_metrics = loss_metrics(j_vector).as_dict()
+    for key in ("ratio_max", "is_weight_max", "kl"):
+        np.testing.assert_allclose(j_metrics[key], t_metrics.as_dict()[key], rtol=1e-5, err_msg=key)
