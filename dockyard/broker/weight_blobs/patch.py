@@ -33,7 +33,7 @@ import numpy as np
 
 from dockyard.broker.plane import DataPlaneError
 from dockyard.schemas.errors import CodecError
-from dockyard.schemas.frames import compress, decompress_bounded
+from dockyard.schemas.frames import compress, decompress_declared
 
 if TYPE_CHECKING:
     import torch
@@ -164,7 +164,9 @@ def _decompress_unshuffle(frame: object, count: int, dtype: type[np.generic], wh
     itemsize = np.dtype(dtype).itemsize
     expected = count * itemsize
     try:
-        raw = decompress_bounded(frame, expected)
+        # The frame must declare exactly ``expected`` (docs/wire-format.md): one that declares
+        # nothing would be streamed and one that declares less read before it is refused.
+        raw = decompress_declared(frame, expected)
     except CodecError as error:
         raise PatchError(f"{what}: {error}") from None
     if len(raw) != expected:
