@@ -21,6 +21,7 @@ from schema_factories import (
 )
 
 from dockyard.schemas import CodecError, Message, ReasonCode, decode, encode
+from dockyard.schemas.errors import WireError
 
 MESSAGES: dict[str, Callable[[], Message]] = {
     "prompt_group": make_prompt_group,
@@ -413,3 +414,33 @@ def test_extra_holds_json_values_only(extra: dict[str, Any]) -> None:
 def test_an_ext_value_in_a_typed_field_is_a_wrong_type() -> None:
     change = _set(["meta", "prompt_text"], msgpack.ExtType(5, b"text"))
     assert refused(_mutated(make_prompt_group(), change)) is ReasonCode.WRONG_TYPE
+
+
+@pytest.mark.parametrize(
+    ("make", "path"),
+    [(make_prompt_group, ["meta", "extra"]), (make_rollout, [*_GROUP, "extra"])],
+    ids=["prompt-group", "rollout-group"],
+)
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"k": float("nan")},
+        {"k": float("inf")},
+        {"k": [1, {"deep": float("-inf")}]},
+    ],
+    ids=["nan", "inf", "nested-minus-inf"],
+)
+def test_extra_holds_finite_numbers_only(
+    make: Callable[[], Message], path: list[Any], extra: dict[str, Any]
+) -> None:
+    # ``extra`` holds JSON values (docs/wire-format.md); JSON has no NaN or infinity, so a
+    # non-finite float there is refused like any other (non_finite), and `replay export` never
+    # has to write a bare `NaN`.
+    assert refused(_mutated(make(), _set(path, extra))) is ReasonCode.NON_FINITE
+
+
+def test_a_prompt_group_built_in_python_refuses_a_non_finite_extra() -> None:
+    with pytest.raises(WireError) as caught:
+        make_prompt_group(extra={"score": float("nan")})
+    assert caught.value.reason is ReasonCode.NON_FINITE
+    assert "extra.score" in str(caught.value)
