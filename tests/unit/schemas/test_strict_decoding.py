@@ -444,3 +444,61 @@ def test_a_prompt_group_built_in_python_refuses_a_non_finite_extra() -> None:
         make_prompt_group(extra={"score": float("nan")})
     assert caught.value.reason is ReasonCode.NON_FINITE
     assert "extra.score" in str(caught.value)
+
+
+# ----------------------------------------------------------------------------- order of checks
+
+
+def _refused_with(headers: dict[str, str], payload: bytes) -> ReasonCode:
+    with pytest.raises(CodecError) as caught:
+        decode(headers, payload)
+    return caught.value.reason
+
+
+def test_the_headers_are_compared_before_the_payloads_version_is_judged() -> None:
+    # docs/wire-format.md, "Validation on decode": the payload's name and version are compared
+    # with the headers (header_mismatch) before the version is judged (unsupported_version).
+    headers = encode(make_weight_version()).headers
+    payload = _mutated(make_weight_version(), _set(["schema_version"], "9.0"))
+    assert _refused_with(headers, payload) is ReasonCode.HEADER_MISMATCH
+    assert refused(payload) is ReasonCode.UNSUPPORTED_VERSION  # a bare payload
+
+
+def test_the_headers_are_compared_before_the_payloads_name_is_looked_up() -> None:
+    headers = encode(make_weight_version()).headers
+    payload = _mutated(make_weight_version(), _set(["schema"], "weight_version_v9"))
+    assert _refused_with(headers, payload) is ReasonCode.HEADER_MISMATCH
+    assert refused(payload) is ReasonCode.UNKNOWN_SCHEMA  # a bare payload
+
+
+_STARTED = [*_SAMPLES, "timings", "started_at_unix_s"]
+
+
+@pytest.mark.parametrize(
+    ("make", "path", "value"),
+    [
+        (make_weight_version, ["meta", "created_at_unix_s"], [float("-inf")]),
+        (make_rollout, _STARTED, [float("-inf"), 1.0]),
+    ],
+    ids=["time", "time-column"],
+)
+def test_minus_infinity_for_a_time_is_non_finite_not_below_the_range(
+    make: Callable[[], Message], path: list[Any], value: list[float]
+) -> None:
+    # A time is "float ≥ 0" and finite: its finiteness is judged with its bound, first.
+    change = _set(path, value[0] if len(value) == 1 else value)
+    assert refused(_mutated(make(), change)) is ReasonCode.NON_FINITE
+
+
+@pytest.mark.parametrize(
+    ("column", "reason"),
+    [
+        ([-1.0, float("-inf")], ReasonCode.INVALID_FIELD),
+        ([float("nan"), -1.0], ReasonCode.NON_FINITE),
+    ],
+    ids=["negative-first", "nan-first"],
+)
+def test_the_first_refused_entry_of_a_column_decides(
+    column: list[float], reason: ReasonCode
+) -> None:
+    assert refused(_mutated(make_rollout(), _set(_STARTED, column))) is reason
