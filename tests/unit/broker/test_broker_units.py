@@ -22,6 +22,7 @@ from dockyard.broker.plane import (
     StoredMessage,
 )
 from dockyard.broker.security import role_grants
+from dockyard.broker.trace import _answered as trace_answered
 from dockyard.broker.weight_blobs.base import BlobRef, prunable
 
 NAMES = PlaneNames("run1")
@@ -263,3 +264,50 @@ def test_replay_export_writes_a_group_one_object_per_sample() -> None:
     expected = scored.rollout.samples[2].response_token_ids.tolist()
     assert samples[2]["response_token_ids"] == expected
     assert message["scores"][1]["teacher_logprobs"] == [-0.25] * 4
+
+
+def _reference_headers(count: str, size: str) -> dict[str, str]:
+    return {
+        "Dockyard-Chunks": count,
+        "Dockyard-Chunk-Ref": "a" * 32,
+        "Dockyard-Payload-Size": size,
+        "Dockyard-Payload-Sha256": "0" * 64,
+    }
+
+
+@pytest.mark.parametrize(
+    ("count", "size"),
+    [("01", "10"), ("1", "010"), ("00", "10"), ("1", "0010")],
+    ids=["count-01", "size-010", "count-00", "size-0010"],
+)
+def test_a_decimal_header_with_leading_zeros_is_a_bad_header(count: str, size: str) -> None:
+    # docs/wire-format.md, "Malformed headers": ASCII decimal as a number is written, no
+    # leading zeros (as the schema version's numbers).
+    with pytest.raises(PayloadError) as caught:
+        chunking.reference_of(_reference_headers(count, size))
+    assert caught.value.reason == "bad_header"
+
+
+def test_a_decimal_header_without_leading_zeros_is_read() -> None:
+    reference = chunking.reference_of(_reference_headers("10", "100"))
+    assert reference is not None and (reference.count, reference.size) == (10, 100)
+
+
+def _answering(seq: str, delivery: str) -> StoredMessage:
+    headers = {"Dockyard-Answers-Seq": seq, "Dockyard-Answers-Delivery": delivery}
+    return StoredMessage("S", "s", 1, datetime.now(UTC), headers, b"")
+
+
+@pytest.mark.parametrize(
+    ("seq", "delivery"),
+    [("\u00b2", "1"), ("7", "\u0661"), ("007", "1"), ("7", "+1"), ("", "1")],
+    ids=["superscript-two", "arabic-indic-one", "leading-zeros", "signed", "empty"],
+)
+def test_a_malformed_answers_header_is_unknown_provenance(seq: str, delivery: str) -> None:
+    # docs/wire-format.md: the Answers headers are ASCII decimal; `replay trace` says `unknown`
+    # when they are absent or malformed (a superscript digit passed str.isdigit, then int failed).
+    assert "answered" in trace_answered(_answering(seq, delivery))
+
+
+def test_a_well_formed_answers_header_names_the_delivery() -> None:
+    assert trace_answered(_answering("7", "2")) == {"answered_seq": 7, "answered_delivery": 2}
