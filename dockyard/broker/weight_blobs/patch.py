@@ -35,13 +35,14 @@ from dockyard.broker.plane import DataPlaneError
 from dockyard.schemas.errors import CodecError
 from dockyard.schemas.frames import compress, decompress_declared
 
+# ``WeightVersion.format`` of a patch (``delta_base_version`` set) and of a full snapshot: the
+# event's schema owns them (it checks the pair); re-exported beside the patch coding.
+from dockyard.schemas.weight_version import PATCH_FORMAT as PATCH_FORMAT
+from dockyard.schemas.weight_version import SNAPSHOT_FORMAT as SNAPSHOT_FORMAT
+
 if TYPE_CHECKING:
     import torch
 
-#: ``WeightVersion.format`` of an event whose blob is a patch (``delta_base_version`` is set).
-PATCH_FORMAT = "dockyard-sparse-patch"
-#: ``WeightVersion.format`` of a full snapshot.
-SNAPSHOT_FORMAT = "safetensors"
 PATCH_FORMAT_VERSION = 1
 STATE_DIGEST_PREFIX = "sha256:"
 _ZSTD_LEVEL = 3

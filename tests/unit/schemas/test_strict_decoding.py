@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 import zstandard
 from schema_factories import (
@@ -502,3 +503,49 @@ def test_the_first_refused_entry_of_a_column_decides(
     column: list[float], reason: ReasonCode
 ) -> None:
     assert refused(_mutated(make_rollout(), _set(_STARTED, column))) is reason
+
+
+# ----------------------------------------------------------------------------- weight events
+
+_PATCH = "dockyard-sparse-patch"
+
+
+@pytest.mark.parametrize(
+    ("fields", "accepted"),
+    [
+        ({"format": "safetensors", "delta_base_version": None}, True),
+        ({"format": _PATCH, "delta_base_version": 2}, True),
+        ({"format": "a-future-format", "delta_base_version": None}, True),
+        ({"format": _PATCH, "delta_base_version": None}, False),
+        ({"format": "safetensors", "delta_base_version": 2}, False),
+        ({"format": "a-future-format", "delta_base_version": 2}, False),
+    ],
+    ids=[
+        "snapshot",
+        "patch",
+        "other",
+        "patch-without-base",
+        "snapshot-with-base",
+        "other-with-base",
+    ],
+)
+def test_delta_base_version_is_set_exactly_when_the_format_is_a_patch(
+    fields: dict[str, Any], accepted: bool
+) -> None:
+    # docs/wire-format.md, `weight_version`: delta_base_version is "set exactly when `format`
+    # is `dockyard-sparse-patch`".
+    def change(envelope: dict[str, Any]) -> None:
+        envelope["meta"].update(fields)
+
+    payload = _mutated(make_weight_version(), change)
+    if accepted:
+        event = decode(None, payload)
+        assert (event.format, event.delta_base_version) == tuple(fields.values())  # type: ignore[attr-defined]
+    else:
+        assert refused(payload) is ReasonCode.INVALID_FIELD
+
+
+def test_a_weight_event_built_in_python_pairs_the_patch_format_with_its_base() -> None:
+    with pytest.raises(WireError) as caught:
+        msgspec.structs.replace(make_weight_version(), format=_PATCH)
+    assert caught.value.reason is ReasonCode.INVALID_FIELD
