@@ -311,3 +311,23 @@ def test_a_malformed_answers_header_is_unknown_provenance(seq: str, delivery: st
 
 def test_a_well_formed_answers_header_names_the_delivery() -> None:
     assert trace_answered(_answering("7", "2")) == {"answered_seq": 7, "answered_delivery": 2}
+
+
+def test_a_default_broker_reserves_what_a_laptop_holds() -> None:
+    # docs/operations.md: by default each of the six data streams reserves 1 GiB on the store,
+    # the heartbeats 64 MiB and the blobs nothing — about 6 GiB, where 8 GiB streams needed
+    # ≈ 64 GiB of free disk (three quarters of it reservable) before a broker could start.
+    from dockyard.broker.provisioning import reserved_bytes, stream_config
+    from dockyard.config.sections.data_plane import DataPlaneConfig
+
+    config = DataPlaneConfig()
+    names = PlaneNames(config.namespace)
+    reserved = {
+        spec.name: reserved_bytes(
+            stream_config(spec, config, is_blob_store=spec.name == names.blobs_stream.name)
+        )
+        for spec in names.all_streams()
+    }
+    assert config.streams.max_bytes == 1024**3
+    assert sorted(reserved.values()) == [0, 64 * 1024**2, *[1024**3] * 6]
+    assert reserved[names.blobs_stream.name] == 0
