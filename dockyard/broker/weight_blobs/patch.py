@@ -303,6 +303,7 @@ def apply_patch(
             f"({base_digest[:19]}…): out of order or from another chain"
         )
     result = dict(base)
+    previous: str | None = None
     for entry in patch.tensors:
         if not isinstance(entry, dict) or set(entry) != {
             "name",
@@ -314,6 +315,12 @@ def apply_patch(
         name, count = entry["name"], entry["count"]
         if name not in base or result[name] is not base[name]:
             raise PatchError(f"patch v{header.version}: unknown or repeated tensor {name!r}")
+        # The document's order (code point order, as the encoder sorts): one spelling per patch.
+        if previous is not None and name < previous:
+            raise PatchError(
+                f"patch v{header.version}: tensor {name!r} after {previous!r} is not in name order"
+            )
+        previous = name
         if not isinstance(count, int) or not 0 < count <= base[name].numel():
             raise PatchError(f"patch v{header.version}: tensor {name} change count {count!r}")
         target = base[name].detach().contiguous().clone()

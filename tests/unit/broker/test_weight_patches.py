@@ -135,6 +135,14 @@ def _tamper(blob: bytes, change) -> bytes:
         (lambda b: b["tensors"].append(b["tensors"][0]), "unknown or repeated tensor"),
         (lambda b: b.update(format="something-else"), "patch format"),
         (lambda b: b.pop("result_digest"), "keys"),
+        # docs/wire-format.md, "Weight patches": every key is required, `format` and
+        # `format_version` have one value each, no other key, tensors in name order.
+        (lambda b: b.pop("format"), "keys"),
+        (lambda b: b.pop("format_version"), "keys"),
+        (lambda b: b.update(format_version=2), "patch format"),
+        (lambda b: b.update(added_later=1), "keys"),
+        (lambda b: b["tensors"][0].update(added_later=1), "malformed tensor entry"),
+        (lambda b: b["tensors"].reverse(), "name order"),
     ],
 )
 def test_a_corrupt_patch_is_refused_with_its_reason(change, reason: str) -> None:
