@@ -14,7 +14,9 @@ import xxhash
 import zstandard
 from schema_factories import (
     craft,
+    make_prompt_group,
     make_rollout,
+    make_sample,
     make_scored,
     make_weight_version,
     repack,
@@ -588,7 +590,12 @@ def test_teacher_logprob_length_mismatch() -> None:
     def one_sided(envelope: dict[str, Any]) -> None:
         envelope["meta"]["scores"]["teacher_lengths"] = None
 
-    for change in (shorten, lengths, one_sided):
+    def other_side(envelope: dict[str, Any]) -> None:
+        envelope["meta"]["scores"]["teacher_logprobs"] = None
+
+    # docs/wire-format.md: the two teacher columns come together; one without the other is a
+    # length_mismatch (a count of log-probs that are not there, or log-probs of no sample).
+    for change in (shorten, lengths, one_sided, other_side):
         error = refusal(mutated(make_scored(), change))
         assert error.reason is ReasonCode.LENGTH_MISMATCH, error.detail
 
@@ -619,6 +626,33 @@ def test_negative_token_ids_are_out_of_vocabulary() -> None:
             column["data"][1] //= 2
 
     assert refusal(mutated(make_rollout(), negative)).reason is ReasonCode.TOKEN_OUT_OF_VOCAB
+
+
+def test_negative_weight_versions_are_an_invalid_field_not_out_of_vocabulary() -> None:
+    # docs/wire-format.md: `token_weight_versions` is an integer array of versions (≥ 0), not
+    # token ids: a negative one is invalid_field, and the vocabulary bound does not apply.
+    def negative(envelope: dict[str, Any]) -> None:
+        descriptor = sample_columns(envelope)["token_weight_versions"]
+        offset, _ = descriptor["data"]
+        count = descriptor["shape"][0]
+        data = bytearray(envelope["data"])
+        data[offset : offset + count] = np.full(count, -1, dtype="i1").tobytes()
+        envelope["data"] = bytes(data)
+        descriptor.update(dtype="int8", data=[offset, count])
+
+    assert refusal(mutated(make_rollout(), negative)).reason is ReasonCode.INVALID_FIELD
+    # Versions past the consumer's vocabulary are versions, not out-of-vocabulary tokens.
+    group = make_prompt_group(num_generations=1, prompt_token_ids=np.array([1, 2]))
+    sample = make_sample(
+        0,
+        4,
+        prompt_token_ids=np.array([1, 2]),
+        response_token_ids=np.array([3, 4, 5, 6]),
+        token_weight_versions=np.full(4, 1_000),
+    )
+    rollout = Rollout(group=group, samples=[sample], created_at_unix_s=1.7e9)
+    decoded = decode(None, encode(rollout).payload, limits=DecodeLimits(vocab_size=10))
+    assert decoded == rollout
 
 
 def test_uint8_mask_with_values_other_than_0_and_1() -> None:
