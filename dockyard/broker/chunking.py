@@ -210,6 +210,10 @@ async def read(
     reference = reference_of(headers)
     if reference is None:
         return headers, data
+    if data:
+        # split() writes references with an empty body: bytes here are neither the payload
+        # (that is in the chunks) nor anything a reader should guess at.
+        raise _bad_header(f"a chunk reference with a body of {len(data)} bytes (it has none)")
     return strip_chunk_headers(headers), await _reassemble(reference, read_chunk)
 
 

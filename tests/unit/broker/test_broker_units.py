@@ -331,3 +331,19 @@ def test_a_default_broker_reserves_what_a_laptop_holds() -> None:
     assert config.streams.max_bytes == 1024**3
     assert sorted(reserved.values()) == [0, 64 * 1024**2, *[1024**3] * 6]
     assert reserved[names.blobs_stream.name] == 0
+
+
+async def test_a_chunk_reference_with_a_body_is_a_bad_header() -> None:
+    # docs/wire-format.md: a reference message has an empty body (its payload is its chunks);
+    # one with a body is malformed, not read one way or the other.
+    split = chunking.split(NAMES, NAMES.scored, b"x" * 100, msg_id="m", headers={}, chunk_size=30)
+    chunks = {index: c.payload for index, c in enumerate(split.chunks)}
+
+    async def read_chunk(ref: str, index: int) -> bytes | None:
+        return chunks.get(index)
+
+    headers = split.reference.headers
+    assert (await chunking.read(headers, b"", read_chunk))[1] == b"x" * 100
+    with pytest.raises(PayloadError) as caught:
+        await chunking.read(headers, b"a body", read_chunk)
+    assert caught.value.reason == "bad_header"
