@@ -17,6 +17,7 @@ connection and state. The stream and consumer definitions stay in :mod:`.names` 
 from __future__ import annotations
 
 import abc
+from pathlib import Path
 
 from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import DataPlane, ProvisionReport, StreamState
@@ -37,8 +38,12 @@ class AdminPlane(DataPlane):
     """A data plane with the operations that provision, purge and survey the broker."""
 
     @abc.abstractmethod
-    async def provision(self) -> ProvisionReport:
-        """Create (or update the limits of) every stream and durable consumer; idempotent."""
+    async def provision(
+        self, *, update_limits: bool = False, local_store: Path | None = None
+    ) -> ProvisionReport:
+        """Create every stream and durable consumer missing; idempotent. An existing stream
+        keeps its limits (reported in ``kept``) unless ``update_limits``; ``local_store``: the
+        server's store directory when it is on this machine, checked for room first."""
 
     @abc.abstractmethod
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:

@@ -23,6 +23,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
+from dockyard.broker.messages import DECIMAL_HEADER
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.plane import (
     HEADER_CHUNK_REF,
@@ -50,8 +51,6 @@ MAX_REASSEMBLED_BYTES = DEFAULT_LIMITS.max_compressed_bytes
 #: first missing chunk or byte too many, it costs a reader at most its declared size plus a
 #: window of chunks, and only as many reads as there are chunks to find.
 READ_WINDOW = 8
-# ASCII digits only: ``int`` would also take " 3", "+3", "3_000" and other scripts' digits.
-_COUNT = re.compile(r"[0-9]{1,32}")
 _REF = re.compile(r"[0-9a-f]{32}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -130,8 +129,10 @@ def reference_of(headers: Mapping[str, str]) -> ChunkReference | None:
     missing = [name for name in CHUNK_HEADERS if name not in headers]
     if missing:
         raise _bad_header(f"a chunk reference without {', '.join(missing)}")
-    count = int(_matching(headers, HEADER_CHUNKS, _COUNT, "a decimal chunk count"))
-    size = int(_matching(headers, HEADER_PAYLOAD_SIZE, _COUNT, "a decimal size in bytes"))
+    # ASCII decimal without leading zeros: ``int`` would also take " 3", "+3", "3_000", "03"
+    # and other scripts' digits.
+    count = int(_matching(headers, HEADER_CHUNKS, DECIMAL_HEADER, "a decimal chunk count"))
+    size = int(_matching(headers, HEADER_PAYLOAD_SIZE, DECIMAL_HEADER, "a decimal size in bytes"))
     reference = ChunkReference(
         ref=_matching(headers, HEADER_CHUNK_REF, _REF, "32 lowercase hex digits"),
         count=count,
@@ -209,6 +210,10 @@ async def read(
     reference = reference_of(headers)
     if reference is None:
         return headers, data
+    if data:
+        # split() writes references with an empty body: bytes here are neither the payload
+        # (that is in the chunks) nor anything a reader should guess at.
+        raise _bad_header(f"a chunk reference with a body of {len(data)} bytes (it has none)")
     return strip_chunk_headers(headers), await _reassemble(reference, read_chunk)
 
 

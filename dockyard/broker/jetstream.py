@@ -54,7 +54,7 @@ from dockyard.broker.plane import (
 from dockyard.broker.provisioning import (
     consumer_config,
     ensure_consumer,
-    ensure_stream,
+    ensure_streams,
     stream_config,
 )
 from dockyard.broker.sites import (
@@ -177,13 +177,27 @@ class JetStreamPlane(AdminPlane):
             self._embedded = None
 
     # -- provisioning ------------------------------------------------------------------------
-    async def provision(self) -> ProvisionReport:
-        outcomes = []
-        for spec in self.names.all_streams():
-            wanted = stream_config(
+    async def provision(
+        self, *, update_limits: bool = False, local_store: Path | None = None
+    ) -> ProvisionReport:
+        """Create every stream and consumer missing, update their layout; an existing stream
+        keeps its limits unless ``update_limits``. ``local_store``: the server's JetStream store
+        directory when it is on this machine (a server this process started, or ``broker
+        up``'s): the streams to create are checked against its disk before any is."""
+        if local_store is None and self._embedded is not None:
+            local_store = self._embedded.settings.store_dir
+        wanted = [
+            stream_config(
                 spec, self.config, is_blob_store=spec.name == self.names.blobs_stream.name
             )
-            outcomes.append(await ensure_stream(self.js, wanted))
+            for spec in self.names.all_streams()
+        ]
+        store = None
+        if local_store is not None:
+            max_file_store = self._embedded.settings.max_file_store if self._embedded else None
+            store = (local_store, max_file_store)
+        outcomes = await ensure_streams(self.js, wanted, update_limits=update_limits, store=store)
+        differences = tuple(d for outcome in outcomes for d in outcome.limits)
         for consumer in consumers_at_site(self.names, self.config.site):
             outcomes.append(
                 await ensure_consumer(self.js, consumer, consumer_config(consumer, self.config))
@@ -198,6 +212,8 @@ class JetStreamPlane(AdminPlane):
             created=tuple(o.name for o in outcomes if o.action == "created"),
             updated=tuple(o.name for o in outcomes if o.action == "updated"),
             unchanged=tuple(o.name for o in outcomes if o.action == "unchanged"),
+            kept=() if update_limits else differences,
+            changed=differences if update_limits else (),
         )
 
     async def ensure_consumer(self, spec: ConsumerSpec) -> None:

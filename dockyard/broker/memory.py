@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dockyard.broker import chunking
@@ -132,7 +133,11 @@ class MemoryPlane(AdminPlane):
     async def close(self) -> None:
         self._started = False
 
-    async def provision(self) -> ProvisionReport:
+    async def provision(
+        self, *, update_limits: bool = False, local_store: Path | None = None
+    ) -> ProvisionReport:
+        # Nothing outlives the process here: no store to keep or check.
+        del update_limits, local_store
         created: list[str] = []
         unchanged: list[str] = []
         for spec in self.names.all_streams():

@@ -7,6 +7,7 @@ the plane back: imports point one way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,6 +34,19 @@ HEADER_ORIGINAL_SEQ = "Dockyard-Original-Seq"
 # earlier ones were not (nak'ed, timed out, lost with a worker).
 HEADER_ANSWERS_SEQ = "Dockyard-Answers-Seq"
 HEADER_ANSWERS_DELIVERY = "Dockyard-Answers-Delivery"
+
+#: An ASCII decimal header value as ``str(n)`` writes it (docs/wire-format.md): digits 0-9 only,
+#: no sign, space, exponent or other script's digits (``int`` and ``str.isdigit`` take those),
+#: no leading zeros — one number has one spelling.
+DECIMAL_HEADER = re.compile(r"0|[1-9][0-9]{0,31}")
+
+
+def decimal_header(value: str | None) -> int | None:
+    """The number an ASCII decimal header holds, None when it is absent or malformed."""
+    if value is None or not DECIMAL_HEADER.fullmatch(value):
+        return None
+    return int(value)
+
 
 # Reason codes the plane itself raises (the codec adds its own, e.g. ``schema_mismatch``).
 REASON_MAX_DELIVERIES = "max_deliveries"

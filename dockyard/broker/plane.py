@@ -71,6 +71,8 @@ __all__ = [
     "DataPlane",
     "DataPlaneError",
     "Delivery",
+    "InsufficientStorage",
+    "LimitDifference",
     "OutgoingMessage",
     "PayloadError",
     "PermissionDenied",
@@ -101,6 +103,11 @@ class PermissionDenied(DataPlaneError):
 
 class ProvisioningDrift(DataPlaneError):
     """An existing stream or consumer differs from what the config asks for."""
+
+
+class InsufficientStorage(DataPlaneError):
+    """The JetStream store cannot reserve the streams' ``max_bytes`` (JetStream reserves each
+    file stream's limit up front); the message has the numbers."""
 
 
 class AlreadySettled(DataPlaneError):
@@ -208,10 +215,25 @@ class StreamState:
 
 
 @dataclass(frozen=True)
+class LimitDifference:
+    """A limit (``data_plane.streams``) in which an existing stream differs from the config."""
+
+    stream: str
+    field: str
+    existing: object
+    configured: object
+
+
+@dataclass(frozen=True)
 class ProvisionReport:
     created: tuple[str, ...]
     updated: tuple[str, ...]
     unchanged: tuple[str, ...]
+    #: Existing streams' limits that differ from the config's and were left as they are (a
+    #: store is served as it was written; changing them is asked for: ``update_limits``).
+    kept: tuple[LimitDifference, ...] = ()
+    #: Existing streams' limits changed to the config's (only with ``update_limits``).
+    changed: tuple[LimitDifference, ...] = ()
 
 
 class DataPlane(abc.ABC):

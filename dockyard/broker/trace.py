@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from dockyard.broker.inspect import Undecodable, decode_stored
+from dockyard.broker.messages import decimal_header
 from dockyard.broker.plane import (
     HEADER_ANSWERS_DELIVERY,
     HEADER_ANSWERS_SEQ,
@@ -53,10 +54,12 @@ class GroupTrace:
 
 def _answered(stored: StoredMessage) -> dict[str, object]:
     """Which delivery of its input the message answered; earlier deliveries were not answered."""
-    seq, count = stored.headers.get(HEADER_ANSWERS_SEQ), stored.headers.get(HEADER_ANSWERS_DELIVERY)
-    if seq is None or count is None or not seq.isdigit() or not count.isdigit():
+    # ASCII decimal (``str.isdigit`` takes "²", which ``int`` then refuses): malformed is unknown.
+    seq = decimal_header(stored.headers.get(HEADER_ANSWERS_SEQ))
+    count = decimal_header(stored.headers.get(HEADER_ANSWERS_DELIVERY))
+    if seq is None or count is None:
         return {"answered": "unknown (no provenance headers)"}
-    return {"answered_seq": int(seq), "answered_delivery": int(count)}
+    return {"answered_seq": seq, "answered_delivery": count}
 
 
 def _time(stored: StoredMessage) -> str:

@@ -1,11 +1,16 @@
 """``dockyard broker up``: run the embedded nats-server in the foreground.
 
-    dockyard broker up [--store DIR] [--port N] [--host H] [--secure] [--config PATH [overrides]]
-        [--leafnodes HOST:PORT | --hub URL [--leaf-credentials FILE]]
+    dockyard broker up [--store DIR] [--port N] [--host H] [--secure] [--update-limits]
+        [--config PATH [overrides]] [--leafnodes HOST:PORT | --hub URL [--leaf-credentials FILE]]
 
 Prints the URL (and, with ``--secure``, one credentials file per role), provisions the streams
-and consumers, and runs until Ctrl-C or SIGTERM. ``max_payload``/``max_pending`` and the
-namespace come from ``data_plane`` of ``--config`` when given.
+and consumers, and runs until Ctrl-C or SIGTERM. ``max_payload``/``max_pending``, the namespace
+and the limits of the streams it creates come from ``data_plane`` of ``--config`` when given.
+
+A store's existing streams keep their limits (serving a finished run's store to replay it must
+not rewrite it): each difference from the config is printed, and ``--update-limits`` applies the
+config's, printing each change. Streams the store's disk cannot reserve are refused, with the
+numbers, before any is created (exit status 2).
 
 One site of a multi-site plane (``data_plane.site``; ``docs/operations.md``, "Multi-site"): the
 server's JetStream domain is ``data_plane.site.domain``; the trainer's site accepts its rollout
@@ -29,6 +34,7 @@ from dockyard.config.sections.data_plane import DataPlaneConfig
 
 if TYPE_CHECKING:  # imported lazily at run time
     from dockyard.broker.embedded import ServerAccount
+    from dockyard.broker.plane import ProvisionReport
     from dockyard.config.sections.data_plane import DataPlaneConfig
 
 DEFAULT_PORT = 4222
@@ -73,7 +79,11 @@ def _up(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     try:
         admin = credential_files.get("admin")
-        _provision(config.model_copy(update={"url": url}), admin)
+        report = _provision(
+            config.model_copy(update={"url": url}), admin, store, update_limits=args.update_limits
+        )
+        for line in _limit_lines(report):
+            print(line)
         print(f"nats-server ready at {url} (store {store}, namespace {config.namespace})")
         for role, path in credential_files.items():
             print(f"credentials for {role}: {path}")
@@ -153,10 +163,13 @@ def _site_settings(
     return jetstream_extra, extra, leaf_files
 
 
-def _provision(config: DataPlaneConfig, admin_credentials: Path | None) -> None:
+def _provision(
+    config: DataPlaneConfig, admin_credentials: Path | None, store: Path, *, update_limits: bool
+) -> ProvisionReport:
     import yaml
 
     from dockyard.broker.jetstream import JetStreamPlane
+    from dockyard.broker.plane import InsufficientStorage
 
     if admin_credentials is not None:
         credentials = yaml.safe_load(admin_credentials.read_text())["data_plane"]["credentials"]
@@ -164,11 +177,31 @@ def _provision(config: DataPlaneConfig, admin_credentials: Path | None) -> None:
             update={"credentials": config.credentials.model_validate(credentials)}
         )
 
-    async def run() -> None:
-        async with JetStreamPlane(config, client_name="dockyard-broker-up"):
-            pass  # start() provisions
+    async def run() -> ProvisionReport:
+        async with JetStreamPlane(
+            config, provision=False, client_name="dockyard-broker-up"
+        ) as plane:
+            return await plane.provision(update_limits=update_limits, local_store=store)
 
-    asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    except InsufficientStorage as error:
+        raise CliError(str(error), EXIT_INVALID_CONFIG) from None
+
+
+def _limit_lines(report: ProvisionReport) -> list[str]:
+    """What provisioning did to the store's existing streams' limits, one line each: kept
+    (the store's own, reported), or changed (``--update-limits``)."""
+    lines = [
+        f"stream {d.stream} keeps its limits: {d.field} {d.existing} (the config asks "
+        f"{d.configured}; --update-limits applies the config's)"
+        for d in report.kept
+    ]
+    lines.extend(
+        f"stream {d.stream}: {d.field} {d.existing} -> {d.configured} (--update-limits)"
+        for d in report.changed
+    )
+    return lines
 
 
 def register(registrar: CommandRegistrar) -> None:
@@ -185,6 +218,12 @@ def register(registrar: CommandRegistrar) -> None:
     up.add_argument("--host", help="listen address (default: data_plane.embedded.host, loopback)")
     up.add_argument(
         "--secure", action="store_true", help="generate per-role users with subject permissions"
+    )
+    up.add_argument(
+        "--update-limits",
+        action="store_true",
+        help="apply data_plane.streams' limits to the store's existing streams (printed); "
+        "without it they keep their own. A lower max_bytes deletes the oldest messages past it",
     )
     up.add_argument(
         "--leafnodes",

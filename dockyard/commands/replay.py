@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_subcommands
 from dockyard.commands._plane_args import add_plane_arguments, open_running_plane
+from dockyard.utils.sizes import human_bytes
 
 if TYPE_CHECKING:  # imported lazily at run time: each subcommand loads only what it uses
     from dockyard.broker.inspect import MessageSummary
@@ -43,15 +44,6 @@ DEFAULT_SHOW_LIMIT = 50
 
 def _open_plane(args: argparse.Namespace) -> JetStreamPlane:
     return open_running_plane(args, command="replay")
-
-
-def _human_bytes(count: int) -> str:
-    size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{count} B"
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -81,7 +73,7 @@ def _ls(args: argparse.Namespace) -> int:
             ", ".join(state.subjects),
             state.retention,
             str(state.messages),
-            _human_bytes(state.bytes),
+            human_bytes(state.bytes),
             f"{state.first_seq}..{state.last_seq}",
             state.last_time.isoformat(timespec="seconds") if state.last_time else "-",
         )

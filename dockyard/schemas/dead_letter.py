@@ -39,8 +39,10 @@ class DeadLetter(Message, frozen=True, kw_only=True):
 
     def message_id(self) -> str:
         # Deterministic so that a stage that dead-letters the same delivery twice (it crashed
-        # before acking) publishes one dead letter.
-        if self.original_message_id is not None:
+        # before acking) publishes one dead letter. An empty id is no id (docs/wire-format.md):
+        # ``id=`` alone would give every such letter of a stage the same id, and the broker's
+        # duplicate window would keep only the first.
+        if self.original_message_id:
             origin = f"id={self.original_message_id}"
         elif self.original_stream_seq is not None:
             origin = f"seq={self.original_subject}#{self.original_stream_seq}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import xxhash
 import zstandard
@@ -160,39 +161,141 @@ def _blocks_of(frame: bytes) -> tuple[int, list[Buffer]] | None:
     return None
 
 
+#: The largest Window_Size a frame may ask for: libzstd's default streaming limit (2**27), the
+#: window of its highest standard level. RFC 8878 lets a decoder set its own limit (it
+#: recommends supporting at least 8 MiB); this one is stated in docs/wire-format.md.
+MAX_WINDOW = 1 << 27
+#: Bytes of the Dictionary_ID field by Dictionary_ID_flag, of the Frame_Content_Size field by
+#: Frame_Content_Size_flag (flag 0: one byte in a single-segment frame, else none).
+_DICT_ID_BYTES = (0, 1, 2, 4)
+_FCS_BYTES = (0, 2, 4, 8)
+_RESERVED_BIT = 0x08
+_SINGLE_SEGMENT = 0x20
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    """A zstd frame header as RFC 8878 §3.1.1.1 defines it, read here rather than by libzstd:
+    libzstd reads a declared content size of 2**64 − 1 as "none declared" (its sentinel), so
+    such a frame would be streamed unchecked instead of refused for its size."""
+
+    #: Bytes of the header, magic number included: where the first block starts.
+    size: int
+    #: The Frame_Content_Size, or None when the header has no such field.
+    content_size: int | None
+    #: Window_Size: from the Window_Descriptor, or the content size in a single-segment frame.
+    window_size: int
+    single_segment: bool
+    has_checksum: bool
+    dictionary_id: int
+
+
+def read_frame_header(frame: bytes) -> FrameHeader:
+    """The header of the zstd frame that starts ``frame``; CORRUPT_FRAME when there is none
+    (another magic number, a skippable frame, too few bytes, the reserved bit set)."""
+    if len(frame) < 5 or frame[:4] != _MAGIC:
+        raise CodecError(ReasonCode.CORRUPT_FRAME, "not a zstd frame (RFC 8878 magic number)")
+    descriptor = frame[4]
+    if descriptor & _RESERVED_BIT:
+        raise CodecError(ReasonCode.CORRUPT_FRAME, "the zstd frame header's reserved bit is set")
+    single_segment = bool(descriptor & _SINGLE_SEGMENT)
+    fcs_flag = descriptor >> 6
+    fcs_bytes = 1 if fcs_flag == 0 and single_segment else _FCS_BYTES[fcs_flag]
+    dict_bytes = _DICT_ID_BYTES[descriptor & 3]
+    position = 5
+    size = position + (not single_segment) + dict_bytes + fcs_bytes
+    if len(frame) < size:
+        raise CodecError(ReasonCode.CORRUPT_FRAME, "the zstd frame header is cut short")
+    window_size = 0
+    if not single_segment:
+        exponent, mantissa = frame[position] >> 3, frame[position] & 7
+        base = 1 << (10 + exponent)
+        window_size = base + (base >> 3) * mantissa
+        position += 1
+    dictionary_id = int.from_bytes(frame[position : position + dict_bytes], "little")
+    position += dict_bytes
+    content_size: int | None = None
+    if fcs_bytes:
+        content_size = int.from_bytes(frame[position : position + fcs_bytes], "little")
+        content_size += 256 if fcs_bytes == 2 else 0  # the 2-byte field is offset by 256
+    if single_segment:
+        window_size = content_size or 0
+    return FrameHeader(
+        size=size,
+        content_size=content_size,
+        window_size=window_size,
+        single_segment=single_segment,
+        has_checksum=bool(descriptor & _CHECKSUM_FLAG),
+        dictionary_id=dictionary_id,
+    )
+
+
 def decompress_bounded(frame: bytes, max_output: int) -> bytes:
-    """The content of exactly one zstd frame, refusing before allocating past ``max_output``."""
-    try:
-        params = zstandard.get_frame_parameters(frame)
-    except zstandard.ZstdError as exc:
-        raise CodecError(ReasonCode.CORRUPT_FRAME, f"not a zstd frame: {exc}") from exc
-    if params.dict_id != 0:
+    """The content of exactly one zstd frame, refusing before allocating past ``max_output``.
+
+    Checked in this order (docs/wire-format.md, "Compression"): the header, the blocks (exactly
+    one frame, each block within the RFC's maximum), the declared size against the limit, then
+    the content (libzstd: blocks, checksum), which must be as long as declared."""
+    header = read_frame_header(frame)
+    if header.dictionary_id != 0:
         raise CodecError(ReasonCode.CORRUPT_FRAME, "frames compressed with a dictionary")
-    end = _frame_end(frame, params.has_checksum)
+    if not header.single_segment and header.window_size > MAX_WINDOW:
+        raise CodecError(
+            ReasonCode.CORRUPT_FRAME,
+            f"the zstd frame asks for a window of {header.window_size} bytes, "
+            f"more than the {MAX_WINDOW} a decoder must accept",
+        )
+    end = _frame_end(frame, header)
     if end != len(frame):
         raise CodecError(
             ReasonCode.CORRUPT_FRAME,
             f"{len(frame) - end} bytes after the zstd frame (a payload is exactly one frame)",
         )
-    declared = params.content_size
-    if declared == zstandard.CONTENTSIZE_UNKNOWN:
+    declared = header.content_size
+    if declared is None:
         return _stream_with_budget(frame, max_output)
     if declared > max_output:
         raise CodecError(
             ReasonCode.DECOMPRESSED_TOO_LARGE,
             f"frame declares {declared} bytes, the limit is {max_output}",
         )
-    try:
-        # allow_extra_data=False: anything after the frame is corruption, not ignored.
-        return _decompressor().decompress(frame, allow_extra_data=False)
-    except zstandard.ZstdError as exc:
-        raise CodecError(ReasonCode.CORRUPT_FRAME, f"zstd: {exc}") from exc
+    if declared == zstandard.CONTENTSIZE_UNKNOWN:
+        # Only under a limit of 16 EiB: libzstd would take this size for "unknown" and not hold
+        # the content to it, so it is read under the budget and held to it here.
+        content = _stream_with_budget(frame, max_output)
+    else:
+        try:
+            # allow_extra_data=False: anything after the frame is corruption, not ignored.
+            content = _decompressor().decompress(frame, allow_extra_data=False)
+        except zstandard.ZstdError as exc:
+            raise CodecError(ReasonCode.CORRUPT_FRAME, f"zstd: {exc}") from exc
+    if len(content) != declared:
+        raise CodecError(
+            ReasonCode.CORRUPT_FRAME,
+            f"the zstd frame declares {declared} bytes and holds {len(content)}",
+        )
+    return content
 
 
-def _frame_end(frame: bytes, has_checksum: bool) -> int:
+def decompress_declared(frame: bytes, size: int) -> bytes:
+    """The content of one zstd frame that declares exactly ``size`` bytes (a weight patch's
+    arrays, whose sizes the patch states): a frame declaring another size, or none, is
+    refused before it is decompressed."""
+    declared = read_frame_header(frame).content_size
+    if declared != size:
+        said = "no content size" if declared is None else f"{declared} bytes"
+        raise CodecError(
+            ReasonCode.CORRUPT_FRAME, f"the zstd frame declares {said}, not the {size} expected"
+        )
+    return decompress_bounded(frame, size)
+
+
+def _frame_end(frame: bytes, header: FrameHeader) -> int:
     """Where the zstd frame that starts ``frame`` ends (RFC 8878 §3.1.1: header, blocks up to
     the one marked last, then the optional 4-byte checksum), found from the block headers
-    alone; CORRUPT_FRAME when the blocks run past the bytes.
+    alone; CORRUPT_FRAME when the blocks run past the bytes, or a block is of the reserved type
+    or bigger than Block_Maximum_Size (the smaller of the window and 128 KiB, §3.1.1.2.4:
+    libzstd's one-shot reader does not check it, its streaming reader does).
 
     libzstd's streaming reader (a frame that does not declare its size) reads one frame and says
     nothing of what follows, and python-zstandard's one-shot ``decompress`` with
@@ -201,23 +304,27 @@ def _frame_end(frame: bytes, has_checksum: bool) -> int:
     empty or skippable one, or the rest of a message split over two frames) is refused, not
     read on into. It costs ≈ 1 µs per message (a few block headers).
     """
-    try:
-        position = zstandard.frame_header_size(frame)
-    except zstandard.ZstdError as exc:
-        raise CodecError(ReasonCode.CORRUPT_FRAME, f"zstd frame header: {exc}") from exc
+    position = header.size
+    block_max = min(header.window_size, _BLOCK_MAX)
     view = memoryview(frame)
     size = len(frame)
     while True:
         if position + 3 > size:
             raise CodecError(ReasonCode.CORRUPT_FRAME, "the zstd frame ends inside a block")
-        header = int.from_bytes(view[position : position + 3], "little")
-        block_type = (header >> 1) & 3
+        block = int.from_bytes(view[position : position + 3], "little")
+        block_type, block_size = (block >> 1) & 3, block >> 3
         if block_type > _COMPRESSED:
             raise CodecError(ReasonCode.CORRUPT_FRAME, "a zstd block of the reserved type")
-        position += 3 + (1 if block_type == _RLE else header >> 3)
-        if header & 1:
+        if block_size > block_max:
+            raise CodecError(
+                ReasonCode.CORRUPT_FRAME,
+                f"a zstd block of {block_size} bytes, more than the frame's maximum of "
+                f"{block_max} (RFC 8878: the smaller of the window and 128 KiB)",
+            )
+        position += 3 + (1 if block_type == _RLE else block_size)
+        if block & 1:
             break
-    position += 4 if has_checksum else 0
+    position += 4 if header.has_checksum else 0
     if position > size:
         raise CodecError(ReasonCode.CORRUPT_FRAME, "the zstd frame ends inside a block")
     return position

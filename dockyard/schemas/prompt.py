@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -41,19 +42,25 @@ _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
 def check_json(value: Any, what: str) -> None:
-    """``value`` is a JSON value (nil, bool, int, float, str, arrays, maps with str keys):
-    msgspec decodes ``Any`` as whatever msgpack holds, bin and ext included."""
+    """``value`` is a JSON value (nil, bool, int, finite float, str, arrays, maps with str keys):
+    msgspec decodes ``Any`` as whatever msgpack holds, bin, ext, NaN and ±∞ included — JSON has
+    no NaN, and a JSON writer (``replay export``) would write one as a bare ``NaN``, which no
+    JSON reader takes. ``what``: the dotted path of ``value``, named in a refusal."""
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise WireError(ReasonCode.NON_FINITE, f"{what}: {value} is not a JSON number")
+        return
     if isinstance(value, _JSON_SCALARS):
         return
     if type(value) is list:
-        for item in value:
-            check_json(item, what)
+        for index, item in enumerate(value):
+            check_json(item, f"{what}.{index}")
         return
     if type(value) is dict:
         for key, item in value.items():
             if type(key) is not str:
                 raise WireError(ReasonCode.WRONG_TYPE, f"{what}: a map key that is not str")
-            check_json(item, what)
+            check_json(item, f"{what}.{key}")
         return
     raise WireError(ReasonCode.WRONG_TYPE, f"{what}: {type(value).__name__} is not a JSON value")
 

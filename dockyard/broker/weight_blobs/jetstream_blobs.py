@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
+import msgspec
+
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.plane import DataPlaneError, OutgoingMessage
 from dockyard.broker.weight_blobs.base import (
@@ -117,7 +119,7 @@ class JetStreamBlobStore(WeightBlobStore):
         manifest = await self._manifest(ref.hex) or await self._manifest_arriving(ref.hex)
         if manifest is None:
             raise BlobNotFound(f"no blob {ref.digest} in stream {self.names.blobs_stream.name}")
-        if manifest.chunks is None:
+        if isinstance(manifest.chunks, msgspec.UnsetType):
             raise BlobManifestError(
                 f"blob manifest {self.names.blob_manifest_subject(ref.hex)} has no chunk count"
             )

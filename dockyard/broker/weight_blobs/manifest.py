@@ -31,9 +31,16 @@ class BlobManifest(
     digest: _Digest
     nbytes: _NonNegative
     created_at_unix_s: float
-    #: JetStream store only: how many chunks of at most ``chunk_size`` bytes hold the blob.
-    chunks: _NonNegative | None = None
-    chunk_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    #: JetStream store only, both or neither: how many chunks of at most ``chunk_size`` bytes
+    #: hold the blob. UNSET (absent), not None: ``null`` is not an integer, and is refused.
+    chunks: _NonNegative | msgspec.UnsetType = msgspec.UNSET
+    chunk_size: Annotated[int, msgspec.Meta(ge=1)] | msgspec.UnsetType = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        # Runs on decode too (msgspec reports it as a ValidationError): half a chunk layout is
+        # a damaged manifest, not one of the two layouts the stores write.
+        if (self.chunks is msgspec.UNSET) != (self.chunk_size is msgspec.UNSET):
+            raise ValueError("`chunks` and `chunk_size` come together or not at all")
 
     def ref(self, uri: str) -> BlobRef:
         return BlobRef(self.version, self.digest, self.nbytes, uri, self.created_at_unix_s)

@@ -33,15 +33,16 @@ import numpy as np
 
 from dockyard.broker.plane import DataPlaneError
 from dockyard.schemas.errors import CodecError
-from dockyard.schemas.frames import compress, decompress_bounded
+from dockyard.schemas.frames import compress, decompress_declared
+
+# ``WeightVersion.format`` of a patch (``delta_base_version`` set) and of a full snapshot: the
+# event's schema owns them (it checks the pair); re-exported beside the patch coding.
+from dockyard.schemas.weight_version import PATCH_FORMAT as PATCH_FORMAT
+from dockyard.schemas.weight_version import SNAPSHOT_FORMAT as SNAPSHOT_FORMAT
 
 if TYPE_CHECKING:
     import torch
 
-#: ``WeightVersion.format`` of an event whose blob is a patch (``delta_base_version`` is set).
-PATCH_FORMAT = "dockyard-sparse-patch"
-#: ``WeightVersion.format`` of a full snapshot.
-SNAPSHOT_FORMAT = "safetensors"
 PATCH_FORMAT_VERSION = 1
 STATE_DIGEST_PREFIX = "sha256:"
 _ZSTD_LEVEL = 3
@@ -164,7 +165,9 @@ def _decompress_unshuffle(frame: object, count: int, dtype: type[np.generic], wh
     itemsize = np.dtype(dtype).itemsize
     expected = count * itemsize
     try:
-        raw = decompress_bounded(frame, expected)
+        # The frame must declare exactly ``expected`` (docs/wire-format.md): one that declares
+        # nothing would be streamed and one that declares less read before it is refused.
+        raw = decompress_declared(frame, expected)
     except CodecError as error:
         raise PatchError(f"{what}: {error}") from None
     if len(raw) != expected:
@@ -300,6 +303,7 @@ def apply_patch(
             f"({base_digest[:19]}…): out of order or from another chain"
         )
     result = dict(base)
+    previous: str | None = None
     for entry in patch.tensors:
         if not isinstance(entry, dict) or set(entry) != {
             "name",
@@ -311,6 +315,12 @@ def apply_patch(
         name, count = entry["name"], entry["count"]
         if name not in base or result[name] is not base[name]:
             raise PatchError(f"patch v{header.version}: unknown or repeated tensor {name!r}")
+        # The document's order (code point order, as the encoder sorts): one spelling per patch.
+        if previous is not None and name < previous:
+            raise PatchError(
+                f"patch v{header.version}: tensor {name!r} after {previous!r} is not in name order"
+            )
+        previous = name
         if not isinstance(count, int) or not 0 < count <= base[name].numel():
             raise PatchError(f"patch v{header.version}: tensor {name} change count {count!r}")
         target = base[name].detach().contiguous().clone()

@@ -20,7 +20,12 @@ MiB = 1024 * 1024
 class StreamLimitsConfig(Section):
     storage: Literal["file", "memory"] = "file"
     replicas: PositiveInt = 1
-    max_bytes: int = Field(8 * 1024 * MiB, description="per stream; -1 = unlimited")
+    #: JetStream reserves a file stream's max_bytes on its store when it creates it: six
+    #: streams at 1 GiB (the heartbeats 64 MiB, the blobs none) reserve ≈ 6 GiB, which a
+    #: laptop's disk holds (8 GiB each needed ≈ 64 GiB free before a broker could start).
+    max_bytes: int = Field(
+        1024 * MiB, description="per stream, reserved on the store up front; -1 = unlimited"
+    )
     max_msgs: int = Field(-1, description="per stream; -1 = unlimited")
     max_age_s: float = Field(0.0, ge=0.0, description="0 = keep until limits")
     duplicate_window_s: PositiveFloat = 120.0

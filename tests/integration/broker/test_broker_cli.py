@@ -34,15 +34,22 @@ def _start_broker_up(*args: str) -> subprocess.Popen[str]:
 
 
 def _wait_for_url(process: subprocess.Popen[str], timeout_s: float = 30) -> str:
+    return _wait_for_ready(process, timeout_s)[0]
+
+
+def _wait_for_ready(process: subprocess.Popen[str], timeout_s: float = 30) -> tuple[str, str]:
+    """The URL ``broker up`` serves, and everything it printed up to its ready line."""
     deadline = time.monotonic() + timeout_s
     assert process.stdout is not None
+    printed: list[str] = []
     while time.monotonic() < deadline:
         line = process.stdout.readline()
         if not line and process.poll() is not None:
             raise AssertionError(f"broker up exited: {process.stderr.read()}")  # type: ignore[union-attr]
+        printed.append(line)
         match = _READY.search(line)
         if match:
-            return match.group(1)
+            return match.group(1), "".join(printed)
     raise AssertionError("broker up printed no URL")
 
 
@@ -72,6 +79,92 @@ def test_broker_up_serves_a_provisioned_jetstream_and_stops_cleanly(tmp_path: Pa
         code = _stop(process)
     assert code == 0
     assert (tmp_path / "store" / "jetstream").is_dir()
+
+
+QUICKSTART = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
+MiB = 1024 * 1024
+
+
+def _stream_limits(url: str) -> dict[str, int]:
+    """Every stream's max_bytes on the server at ``url`` (namespace ``dockyard``)."""
+
+    async def run() -> dict[str, int]:
+        async with JetStreamPlane(DataPlaneConfig(url=url), provision=False) as plane:
+            return {
+                spec.name: (await plane.js.stream_info(spec.name)).config.max_bytes
+                for spec in plane.names.all_streams()
+            }
+
+    return asyncio.run(run())
+
+
+def _serve(store: Path, *args: str) -> tuple[dict[str, int], str]:
+    """``broker up --store STORE ARGS``: the streams' max_bytes it serves and what it printed
+    before it was ready; then stopped."""
+    process = _start_broker_up("--store", str(store), "--port", "-1", *args)
+    try:
+        url, printed = _wait_for_ready(process)
+        return _stream_limits(url), printed
+    finally:
+        assert _stop(process) == 0
+
+
+@pytest.mark.slow
+def test_serving_an_existing_store_never_changes_its_limits(tmp_path: Path) -> None:
+    # Issue 44: `broker up --store DIR`, the documented way to replay a finished run, raised
+    # every stream's max_bytes to the default config's. A run's store is served as it is.
+    store = tmp_path / "store"
+    run_config = ["--config", str(QUICKSTART), f"data_plane.streams.max_bytes={256 * MiB}"]
+    as_run, _ = _serve(store, *run_config)
+    assert as_run["dockyard_experience"] == 256 * MiB
+
+    served, printed = _serve(store)  # the default config, whose limits differ
+    assert DataPlaneConfig().streams.max_bytes != 256 * MiB
+    assert served == as_run
+    assert "dockyard_experience keeps its limits" in printed  # reported, not silent
+    assert "--update-limits" in printed
+
+    # Changing them is an explicit act, and said.
+    changed, printed = _serve(store, "--update-limits")
+    assert changed["dockyard_experience"] == DataPlaneConfig().streams.max_bytes
+    assert f"dockyard_experience: max_bytes {256 * MiB} -> " in printed
+
+
+@pytest.mark.slow
+def test_broker_up_refuses_limits_its_disk_cannot_hold_before_creating_anything(
+    tmp_path: Path, nats_server_factory: Callable[..., EmbeddedNatsServer]
+) -> None:
+    store = tmp_path / "store"
+    pebibyte = 1 << 50  # per stream: more than any disk holds
+    process = _start_broker_up(
+        "--store",
+        str(store),
+        "--port",
+        "-1",
+        "--config",
+        str(QUICKSTART),
+        f"data_plane.streams.max_bytes={pebibyte}",
+    )
+    try:
+        code = process.wait(timeout=60)
+        stderr = process.stderr.read()  # type: ignore[union-attr]
+    finally:
+        _stop(process)
+    assert code == 2, stderr
+    # docs/operations.md: JetStream reserves each file stream's max_bytes up front — six
+    # streams at data_plane.streams.max_bytes, the heartbeats at 64 MiB, the blobs nothing — and
+    # nats-server lets its streams reserve at most three quarters of the store's free disk.
+    needed = 6 * pebibyte + 64 * MiB
+    assert f"{needed} bytes" in stderr
+    assert "free" in stderr and "data_plane.streams.max_bytes" in stderr
+    # Nothing was created: served again, the store holds no stream.
+    server = nats_server_factory(store_dir=store)
+
+    async def stream_names() -> list[str | None]:
+        async with JetStreamPlane(DataPlaneConfig(url=server.url), provision=False) as plane:
+            return [info.config.name for info in await plane.js.streams_info()]
+
+    assert asyncio.run(stream_names()) == []
 
 
 def test_broker_up_on_a_taken_port_fails_clearly(

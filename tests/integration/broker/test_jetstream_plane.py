@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Callable
 
@@ -21,6 +22,8 @@ from dockyard.broker.names import ConsumerSpec
 from dockyard.broker.plane import (
     HEADER_UNREADABLE,
     REASON_CHUNKS_MISSING,
+    InsufficientStorage,
+    LimitDifference,
     OutgoingMessage,
     ProvisioningDrift,
 )
@@ -120,19 +123,30 @@ async def test_lost_chunks_turn_the_reference_into_a_dead_letter(
     assert fine.data == b"fine" and HEADER_UNREADABLE not in fine.headers
 
 
-async def test_provisioning_updates_limits_and_reports_immutable_drift(
+async def test_provisioning_keeps_an_existing_streams_limits_unless_asked(
     nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
 ) -> None:
+    # Issue 44: a stream that exists keeps its limits (a store is served as it was written, and
+    # a smaller max_bytes would delete its oldest messages); the difference is reported, and
+    # applied only when asked. Consumers keep no data: their settings are updated.
     config = data_plane_config_factory(nats_server.url)
     async with JetStreamPlane(config) as plane:
+        experience = plane.names.experience_stream.name
         grown = config.model_copy(deep=True)
         grown.streams.max_msgs = 1000
         grown.consumer.max_deliver = 7
         async with JetStreamPlane(grown, provision=False) as second:
             report = await second.provision()
-            assert plane.names.experience_stream.name in report.updated
+            assert LimitDifference(experience, "max_msgs", -1, 1000) in report.kept
+            assert experience in report.unchanged and report.changed == ()
             assert plane.names.rollout_consumer.durable in report.updated
-            info = await second.js.stream_info(plane.names.experience_stream.name)
+            info = await second.js.stream_info(experience)
+            assert info.config.max_msgs == -1
+
+            report = await second.provision(update_limits=True)
+            assert experience in report.updated and report.kept == ()
+            assert LimitDifference(experience, "max_msgs", -1, 1000) in report.changed
+            info = await second.js.stream_info(experience)
             assert info.config.max_msgs == 1000
 
         moved = config.model_copy(deep=True)
@@ -142,6 +156,43 @@ async def test_provisioning_updates_limits_and_reports_immutable_drift(
         ):
             async with JetStreamPlane(moved):
                 pass
+
+
+async def test_a_layout_update_carries_the_streams_own_limits(
+    nats_server: EmbeddedNatsServer, data_plane_config_factory: ConfigFactory
+) -> None:
+    # What this code defines (direct gets, subjects, ...) is still updated in place; the update
+    # keeps the limits the stream has.
+    config = data_plane_config_factory(nats_server.url)
+    async with JetStreamPlane(config) as plane:
+        name = plane.names.experience_stream.name
+        info = await plane.js.stream_info(name)
+        older = dataclasses.replace(info.config, allow_direct=False, max_bytes=128 * MiB)
+        await plane.js.update_stream(older)
+        report = await plane.provision()
+        assert name in report.updated
+        assert LimitDifference(name, "max_bytes", 128 * MiB, 256 * MiB) in report.kept
+        info = await plane.js.stream_info(name)
+        assert info.config.allow_direct is True and info.config.max_bytes == 128 * MiB
+
+
+async def test_a_server_that_cannot_reserve_the_streams_is_refused_with_the_numbers(
+    nats_server_factory: Callable[..., EmbeddedNatsServer],
+    data_plane_config_factory: ConfigFactory,
+) -> None:
+    # JetStream reserves each file stream's max_bytes when it creates it (docs/operations.md):
+    # six streams at 256 MiB, the heartbeats at 64 MiB, do not fit in a 1 GiB file store.
+    server = nats_server_factory(max_file_store=1024 * MiB)
+    config = data_plane_config_factory(server.url)
+    assert config.streams.max_bytes == 256 * MiB
+    with pytest.raises(InsufficientStorage) as refused:
+        async with JetStreamPlane(config):
+            pass
+    text = str(refused.value)
+    assert "code 10047" in text
+    assert f"{6 * 256 * MiB + 64 * MiB} bytes" in text  # the namespace's streams in all
+    assert "data_plane.streams.max_bytes" in text and "max_file_store" in text
+    assert "created before the refusal" in text
 
 
 def _weight_version(version: int) -> WeightVersion:

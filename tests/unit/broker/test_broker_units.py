@@ -22,6 +22,7 @@ from dockyard.broker.plane import (
     StoredMessage,
 )
 from dockyard.broker.security import role_grants
+from dockyard.broker.trace import _answered as trace_answered
 from dockyard.broker.weight_blobs.base import BlobRef, prunable
 
 NAMES = PlaneNames("run1")
@@ -263,3 +264,86 @@ def test_replay_export_writes_a_group_one_object_per_sample() -> None:
     expected = scored.rollout.samples[2].response_token_ids.tolist()
     assert samples[2]["response_token_ids"] == expected
     assert message["scores"][1]["teacher_logprobs"] == [-0.25] * 4
+
+
+def _reference_headers(count: str, size: str) -> dict[str, str]:
+    return {
+        "Dockyard-Chunks": count,
+        "Dockyard-Chunk-Ref": "a" * 32,
+        "Dockyard-Payload-Size": size,
+        "Dockyard-Payload-Sha256": "0" * 64,
+    }
+
+
+@pytest.mark.parametrize(
+    ("count", "size"),
+    [("01", "10"), ("1", "010"), ("00", "10"), ("1", "0010")],
+    ids=["count-01", "size-010", "count-00", "size-0010"],
+)
+def test_a_decimal_header_with_leading_zeros_is_a_bad_header(count: str, size: str) -> None:
+    # docs/wire-format.md, "Malformed headers": ASCII decimal as a number is written, no
+    # leading zeros (as the schema version's numbers).
+    with pytest.raises(PayloadError) as caught:
+        chunking.reference_of(_reference_headers(count, size))
+    assert caught.value.reason == "bad_header"
+
+
+def test_a_decimal_header_without_leading_zeros_is_read() -> None:
+    reference = chunking.reference_of(_reference_headers("10", "100"))
+    assert reference is not None and (reference.count, reference.size) == (10, 100)
+
+
+def _answering(seq: str, delivery: str) -> StoredMessage:
+    headers = {"Dockyard-Answers-Seq": seq, "Dockyard-Answers-Delivery": delivery}
+    return StoredMessage("S", "s", 1, datetime.now(UTC), headers, b"")
+
+
+@pytest.mark.parametrize(
+    ("seq", "delivery"),
+    [("\u00b2", "1"), ("7", "\u0661"), ("007", "1"), ("7", "+1"), ("", "1")],
+    ids=["superscript-two", "arabic-indic-one", "leading-zeros", "signed", "empty"],
+)
+def test_a_malformed_answers_header_is_unknown_provenance(seq: str, delivery: str) -> None:
+    # docs/wire-format.md: the Answers headers are ASCII decimal; `replay trace` says `unknown`
+    # when they are absent or malformed (a superscript digit passed str.isdigit, then int failed).
+    assert "answered" in trace_answered(_answering(seq, delivery))
+
+
+def test_a_well_formed_answers_header_names_the_delivery() -> None:
+    assert trace_answered(_answering("7", "2")) == {"answered_seq": 7, "answered_delivery": 2}
+
+
+def test_a_default_broker_reserves_what_a_laptop_holds() -> None:
+    # docs/operations.md: by default each of the six data streams reserves 1 GiB on the store,
+    # the heartbeats 64 MiB and the blobs nothing — about 6 GiB, where 8 GiB streams needed
+    # ≈ 64 GiB of free disk (three quarters of it reservable) before a broker could start.
+    from dockyard.broker.provisioning import reserved_bytes, stream_config
+    from dockyard.config.sections.data_plane import DataPlaneConfig
+
+    config = DataPlaneConfig()
+    names = PlaneNames(config.namespace)
+    reserved = {
+        spec.name: reserved_bytes(
+            stream_config(spec, config, is_blob_store=spec.name == names.blobs_stream.name)
+        )
+        for spec in names.all_streams()
+    }
+    assert config.streams.max_bytes == 1024**3
+    assert sorted(reserved.values()) == [0, 64 * 1024**2, *[1024**3] * 6]
+    assert reserved[names.blobs_stream.name] == 0
+
+
+async def test_a_chunk_reference_with_a_body_is_a_bad_header() -> None:
+    # docs/wire-format.md: a reference message has an empty body (its payload is its chunks);
+    # one with a body is malformed, not read one way or the other.
+    split = chunking.split(NAMES, NAMES.scored, b"x" * 100, msg_id="m", headers={}, chunk_size=30)
+    chunks = {index: c.payload for index, c in enumerate(split.chunks)}
+
+    async def read_chunk(ref: str, index: int) -> bytes | None:
+        return chunks.get(index)
+
+    headers = split.reference.headers
+    assert (await chunking.read(headers, b"", read_chunk))[1] == b"x" * 100
+    with pytest.raises(PayloadError) as caught:
+        await chunking.read(headers, b"a body", read_chunk)
+    assert caught.value.reason == "bad_header"

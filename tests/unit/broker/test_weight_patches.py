@@ -7,6 +7,7 @@ import hashlib
 import msgpack
 import pytest
 import torch
+import zstandard
 
 from dockyard.broker.weight_blobs.patch import (
     ChainLink,
@@ -134,6 +135,14 @@ def _tamper(blob: bytes, change) -> bytes:
         (lambda b: b["tensors"].append(b["tensors"][0]), "unknown or repeated tensor"),
         (lambda b: b.update(format="something-else"), "patch format"),
         (lambda b: b.pop("result_digest"), "keys"),
+        # docs/wire-format.md, "Weight patches": every key is required, `format` and
+        # `format_version` have one value each, no other key, tensors in name order.
+        (lambda b: b.pop("format"), "keys"),
+        (lambda b: b.pop("format_version"), "keys"),
+        (lambda b: b.update(format_version=2), "patch format"),
+        (lambda b: b.update(added_later=1), "keys"),
+        (lambda b: b["tensors"][0].update(added_later=1), "malformed tensor entry"),
+        (lambda b: b["tensors"].reverse(), "name order"),
     ],
 )
 def test_a_corrupt_patch_is_refused_with_its_reason(change, reason: str) -> None:
@@ -141,6 +150,57 @@ def test_a_corrupt_patch_is_refused_with_its_reason(change, reason: str) -> None
     blob, _ = _patch(base, _next_version(base))
     with pytest.raises(PatchError, match=reason):
         apply_patch(base, _tamper(blob, change), base_version=0, base_digest=state_digest(base))
+
+
+def _content(frame: bytes) -> bytes:
+    return zstandard.ZstdDecompressor().decompress(frame)
+
+
+def _raw_frame(content: bytes, declared: int | None) -> bytes:
+    """``content`` in one zstd frame written from RFC 8878 §3.1.1: magic, a descriptor with an
+    8-byte Frame_Content_Size field holding ``declared`` and Single_Segment_flag (0xE0), or,
+    with ``declared`` None, none of them and a 128 KiB window (0x00, then 7 << 3); then the
+    content as one raw block marked last; no checksum."""
+    if declared is None:
+        header = bytes([0x00, 7 << 3])
+    else:
+        header = bytes([0xE0]) + declared.to_bytes(8, "little")
+    block = ((len(content) << 3) | 1).to_bytes(3, "little")
+    return b"\x28\xb5\x2f\xfd" + header + block + content
+
+
+def _patched_array(base, key: str, frame_of) -> bytes:
+    blob, _ = _patch(base, _next_version(base))
+
+    def change(body):
+        entry = body["tensors"][0]
+        entry[key] = frame_of(_content(entry[key]))
+
+    return _tamper(blob, change)
+
+
+@pytest.mark.parametrize("key", ["index_gaps", "value_deltas"])
+def test_a_patch_array_in_any_frame_that_declares_its_size_applies(key: str) -> None:
+    base = _weights()
+    blob = _patched_array(base, key, lambda content: _raw_frame(content, len(content)))
+    rebuilt = apply_patch(base, blob, base_version=0, base_digest=state_digest(base))
+    assert state_digest(rebuilt) == state_digest(_next_version(base))
+
+
+@pytest.mark.parametrize("key", ["index_gaps", "value_deltas"])
+@pytest.mark.parametrize(
+    "declared",
+    [lambda n: None, lambda n: n + 4, lambda n: n - 4, lambda n: 2**64 - 1],
+    ids=["no size", "4 bytes more", "4 bytes fewer", "2**64-1"],
+)
+def test_a_patch_array_must_declare_exactly_its_size(key: str, declared) -> None:
+    # docs/wire-format.md, "Weight patches": each array is one zstd frame that declares its
+    # content size (count × 4, count × width); a reader refuses a frame that declares anything
+    # else (or nothing) before decompressing it.
+    base = _weights()
+    blob = _patched_array(base, key, lambda content: _raw_frame(content, declared(len(content))))
+    with pytest.raises(PatchError, match="declares"):
+        apply_patch(base, blob, base_version=0, base_digest=state_digest(base))
 
 
 def test_garbage_is_not_a_patch() -> None:

@@ -275,18 +275,25 @@ def scored_rollouts(draw: st.DrawFn) -> ScoredRollout:
     )
 
 
-weight_versions = st.builds(
-    WeightVersion,
-    version=st.integers(0, 2**40),
-    step=st.integers(0, 2**40),
-    blob_ref=st.text(min_size=1, max_size=60),
-    digest=st.binary(min_size=32, max_size=32).map(lambda b: "sha256:" + b.hex()),
-    nbytes=st.integers(0, 2**50),
-    format=identifiers,
-    dtype=identifiers,
-    delta_base_version=st.none() | st.integers(0, 2**40),
-    created_at_unix_s=times,
-    producer_id=identifiers,
+#: (format, delta_base_version): a base exactly for a patch (docs/wire-format.md).
+_formats = st.tuples(
+    identifiers.filter(lambda name: name != "dockyard-sparse-patch"), st.none()
+) | st.tuples(st.just("dockyard-sparse-patch"), st.integers(0, 2**40))
+
+weight_versions = _formats.flatmap(
+    lambda pair: st.builds(
+        WeightVersion,
+        version=st.integers(0, 2**40),
+        step=st.integers(0, 2**40),
+        blob_ref=st.text(min_size=1, max_size=60),
+        digest=st.binary(min_size=32, max_size=32).map(lambda b: "sha256:" + b.hex()),
+        nbytes=st.integers(0, 2**50),
+        format=st.just(pair[0]),
+        dtype=identifiers,
+        delta_base_version=st.just(pair[1]),
+        created_at_unix_s=times,
+        producer_id=identifiers,
+    )
 )
 
 dead_letters = st.builds(

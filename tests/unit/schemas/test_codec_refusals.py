@@ -10,10 +10,13 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+import xxhash
 import zstandard
 from schema_factories import (
     craft,
+    make_prompt_group,
     make_rollout,
+    make_sample,
     make_scored,
     make_weight_version,
     repack,
@@ -32,6 +35,7 @@ from dockyard.schemas import (
     decode,
     encode,
 )
+from dockyard.schemas.frames import decompress_bounded
 
 MiB = 1024 * 1024
 
@@ -144,6 +148,148 @@ def test_declared_size_just_over_the_limit() -> None:
     size = zstandard.get_frame_parameters(payload).content_size
     error = refusal(payload, limits=DecodeLimits(max_decompressed_bytes=size - 1))
     assert error.reason is ReasonCode.DECOMPRESSED_TOO_LARGE
+
+
+def _hand_made_frame(
+    descriptor: int, content_size_field: bytes, content: bytes, window: int = 7 << 3
+) -> bytes:
+    """One zstd frame written from RFC 8878 §3.1.1: magic, Frame_Header_Descriptor, a
+    Window_Descriptor (default 128 KiB: exponent 7, 2**(10 + 7) bytes) unless
+    Single_Segment_flag (bit 5) is set, the Frame_Content_Size field as given, ``content`` in
+    one raw block (type 0, marked last) and, when Content_Checksum_flag (bit 2) is set, the low
+    4 bytes of XXH64(content)."""
+    descriptor_byte = b"" if descriptor & 0x20 else bytes([window])
+    block = ((len(content) << 3) | 1).to_bytes(3, "little") + content
+    checksum = (xxhash.xxh64(content).intdigest() & 0xFFFFFFFF).to_bytes(4, "little")
+    return b"".join(
+        (
+            b"\x28\xb5\x2f\xfd",
+            bytes([descriptor]),
+            descriptor_byte,
+            content_size_field,
+            block,
+            checksum if descriptor & 0x04 else b"",
+        )
+    )
+
+
+#: Frame_Content_Size_flag 3 (an 8-byte field), checksum on; without and with Single_Segment.
+_FCS_8 = 0xC4
+_FCS_8_SINGLE_SEGMENT = 0xE4
+_ALL_ONES = (2**64 - 1).to_bytes(8, "little")
+
+
+@pytest.mark.parametrize(
+    "descriptor", [_FCS_8, _FCS_8_SINGLE_SEGMENT], ids=["windowed", "single-segment"]
+)
+def test_a_declared_size_of_2_64_minus_1_is_declared_and_above_the_limit(descriptor: int) -> None:
+    # RFC 8878: a Frame_Content_Size field, when present, is the content size; 2**64 − 1 is a
+    # size like any other (libzstd uses it to mean "unknown"). docs/wire-format.md: a declared
+    # size above the limit is decompressed_too_large, before decompressing.
+    content = zstandard.ZstdDecompressor().decompress(encode(make_weight_version()).payload)
+    error = refusal(_hand_made_frame(descriptor, _ALL_ONES, content))
+    assert error.reason is ReasonCode.DECOMPRESSED_TOO_LARGE
+    assert str(2**64 - 1) in error.detail
+
+
+@pytest.mark.parametrize(
+    "descriptor", [_FCS_8, _FCS_8_SINGLE_SEGMENT], ids=["windowed", "single-segment"]
+)
+def test_content_shorter_than_a_declared_2_64_minus_1_is_a_corrupt_frame(descriptor: int) -> None:
+    # Under a limit that admits the declared size, the content disagrees with it: corrupt_frame.
+    content = zstandard.ZstdDecompressor().decompress(encode(make_weight_version()).payload)
+    error = refusal(
+        _hand_made_frame(descriptor, _ALL_ONES, content),
+        limits=DecodeLimits(max_decompressed_bytes=2**64),
+    )
+    assert error.reason is ReasonCode.CORRUPT_FRAME
+
+
+@pytest.mark.parametrize(
+    ("descriptor", "field", "declared"),
+    [
+        (0x24, bytes([200]), 200),  # Single_Segment, FCS flag 0: a 1-byte field
+        (0x44, (0).to_bytes(2, "little"), 256),  # FCS flag 1: 2 bytes, value + 256
+        (0x44, (1000 - 256).to_bytes(2, "little"), 1000),
+        (0x84, (3000).to_bytes(4, "little"), 3000),  # FCS flag 2: 4 bytes
+        (0xC4, (70_000).to_bytes(8, "little"), 70_000),  # FCS flag 3: 8 bytes
+    ],
+    ids=["1-byte", "2-byte-zero", "2-byte", "4-byte", "8-byte"],
+)
+def test_each_content_size_field_is_read_as_rfc_8878_says(
+    descriptor: int, field: bytes, declared: int
+) -> None:
+    content = bytes(index % 251 for index in range(declared))
+    frame = _hand_made_frame(descriptor, field, content)
+    assert decompress_bounded(frame, declared) == content
+    with pytest.raises(CodecError) as caught:
+        decompress_bounded(frame, declared - 1)
+    assert caught.value.reason is ReasonCode.DECOMPRESSED_TOO_LARGE
+
+
+def test_a_frame_without_a_content_size_field_declares_nothing() -> None:
+    # FCS flag 0 without Single_Segment: no field; the content is streamed under the budget.
+    frame = _hand_made_frame(0x04, b"", bytes(5000))
+    assert decompress_bounded(frame, 5000) == bytes(5000)
+    with pytest.raises(CodecError) as caught:
+        decompress_bounded(frame, 4999)
+    assert caught.value.reason is ReasonCode.DECOMPRESSED_TOO_LARGE
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["sized", "unsized"])
+@pytest.mark.parametrize(
+    ("window", "accepted"),
+    [
+        (17 << 3, True),  # exponent 17: 2**27 = 128 MiB, the largest window accepted
+        ((17 << 3) | 1, False),  # mantissa 1: 128 MiB + 16 MiB
+        (21 << 3, False),  # 2 GiB
+    ],
+    ids=["128MiB", "144MiB", "2GiB"],
+)
+def test_the_largest_window_is_128_mib_whether_or_not_the_size_is_declared(
+    window: int, accepted: bool, sized: bool
+) -> None:
+    # docs/wire-format.md: a Window_Size above 128 MiB is corrupt_frame; the declared size
+    # changes nothing (libzstd's one-shot reader takes any window, its streaming one does not).
+    descriptor, field = (0x84, (100).to_bytes(4, "little")) if sized else (0x04, b"")
+    frame = _hand_made_frame(descriptor, field, bytes(100), window)
+    if accepted:
+        assert decompress_bounded(frame, 100) == bytes(100)
+    else:
+        with pytest.raises(CodecError) as caught:
+            decompress_bounded(frame, 100)
+        assert caught.value.reason is ReasonCode.CORRUPT_FRAME
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["sized", "unsized"])
+@pytest.mark.parametrize(
+    ("window", "block_size", "accepted"),
+    [
+        (8 << 3, 128 * 1024, True),  # a 256 KiB window: blocks up to 128 KiB
+        (8 << 3, 128 * 1024 + 1, False),
+        (0, 1024, True),  # a 1 KiB window: blocks up to 1 KiB
+        (0, 1025, False),
+    ],
+    ids=["128KiB-in-256KiB", "128KiB+1-in-256KiB", "1KiB-in-1KiB", "1KiB+1-in-1KiB"],
+)
+def test_a_block_may_not_exceed_the_smaller_of_the_window_and_128_kib(
+    window: int, block_size: int, accepted: bool, sized: bool
+) -> None:
+    # RFC 8878 §3.1.1.2.4: Block_Maximum_Size is the smaller of Window_Size and 128 KiB.
+    descriptor, field = (0x84, block_size.to_bytes(4, "little")) if sized else (0x04, b"")
+    frame = _hand_made_frame(descriptor, field, bytes(block_size), window)
+    if accepted:
+        assert decompress_bounded(frame, block_size) == bytes(block_size)
+    else:
+        with pytest.raises(CodecError) as caught:
+            decompress_bounded(frame, block_size)
+        assert caught.value.reason is ReasonCode.CORRUPT_FRAME
+
+
+def test_the_reserved_descriptor_bit_is_a_corrupt_frame() -> None:
+    # RFC 8878 §3.1.1.1.1.4: Reserved_Bit (bit 3) must be 0, and a decoder must check it.
+    frame = _hand_made_frame(0x24 | 0x08, bytes([10]), bytes(10))
+    assert refusal(frame).reason is ReasonCode.CORRUPT_FRAME
 
 
 # ----------------------------------------------------------------------------- msgpack
@@ -444,7 +590,12 @@ def test_teacher_logprob_length_mismatch() -> None:
     def one_sided(envelope: dict[str, Any]) -> None:
         envelope["meta"]["scores"]["teacher_lengths"] = None
 
-    for change in (shorten, lengths, one_sided):
+    def other_side(envelope: dict[str, Any]) -> None:
+        envelope["meta"]["scores"]["teacher_logprobs"] = None
+
+    # docs/wire-format.md: the two teacher columns come together; one without the other is a
+    # length_mismatch (a count of log-probs that are not there, or log-probs of no sample).
+    for change in (shorten, lengths, one_sided, other_side):
         error = refusal(mutated(make_scored(), change))
         assert error.reason is ReasonCode.LENGTH_MISMATCH, error.detail
 
@@ -475,6 +626,33 @@ def test_negative_token_ids_are_out_of_vocabulary() -> None:
             column["data"][1] //= 2
 
     assert refusal(mutated(make_rollout(), negative)).reason is ReasonCode.TOKEN_OUT_OF_VOCAB
+
+
+def test_negative_weight_versions_are_an_invalid_field_not_out_of_vocabulary() -> None:
+    # docs/wire-format.md: `token_weight_versions` is an integer array of versions (≥ 0), not
+    # token ids: a negative one is invalid_field, and the vocabulary bound does not apply.
+    def negative(envelope: dict[str, Any]) -> None:
+        descriptor = sample_columns(envelope)["token_weight_versions"]
+        offset, _ = descriptor["data"]
+        count = descriptor["shape"][0]
+        data = bytearray(envelope["data"])
+        data[offset : offset + count] = np.full(count, -1, dtype="i1").tobytes()
+        envelope["data"] = bytes(data)
+        descriptor.update(dtype="int8", data=[offset, count])
+
+    assert refusal(mutated(make_rollout(), negative)).reason is ReasonCode.INVALID_FIELD
+    # Versions past the consumer's vocabulary are versions, not out-of-vocabulary tokens.
+    group = make_prompt_group(num_generations=1, prompt_token_ids=np.array([1, 2]))
+    sample = make_sample(
+        0,
+        4,
+        prompt_token_ids=np.array([1, 2]),
+        response_token_ids=np.array([3, 4, 5, 6]),
+        token_weight_versions=np.full(4, 1_000),
+    )
+    rollout = Rollout(group=group, samples=[sample], created_at_unix_s=1.7e9)
+    decoded = decode(None, encode(rollout).payload, limits=DecodeLimits(vocab_size=10))
+    assert decoded == rollout
 
 
 def test_uint8_mask_with_values_other_than_0_and_1() -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 import zstandard
 from schema_factories import (
@@ -21,6 +22,7 @@ from schema_factories import (
 )
 
 from dockyard.schemas import CodecError, Message, ReasonCode, decode, encode
+from dockyard.schemas.errors import WireError
 
 MESSAGES: dict[str, Callable[[], Message]] = {
     "prompt_group": make_prompt_group,
@@ -413,3 +415,137 @@ def test_extra_holds_json_values_only(extra: dict[str, Any]) -> None:
 def test_an_ext_value_in_a_typed_field_is_a_wrong_type() -> None:
     change = _set(["meta", "prompt_text"], msgpack.ExtType(5, b"text"))
     assert refused(_mutated(make_prompt_group(), change)) is ReasonCode.WRONG_TYPE
+
+
+@pytest.mark.parametrize(
+    ("make", "path"),
+    [(make_prompt_group, ["meta", "extra"]), (make_rollout, [*_GROUP, "extra"])],
+    ids=["prompt-group", "rollout-group"],
+)
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"k": float("nan")},
+        {"k": float("inf")},
+        {"k": [1, {"deep": float("-inf")}]},
+    ],
+    ids=["nan", "inf", "nested-minus-inf"],
+)
+def test_extra_holds_finite_numbers_only(
+    make: Callable[[], Message], path: list[Any], extra: dict[str, Any]
+) -> None:
+    # ``extra`` holds JSON values (docs/wire-format.md); JSON has no NaN or infinity, so a
+    # non-finite float there is refused like any other (non_finite), and `replay export` never
+    # has to write a bare `NaN`.
+    assert refused(_mutated(make(), _set(path, extra))) is ReasonCode.NON_FINITE
+
+
+def test_a_prompt_group_built_in_python_refuses_a_non_finite_extra() -> None:
+    with pytest.raises(WireError) as caught:
+        make_prompt_group(extra={"score": float("nan")})
+    assert caught.value.reason is ReasonCode.NON_FINITE
+    assert "extra.score" in str(caught.value)
+
+
+# ----------------------------------------------------------------------------- order of checks
+
+
+def _refused_with(headers: dict[str, str], payload: bytes) -> ReasonCode:
+    with pytest.raises(CodecError) as caught:
+        decode(headers, payload)
+    return caught.value.reason
+
+
+def test_the_headers_are_compared_before_the_payloads_version_is_judged() -> None:
+    # docs/wire-format.md, "Validation on decode": the payload's name and version are compared
+    # with the headers (header_mismatch) before the version is judged (unsupported_version).
+    headers = encode(make_weight_version()).headers
+    payload = _mutated(make_weight_version(), _set(["schema_version"], "9.0"))
+    assert _refused_with(headers, payload) is ReasonCode.HEADER_MISMATCH
+    assert refused(payload) is ReasonCode.UNSUPPORTED_VERSION  # a bare payload
+
+
+def test_the_headers_are_compared_before_the_payloads_name_is_looked_up() -> None:
+    headers = encode(make_weight_version()).headers
+    payload = _mutated(make_weight_version(), _set(["schema"], "weight_version_v9"))
+    assert _refused_with(headers, payload) is ReasonCode.HEADER_MISMATCH
+    assert refused(payload) is ReasonCode.UNKNOWN_SCHEMA  # a bare payload
+
+
+_STARTED = [*_SAMPLES, "timings", "started_at_unix_s"]
+
+
+@pytest.mark.parametrize(
+    ("make", "path", "value"),
+    [
+        (make_weight_version, ["meta", "created_at_unix_s"], [float("-inf")]),
+        (make_rollout, _STARTED, [float("-inf"), 1.0]),
+    ],
+    ids=["time", "time-column"],
+)
+def test_minus_infinity_for_a_time_is_non_finite_not_below_the_range(
+    make: Callable[[], Message], path: list[Any], value: list[float]
+) -> None:
+    # A time is "float ≥ 0" and finite: its finiteness is judged with its bound, first.
+    change = _set(path, value[0] if len(value) == 1 else value)
+    assert refused(_mutated(make(), change)) is ReasonCode.NON_FINITE
+
+
+@pytest.mark.parametrize(
+    ("column", "reason"),
+    [
+        ([-1.0, float("-inf")], ReasonCode.INVALID_FIELD),
+        ([float("nan"), -1.0], ReasonCode.NON_FINITE),
+    ],
+    ids=["negative-first", "nan-first"],
+)
+def test_the_first_refused_entry_of_a_column_decides(
+    column: list[float], reason: ReasonCode
+) -> None:
+    assert refused(_mutated(make_rollout(), _set(_STARTED, column))) is reason
+
+
+# ----------------------------------------------------------------------------- weight events
+
+_PATCH = "dockyard-sparse-patch"
+
+
+@pytest.mark.parametrize(
+    ("fields", "accepted"),
+    [
+        ({"format": "safetensors", "delta_base_version": None}, True),
+        ({"format": _PATCH, "delta_base_version": 2}, True),
+        ({"format": "a-future-format", "delta_base_version": None}, True),
+        ({"format": _PATCH, "delta_base_version": None}, False),
+        ({"format": "safetensors", "delta_base_version": 2}, False),
+        ({"format": "a-future-format", "delta_base_version": 2}, False),
+    ],
+    ids=[
+        "snapshot",
+        "patch",
+        "other",
+        "patch-without-base",
+        "snapshot-with-base",
+        "other-with-base",
+    ],
+)
+def test_delta_base_version_is_set_exactly_when_the_format_is_a_patch(
+    fields: dict[str, Any], accepted: bool
+) -> None:
+    # docs/wire-format.md, `weight_version`: delta_base_version is "set exactly when `format`
+    # is `dockyard-sparse-patch`".
+    def change(envelope: dict[str, Any]) -> None:
+        envelope["meta"].update(fields)
+
+    payload = _mutated(make_weight_version(), change)
+    if accepted:
+        event = decode(None, payload)
+        assert (event.format, event.delta_base_version) == tuple(fields.values())  # type: ignore[attr-defined]
+    else:
+        assert refused(payload) is ReasonCode.INVALID_FIELD
+
+
+def test_a_weight_event_built_in_python_pairs_the_patch_format_with_its_base() -> None:
+    with pytest.raises(WireError) as caught:
+        msgspec.structs.replace(make_weight_version(), format=_PATCH)
+    assert caught.value.reason is ReasonCode.INVALID_FIELD
