@@ -10,6 +10,7 @@ before any role starts — never discovered mid-run. ``split`` selects the split
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +151,12 @@ def _record(row: object, number: int, fields: FieldMapping, env: str, path: Path
                 "fields.metadata",
                 f"{where}: metadata field {name!r} is a {type(value).__name__}; metadata must be "
                 "a string, number, bool or null",
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            # Metadata travels in the prompt group's extra, which holds JSON values only.
+            raise DatasetError(
+                "fields.metadata",
+                f"{where}: metadata field {name!r} is {value}, not a finite number",
             )
         extra[name] = value
     images: tuple[bytes, ...] = ()

@@ -131,6 +131,17 @@ def test_content_parts_other_than_images_then_text_are_refused_with_the_key(tmp_
             "record 0 of {file} has no field 'question'",
         ),
         ([{**ROWS[0], "level": [1]}], "fields.metadata", "metadata field 'level' is a list"),
+        # json reads NaN and Infinity; a prompt group's extra holds JSON values only
+        (
+            [{**ROWS[0], "level": float("nan")}],
+            "fields.metadata",
+            "metadata field 'level' is nan, not a finite number",
+        ),
+        (
+            [{**ROWS[0], "level": float("-inf")}],
+            "fields.metadata",
+            "metadata field 'level' is -inf, not a finite number",
+        ),
         ([{**ROWS[0], "solution": None}], "fields.answer", "field 'solution' is a NoneType"),
         ([{**ROWS[0], "question": ""}], "fields.prompt", "'question' is not a non-empty string"),
         ([], "path", "{file} holds no records"),
