@@ -31,16 +31,17 @@ POLL_S = 0.5
 
 def _run(args: argparse.Namespace) -> int:
     from dockyard.commands._inprocess import run_in_process
-    from dockyard.commands._roles import prepare_trainer
+    from dockyard.commands._roles import build_datasets
     from dockyard.fleet.progress import ProgressDisplay
 
     config = load_role_config(args)
     _refuse_metrics_ports_out_of_range(config)
     trainer_ranks = _trainer_ranks(config, args.trainer_ranks)
     if config.data_plane is not None:
-        # What the trainer would refuse at its start (a dataset file, the environment, tools,
-        # the tokenizer and chat template) is refused here, before any role starts.
-        prepare_trainer(config)
+        # A dataset file that is missing or does not parse is refused here, before any role
+        # starts. (What needs the tokenizer, the chat template and tools, the trainer refuses
+        # at its own start: exit 2, shown here with its message and never restarted.)
+        build_datasets(config)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / f"{config.run.name}-{stamp}")
     private_dir(run_dir)  # config.yaml may hold data_plane.credentials; logs, checkpoints

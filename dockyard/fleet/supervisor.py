@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dockyard.fleet.threads import available_cpus, role_thread_env
 from dockyard.fleet.trainer_ranks import torchrun_argv
+from dockyard.observability.status_files import FINISHED, read_statuses
 from dockyard.utils.logging import get_logger
 from dockyard.utils.private_files import create_private_file, private_dir
 
@@ -129,6 +130,8 @@ class Supervisor:
         and heartbeats)."""
         self.run_dir = run_dir
         self.status_dir = run_dir / "status"
+        #: Set once the trainer is done: the helpers were asked to drain and are not restarted.
+        self.draining = False
         self.max_restarts = max_restarts
         options = ["--log-format", "json"]
         base = [sys.executable, "-m", "dockyard", *options]
@@ -211,9 +214,16 @@ class Supervisor:
                 return code
             self._restart(self.trainer, code)
             return None
+        if not self.draining and self._trainer_finished():
+            # Its last step and checkpoint are written: what the helpers do now is never
+            # trained, so they drain while the trainer process exits, not after it.
+            self.draining = True
+            log.info("fleet.draining", reason="the trainer finished")
+            for role in [*self.workers, *self.scorers]:
+                role.signal(signal.SIGTERM)
         for role in [*self.workers, *self.scorers]:
             role_code = role.poll()
-            if role_code is None:
+            if role_code is None or self.draining:
                 continue
             if role_code == EXIT_REFUSED:
                 raise RoleProcessFailed(
@@ -227,6 +237,13 @@ class Supervisor:
                 )
             self._restart(role, role_code)
         return None
+
+    def _trainer_finished(self) -> bool:
+        if not self.status_dir.exists():
+            return False
+        return any(
+            s.role == "trainer" and s.state == FINISHED for s in read_statuses(self.status_dir)
+        )
 
     def _restart(self, role: RoleProcess, code: int) -> None:
         role.exit_codes.append(code)

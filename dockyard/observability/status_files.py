@@ -14,6 +14,8 @@ from pathlib import Path
 STARTING = "starting"
 #: A role's state while it takes work.
 RUNNING = "running"
+#: The trainer's state once its last step, validation and checkpoint are done.
+FINISHED = "finished"
 
 
 @dataclass

@@ -46,7 +46,7 @@ from dockyard.consumers.trainer.validation import Validation
 from dockyard.consumers.trainer.weight_publisher import WeightPublisher
 from dockyard.consumers.trainer.worker_trust import WorkerScreen
 from dockyard.observability.metrics.jsonl_backend import METRICS_FILE
-from dockyard.observability.status_files import StatusFile
+from dockyard.observability.status_files import FINISHED, StatusFile
 from dockyard.utils.logging import get_logger
 
 __all__ = ["LEDGER_FILE", "TrainerLoop", "TrainerStarved", "TrainerSummary", "open_trainer"]
@@ -268,4 +268,4 @@ class TrainerLoop:
         if (log_dir / METRICS_FILE).exists():
             plot_run(log_dir / METRICS_FILE, log_dir / "progress.png")
         progress.summary.steps = progress.step
-        self.status.update("finished", step=progress.step)
+        self.status.update(FINISHED, step=progress.step)

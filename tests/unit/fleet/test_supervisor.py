@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import sys
 
 import pytest
@@ -86,5 +87,27 @@ def test_a_crashing_helper_is_restarted(tmp_path):
         with pytest.raises(RoleProcessFailed, match="scorer-0 died 4 times"):
             _until_decided(supervisor)
         assert supervisor.scorers[0].restarts == supervisor.max_restarts
+    finally:
+        supervisor.stop()
+
+
+def test_the_helpers_drain_once_the_trainer_has_finished_and_are_not_restarted(tmp_path):
+    status_dir = tmp_path / "run" / "status"
+    finished_then_exit_slowly = (
+        "from dockyard.observability.status_files import FINISHED, StatusFile; "
+        f"StatusFile({str(status_dir)!r}, 'trainer', '0').update(FINISHED); "
+        "import time; time.sleep(600)"
+    )
+    supervisor = _supervisor_of(tmp_path, finished_then_exit_slowly, WAIT)
+    try:
+        supervisor.start()
+        scorer = supervisor.scorers[0]
+        while scorer.poll() is None:  # until the trainer's status file says finished
+            assert supervisor.check() is None
+            scorer.wait(0.05)
+        assert supervisor.draining
+        assert scorer.poll() == -signal.SIGTERM  # asked to drain, not killed
+        assert supervisor.check() is None  # the trainer is still exiting
+        assert scorer.restarts == 0 and scorer.poll() is not None
     finally:
         supervisor.stop()
