@@ -3,7 +3,8 @@
 A trainer checkpoint of ``configs/quickstart.yaml``'s policy (written by the trainer's own
 checkpoint writer, as a run's ``checkpoints/step_N`` is) -> ``dockyard export hf`` ->
 ``dockyard export gguf --type f16`` with no ``DOCKYARD_LLAMA_CPP_DIR`` (the native writer) ->
-``dockyard export check-gguf``.
+``dockyard export check-gguf``, and the file loads in llama.cpp, tokenizes like the trainer's
+character tokenizer and gives the trainer's logits (the F16 bound of test_gguf_llama_cpp.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,6 +23,9 @@ from dockyard.cli import main
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.ranks import load_trained_policy
 from dockyard.consumers.trainer.trainer_checkpoint import TrainerState, write_checkpoint
+
+F16_TOLERANCE = 1.5e-3
+PROMPTS = ["12+30=", "99+10=", "7+7=14"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +94,43 @@ def test_a_checkpoint_written_without_architectures_still_exports(
     (old / "config.json").write_text(json.dumps(config))
     hf_dir, _ = _export(old, tmp_path / "release")
     assert json.loads((hf_dir / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+
+
+def test_llama_cpp_runs_the_gguf_as_the_trainer_does(release: Release, llama_class: type) -> None:
+    llm = llama_class(model_path=str(release.gguf_path), logits_all=True, n_ctx=64, verbose=False)
+    try:
+        for prompt in PROMPTS:
+            ids = release.tokenizer(prompt).input_ids  # BOS, then one token per character
+            assert llm.tokenize(prompt.encode(), add_bos=True, special=False) == ids
+            assert llm.detokenize(ids).decode() == prompt
+            llm.reset()
+            llm.eval(ids)
+            actual = np.array(llm.scores[: len(ids)], dtype=np.float32)
+            with torch.no_grad():
+                expected = release.model(torch.tensor([ids])).logits[0].float().numpy()
+            assert float(np.abs(actual - expected).max()) <= F16_TOLERANCE
+            # Not trivially equal (e.g. all zeros): the logits vary across the vocabulary.
+            assert float(expected.std()) > 0.05
+        # A character the vocabulary lacks is its unknown token, as in the trainer's tokenizer,
+        # not a crash of the runtime.
+        assert llm.tokenize(b"1a2", add_bos=False, special=False) == (
+            release.tokenizer("1a2", add_special_tokens=False).input_ids
+        )
+    finally:
+        llm.close()
+
+
+def test_a_word_level_tokenizer_that_is_not_per_character_is_refused(
+    release: Release, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not written as a BPE without merges, which check-gguf passed and llama.cpp cannot load."""
+    words = tmp_path / "hf"
+    shutil.copytree(release.hf_dir, words)
+    tokenizer = json.loads((words / "tokenizer.json").read_text())
+    tokenizer["pre_tokenizer"] = {"type": "Whitespace"}
+    (words / "tokenizer.json").write_text(json.dumps(tokenizer))
+    out = tmp_path / "model.gguf"
+    code = main(["export", "gguf", "--model", str(words), "--out", str(out), "--type", "f16"])
+    assert code == 3
+    assert "not this WordLevel one" in capsys.readouterr().err
+    assert not out.exists()
