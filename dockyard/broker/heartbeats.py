@@ -40,6 +40,9 @@ log = get_logger(__name__)
 HEARTBEAT_INTERVAL_S = 5.0
 SILENT_AFTER_BEATS = 3
 HEARTBEAT_SCHEMA = "dockyard.heartbeat/1"
+#: States a role's last beat says when it ended on purpose (scorers and rollout workers stop,
+#: the trainer finishes): no beat is missed after them.
+ENDED_STATES = frozenset({"stopped", "finished"})
 #: Heartbeats are small; anything larger is not one (a reader refuses it before decoding).
 MAX_HEARTBEAT_BYTES = 64 * 1024
 
@@ -217,5 +220,10 @@ def _order(record: Heartbeat | BadHeartbeat) -> tuple[str, str]:
 
 
 def is_silent(heartbeat: Heartbeat, now_unix_s: float) -> bool:
-    """True when the role missed ``SILENT_AFTER_BEATS`` beats (crashed, hung, cut off)."""
+    """True when the role missed ``SILENT_AFTER_BEATS`` beats (crashed, hung, cut off).
+
+    A role whose last beat said it ended (:data:`ENDED_STATES`) beats no more by design: it
+    is not silent, however old that beat."""
+    if heartbeat.state in ENDED_STATES:
+        return False
     return now_unix_s - heartbeat.sent_at_unix_s > SILENT_AFTER_BEATS * heartbeat.interval_s

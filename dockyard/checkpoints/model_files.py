@@ -18,6 +18,7 @@ single process with no process group, which is how :func:`convert_dcp_to_hf` rea
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import warnings
@@ -30,7 +31,7 @@ from dockyard.utils.logging import get_logger
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = get_logger(__name__)
 
@@ -162,7 +163,7 @@ def save_model_checkpoint(
             dcp_save(dict(tensors), checkpoint_id=str(directory / DCP_SUBDIR))
     else:
         raise ValueError(f"unknown checkpoint format {format!r}; expected 'safetensors' or 'dcp'")
-    model.config.save_pretrained(directory)
+    _config_naming_its_class(model).save_pretrained(directory)
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None and model.can_generate():
         generation_config.save_pretrained(directory)
@@ -171,6 +172,18 @@ def save_model_checkpoint(
     CheckpointManifest(format=format, tied_weights=tied).write(directory)
     log.info("model checkpoint saved", path=str(directory), format=format, tensors=len(tensors))
     return directory
+
+
+def _config_naming_its_class(model: PreTrainedModel) -> PretrainedConfig:
+    """The model's config with ``architectures`` set, as ``save_pretrained`` sets it.
+
+    GGUF converters and ``AutoModelForCausalLM`` pick the model class by that name; a config
+    built in code (the tiny recipes) has none. A copy: saving must not change the live model.
+    FSDP2's ``fully_shard`` renames the class ``FSDP<Name>``; the saved name is the model's own.
+    """
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__.removeprefix("FSDP")]
+    return config
 
 
 def load_checkpoint_state_dict(checkpoint_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -245,12 +258,34 @@ def convert_dcp_to_hf(
     for name in _HF_SIDE_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, target / name)
+    _name_causal_lm_class(target / "config.json")
     if dtype is not None:
         _set_config_dtype(target / "config.json", dtype)
     log.info(
         "checkpoint converted to HF", source=str(source), target=str(target), format=manifest.format
     )
     return target
+
+
+def _name_causal_lm_class(config_path: Path) -> None:
+    """Give a config without ``architectures`` its model type's causal-LM class.
+
+    Checkpoints written before :func:`save_model_checkpoint` named the class lack it, and
+    ``dockyard export gguf`` cannot pick a converter without it. A model type with no causal-LM
+    class (a vision-language model) is left as it is rather than guessed.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = json.loads(config_path.read_text())
+    if config.get("architectures"):
+        return
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type", ""))
+    if name is None:
+        log.warning("config.json names no architecture", model_type=config.get("model_type"))
+        return
+    config["architectures"] = [name]
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    log.info("config.json architecture named from its model type", architecture=name)
 
 
 def _set_config_dtype(config_path: Path, dtype: torch.dtype) -> None:

@@ -53,7 +53,7 @@ def _run(args: argparse.Namespace) -> int:
             return asyncio.run(run_in_process(config, run_dir, progress))
         return _run_processes(config, resolved, run_dir, progress, trainer_ranks)
     finally:
-        print(progress.summary(), file=sys.stderr)
+        print(progress.final_summary(), file=sys.stderr)
         print(f"run directory: {run_dir}")
 
 

@@ -31,6 +31,10 @@ from dockyard.utils.logging import get_logger
 
 DEFAULTS_KEY = "defaults"
 TOP_LEVEL_SCHEMA = MasterConfig
+#: Stricter than inside a section, where every key is the schema's: a top-level extra may be a
+#: real section of its own that shares letters with one of ours (``repos`` and ``grpo`` score
+#: 0.67), while one-letter slips of a section's name (``grpoo``, ``gpro``) score 0.75 or more.
+SECTION_NEAR_MISS_CUTOFF = 0.75
 
 log = get_logger(__name__)
 
@@ -121,9 +125,14 @@ def validate_container(
     (``dockyard.algorithms.grpo.registered_names()``); a name outside them is refused. Without
     it that check is left to the code that builds the implementation, which refuses the same
     name with the same message (``dockyard.algorithms.advantages.estimator_class``)."""
-    # Extra top-level keys are allowed and silent (the spec); typos inside sections are not.
+    # Extra top-level keys are allowed (the spec), and silent unless one is a near miss of a
+    # section's name (``grpoo``): that is a typo, warned about as one inside a section is.
     warnings = [
-        unknown for unknown in find_unknown_keys(TOP_LEVEL_SCHEMA, container) if "." in unknown.path
+        unknown
+        for unknown in find_unknown_keys(
+            TOP_LEVEL_SCHEMA, container, cutoff=SECTION_NEAR_MISS_CUTOFF
+        )
+        if "." in unknown.path or unknown.suggestion is not None
     ]
     try:
         config = MasterConfig.model_validate(container)

@@ -79,17 +79,26 @@ def _annotation_has_path(annotation: object, parts: Sequence[str]) -> bool:
     return False
 
 
+#: How alike (``difflib`` ratio) an unknown key and a field must be to suggest the field.
+SUGGESTION_CUTOFF = 0.6
+
+
 def find_unknown_keys(
-    model: type[BaseModel], data: Mapping[str, object], prefix: str = ""
+    model: type[BaseModel],
+    data: Mapping[str, object],
+    prefix: str = "",
+    *,
+    cutoff: float = SUGGESTION_CUTOFF,
 ) -> list[UnknownKey]:
-    """Keys in ``data`` that ``model`` (recursively) does not declare."""
+    """Keys in ``data`` that ``model`` (recursively) does not declare. ``cutoff``: for the keys
+    of ``data`` itself (nested sections use :data:`SUGGESTION_CUTOFF`)."""
     found: list[UnknownKey] = []
     names = list(model.model_fields)
     for key, value in data.items():
         path = f"{prefix}{key}"
         field = model.model_fields.get(str(key))
         if field is None:
-            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=cutoff)
             found.append(UnknownKey(path, f"{prefix}{close[0]}" if close else None))
             continue
         found += _unknown_in_value(field.annotation, value, f"{path}.")

@@ -79,6 +79,18 @@ def summary_line(status_dir: Path, started_at: float, max_steps: int) -> str:
     )
 
 
+def validation_line(status_dir: Path) -> str | None:
+    """``validation accuracy A → B``: the trainer's first and latest validation, once it has
+    reported both (the trainer's own summary line says the same in its log)."""
+    statuses = read_statuses(status_dir) if status_dir.exists() else []
+    trainer = trainer_status(statuses)
+    counters = trainer.counters if trainer else {}
+    start, end = counters.get("val_accuracy_start"), counters.get("val_accuracy")
+    if start is None or end is None:
+        return None
+    return f"validation accuracy {_fmt(start)} → {_fmt(end)}"
+
+
 class ProgressDisplay:
     """The run's progress on stderr, from the roles' status files: a live table on a terminal,
     a summary line every ``PLAIN_PROGRESS_EVERY_S`` otherwise. Whoever watches the roles calls
@@ -120,6 +132,11 @@ class ProgressDisplay:
 
     def summary(self) -> str:
         return summary_line(self.status_dir, self.started_at, self.max_steps)
+
+    def final_summary(self) -> str:
+        """The last word of a run: its summary line, and how validation accuracy moved."""
+        validation = validation_line(self.status_dir)
+        return self.summary() if validation is None else f"{self.summary()}\n{validation}"
 
     def _table(self) -> Group:
         return render(self.status_dir, self.started_at, self.max_steps)

@@ -105,7 +105,9 @@ def run_sft(
         if step % config.val_period == 0:
             model.eval()
             accuracy = evaluate()
-            log.info("sft.progress", step=step, loss=float(loss), val_accuracy=accuracy)
+            # Detached: a scalar read off a tensor that requires grad makes torch warn, on the
+            # terminal of a run whose roles share it.
+            log.info("sft.progress", step=step, loss=float(loss.detach()), val_accuracy=accuracy)
             if config.stop_at_val_accuracy is not None and accuracy >= config.stop_at_val_accuracy:
                 return SFTResult(step, accuracy, time.perf_counter() - started, True, skipped)
     model.eval()

@@ -43,9 +43,12 @@ class Validation:
         summary = self.summary
         if summary.val_accuracy_start is None:
             summary.val_accuracy_start = result.accuracy
+        start = summary.val_accuracy_start
         summary.val_accuracy_end = result.accuracy
         summary.history.append((step, result.accuracy))
-        self.status.update(val_accuracy=result.accuracy)
+        # Both ends, so that `dockyard run` can say how accuracy moved (its end-of-run summary
+        # reads the roles' status files, not the trainer's log).
+        self.status.update(val_accuracy=result.accuracy, val_accuracy_start=start)
         if log_now:
             parts.metrics.log_metrics(metrics, step=step)
         log.info("trainer.validation", step=step, accuracy=result.accuracy)

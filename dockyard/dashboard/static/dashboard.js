@@ -4,6 +4,8 @@
 
 const SVG = "http://www.w3.org/2000/svg";
 const W = 300, H = 160, PAD = 28;
+// A y label ends LABEL_GAP before the plot and starts at least LABEL_EDGE after the chart's edge.
+const LABEL_GAP = 2, LABEL_EDGE = 1;
 const POLL_MS = 2000;
 // null: the newest page of dead letters; ?dead_before=SEQ opens an older page (a link to it).
 const pageQuery = new URLSearchParams(location.search);
@@ -28,13 +30,29 @@ function empty(svg, text) {
   label.textContent = text;
 }
 
-function axisLabels(svg, lo, hi, first, last) {
-  const fmt = (v) => (Math.abs(v) >= 1000 ? v.toFixed(0) : Number(v.toPrecision(3)).toString());
-  const labels = [[PAD - 2, PAD, fmt(hi), "end"], [PAD - 2, H - PAD, fmt(lo), "end"],
-                  [PAD, H - 8, `step ${first}`, "start"], [W - 4, H - 8, `step ${last}`, "end"]];
-  for (const [x, y, text, anchor] of labels) {
-    el("text", { x, y, class: "axis", "text-anchor": anchor }, svg).textContent = text;
-  }
+// The y-axis labels ([y, text] pairs), right-aligned against the plot; returns the plot's left
+// edge. The margin is the widest label as the browser measures it, in the chart's units (a
+// fixed margin cut "-0.0183" to "0183"), never less than PAD; data-width keeps each measure.
+function yLabels(svg, labels) {
+  const nodes = labels.map(([y, text]) => {
+    const node = el("text", { y, class: "axis", "text-anchor": "end" }, svg);
+    node.textContent = text;
+    node.setAttribute("data-width", node.getComputedTextLength());
+    return node;
+  });
+  const widest = Math.max(0, ...nodes.map((node) => Number(node.getAttribute("data-width"))));
+  const left = Math.max(PAD, Math.ceil(widest) + LABEL_EDGE + LABEL_GAP);
+  for (const node of nodes) node.setAttribute("x", left - LABEL_GAP);
+  return left;
+}
+
+function xLabels(svg, left, first, last) {
+  el("text", { x: left, y: H - 8, class: "axis", "text-anchor": "start" }, svg).textContent = `step ${first}`;
+  el("text", { x: W - 4, y: H - 8, class: "axis", "text-anchor": "end" }, svg).textContent = `step ${last}`;
+}
+
+function valueLabel(v) {
+  return Math.abs(v) >= 1000 ? v.toFixed(0) : Number(v.toPrecision(3)).toString();
 }
 
 // One series of [step, value] points: a line with a dot per point.
@@ -46,13 +64,15 @@ function lineChart(container, points) {
   const x0 = Math.min(...xs), x1 = Math.max(...xs);
   let y0 = Math.min(...ys), y1 = Math.max(...ys);
   if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
-  const sx = (x) => PAD + (x1 === x0 ? (W - 2 * PAD) / 2 : ((x - x0) / (x1 - x0)) * (W - 2 * PAD));
+  const left = yLabels(svg, [[PAD, valueLabel(y1)], [H - PAD, valueLabel(y0)]]);
+  const plotW = W - left - PAD;
+  const sx = (x) => left + (x1 === x0 ? plotW / 2 : ((x - x0) / (x1 - x0)) * plotW);
   const sy = (y) => H - PAD - ((y - y0) / (y1 - y0)) * (H - 2 * PAD);
   el("path", { class: "line", d: points.map((p, i) => `${i ? "L" : "M"}${sx(p[0])},${sy(p[1])}`).join(" ") }, svg);
   for (const [x, y] of points) {
     el("circle", { class: "point", cx: sx(x), cy: sy(y), r: 2, "data-step": x, "data-value": y }, svg);
   }
-  axisLabels(svg, y0, y1, x0, x1);
+  xLabels(svg, left, x0, x1);
 }
 
 // The staleness histogram: a bar per age.
@@ -61,15 +81,15 @@ function barChart(container, bins) {
   svg.dataset.points = String(bins.length);
   if (bins.length === 0) return empty(svg, "no data yet");
   const top = Math.max(...bins.map((b) => b.samples)) || 1;
-  const width = (W - 2 * PAD) / bins.length;
+  const left = yLabels(svg, [[PAD, String(top)]]);
+  const width = (W - left - PAD) / bins.length;
   bins.forEach((bin, i) => {
     const h = (bin.samples / top) * (H - 2 * PAD);
-    el("rect", { class: "bar", x: PAD + i * width + 2, y: H - PAD - h, width: Math.max(width - 4, 1),
+    el("rect", { class: "bar", x: left + i * width + 2, y: H - PAD - h, width: Math.max(width - 4, 1),
                  height: h, "data-age": bin.age, "data-samples": bin.samples }, svg);
-    el("text", { x: PAD + i * width + width / 2, y: H - 8, class: "axis", "text-anchor": "middle" }, svg)
+    el("text", { x: left + i * width + width / 2, y: H - 8, class: "axis", "text-anchor": "middle" }, svg)
       .textContent = `age ${bin.age}`;
   });
-  el("text", { x: PAD - 2, y: PAD, class: "axis", "text-anchor": "end" }, svg).textContent = String(top);
 }
 
 function cell(row, text, cls) {

@@ -10,7 +10,8 @@ vocabulary through ``gguf.SpecialVocab``).
 Byte-level BPE tokenizers with the GPT-2 pre-tokenizer (``tokenizer.ggml.pre = "gpt-2"``) or
 Qwen2's (``"qwen2"``) are written natively. llama.cpp recognises other pre-tokenizers by hashing
 their output on a probe text, and a wrong ``pre`` tokenizes differently at run time, so anything
-else is refused with a pointer to the llama.cpp route rather than guessed.
+else is refused with a pointer to the llama.cpp route rather than guessed, except one-token-per-
+character tokenizers, which llama.cpp's converter cannot write either (:mod:`.character_vocab`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dockyard.export.gguf.character_vocab import add_character_vocab, is_character_vocabulary
 from dockyard.export.gguf.types import GgufExportError, MissingGgufDependencyError, QuantType
 from dockyard.utils.logging import get_logger
 
@@ -218,6 +220,27 @@ def pre_tokenizer_name(tokenizer: Any) -> str:
 
 
 def _add_vocab(writer: Any, gguf: Any, hf_dir: Path, hparams: _Hparams) -> None:
+    """A byte-level BPE as llama.cpp's converter writes it, or a one-character-per-token one."""
+    tokenizer_path = hf_dir / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise GgufExportError(f"{hf_dir}: tokenizer.json not found; GGUF needs the vocabulary")
+    tokenizer_json = json.loads(tokenizer_path.read_text(encoding="utf-8"))
+    if is_character_vocabulary(tokenizer_json):
+        add_character_vocab(writer, gguf, hf_dir, tokenizer_json, hparams.raw["vocab_size"])
+        return
+    # Decided from the file: transformers 5 loads a qwen2/llama directory's tokenizer with that
+    # family's pre-tokenizer whatever its model, so a WordLevel one would pass for a BPE below.
+    model_type = (tokenizer_json.get("model") or {}).get("type")
+    if model_type != "BPE":
+        raise GgufExportError(
+            f"the native GGUF writer writes byte-level BPE and one-token-per-character "
+            f"tokenizers, not this {model_type} one; use llama.cpp's converter "
+            "(set DOCKYARD_LLAMA_CPP_DIR or pass llama_cpp_dir)"
+        )
+    _add_bpe_vocab(writer, gguf, hf_dir, hparams)
+
+
+def _add_bpe_vocab(writer: Any, gguf: Any, hf_dir: Path, hparams: _Hparams) -> None:
     """``_set_vocab_gpt2`` + ``get_vocab_base`` of llama.cpp's converter."""
     from transformers import AutoTokenizer
 
@@ -229,8 +252,6 @@ def _add_vocab(writer: Any, gguf: Any, hf_dir: Path, hparams: _Hparams) -> None:
             )
             if prefix is not None:
                 writer.add_add_space_prefix(prefix)
-    if not (hf_dir / "tokenizer.json").is_file():
-        raise GgufExportError(f"{hf_dir}: tokenizer.json not found; GGUF needs the vocabulary")
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     pre = pre_tokenizer_name(tokenizer)
     vocab_size = hparams.raw.get("vocab_size", len(tokenizer.vocab))

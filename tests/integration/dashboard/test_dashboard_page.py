@@ -31,10 +31,11 @@ from tests.conftest import fresh_namespace, make_data_plane_config
 from tests.integration.dashboard.browser import Node, load, screenshot
 from tests.integration.roles.factories import prompt_group
 
+# The loss is small and negative, as a GRPO loss often is: its axis labels are the widest.
 STEPS = {  # step: (reward, loss, tokens/s, wait_s, train_s, publish_s, {age: samples})
-    1: (0.1, 1.0, 100.0, 1.0, 3.0, 0.0, {0: 4}),
-    2: (0.3, 0.8, 200.0, 3.0, 0.5, 0.5, {0: 2, 1: 2}),
-    3: (0.5, 0.5, 300.0, 1.0, 2.0, 1.0, {1: 3, 2: 1}),
+    1: (0.1, -0.0183, 100.0, 1.0, 3.0, 0.0, {0: 4}),
+    2: (0.3, -0.0121, 200.0, 3.0, 0.5, 0.5, {0: 2, 1: 2}),
+    3: (0.5, -0.0007, 300.0, 1.0, 2.0, 1.0, {1: 3, 2: 1}),
 }
 VALIDATION = {0: 0.2, 2: 0.4}
 
@@ -67,6 +68,23 @@ def _points(page: Node, chart: str) -> list[tuple[float, float]]:
     ]
 
 
+def _assert_y_labels_fit(page: Node) -> None:
+    """Every y-axis label starts inside its chart (issue #42, item 6: "-0.0183" showed as
+    "0183"): right-aligned at ``x``, a label of the width the browser measured starts at
+    ``x - width``, which must not be left of the chart's edge (0)."""
+    labels = [
+        label
+        for chart in page.find_all("div", "chart")
+        for label in chart.find_all("text", "axis")
+        if "data-width" in label.attrs
+    ]
+    assert {label.text() for label in labels} >= {"-0.0183", "-0.0007"}
+    for label in labels:
+        width = float(label.attrs["data-width"])
+        assert width > 0, label.text()  # measured: the page was laid out
+        assert float(label.attrs["x"]) - width >= 0, (label.text(), label.attrs)
+
+
 def test_the_charts_and_roles_of_a_run_directory(tmp_path: Path, dashboard) -> None:  # type: ignore[no-untyped-def]
     run_dir = tmp_path / "run"
     _write_run(run_dir)
@@ -81,6 +99,7 @@ def test_the_charts_and_roles_of_a_run_directory(tmp_path: Path, dashboard) -> N
     assert _points(page, "val_accuracy") == list(VALIDATION.items())
     idle = [(s, v[3] / (v[3] + v[4] + v[5])) for s, v in STEPS.items()]
     assert _points(page, "trainer_idle_fraction") == pytest.approx(idle)
+    _assert_y_labels_fit(page)
     bars = page.by_id("chart-staleness").find_all("rect", "bar")
     histogram = {int(b.attrs["data-age"]): float(b.attrs["data-samples"]) for b in bars}
     assert histogram == {0: 4 + 2, 1: 2 + 3, 2: 1}

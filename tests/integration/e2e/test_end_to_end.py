@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -78,6 +79,14 @@ def test_a_few_steps_produce_a_complete_run_directory(tmp_path, small_run, mode,
         (step, index) for step in validations for index in (0, 1)
     ]
     assert all(e["prompt"].endswith("=") and "reward" in e for e in printed)
+    # The terminal's end-of-run summary says how validation accuracy moved, first to last
+    # validation, as the trainer's log does (issue #42, item 6).
+    accuracies = [e["accuracy"] for e in events if e["event"] == "trainer.validation"]
+    moved = re.search(r"^validation accuracy ([0-9.]+) → ([0-9.]+)$", result.stderr, re.M)
+    assert moved, result.stderr[-2000:]
+    assert [float(x) for x in moved.groups()] == pytest.approx(
+        [accuracies[0], accuracies[-1]], abs=5e-4
+    )
     # The generation timeline: a per-worker summary in the metrics (one rollout worker, one entry
     # per sample), the raw intervals one line per step in their own file.
     assert all(m["timing/generation_timeline/w0/count"] == 4 * 4 for m in step_metrics)

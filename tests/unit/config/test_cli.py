@@ -86,6 +86,23 @@ def test_warnings_go_to_stderr(write_config, minimal_config, capsys):
     assert "did you mean 'grpo.seed'" in captured.err
 
 
+def test_validate_and_run_warn_about_a_near_miss_of_a_section(write_config, capsys, tmp_path):
+    quickstart = Path("configs/quickstart.yaml").resolve()
+    config = write_config(f"defaults: {quickstart}\ngrpoo:\n  max_num_steps: 2\n")
+    expected = "warning: unknown key 'grpoo' (kept, but no typed section reads it); did you mean"
+    assert main(["config", "validate", "--config", str(config)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == "ok"
+    assert f"{expected} 'grpo'?" in captured.err
+    # `dockyard run` loads the config the same way and says so before it starts anything; the
+    # last role's metrics port out of range makes it stop right after that.
+    argv = ["run", "--config", str(config), "--run-dir", str(tmp_path / "run")]
+    assert main([*argv, "run.metrics_port=65535"]) == 2
+    err = capsys.readouterr().err
+    assert f"{expected} 'grpo'?" in err and "run.metrics_port" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_help_lists_subcommands():
     result = run_cli("--help")
     assert result.returncode == 0

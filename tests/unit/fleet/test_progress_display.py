@@ -90,3 +90,22 @@ def test_without_a_terminal_plain_summary_lines(tmp_path: Path) -> None:
     assert "step 3/5 reward 0.25 val_acc 0.5 staleness 1.5" in line
     assert "rollout-w0:running scorer-s0:running trainer-0:running" in line
     assert "┃" not in out.getvalue()  # no table drawn
+
+
+def test_the_end_of_run_summary_says_how_validation_accuracy_moved(tmp_path: Path) -> None:
+    """Issue #42, item 6: the trainer's "validation accuracy A -> B" reached only its log."""
+    status_dir = tmp_path / "status"
+    roles = heartbeats(status_dir)
+    display = ProgressDisplay(status_dir, max_steps=5)
+    # Validated, but no first accuracy reported (the trainer sets both): nothing to compare.
+    assert "validation accuracy" not in display.final_summary()
+    roles["trainer"].update("finished", step=5, val_accuracy_start=0.475, val_accuracy=0.795)
+    summary_line, validation = display.final_summary().splitlines()
+    assert summary_line == display.summary()
+    assert validation == "validation accuracy 0.475 → 0.795"
+
+
+def test_a_run_without_validation_has_no_accuracy_in_its_summary(tmp_path: Path) -> None:
+    StatusFile(tmp_path, "trainer", "0").update("finished", step=5)
+    display = ProgressDisplay(tmp_path, max_steps=5)
+    assert display.final_summary() == display.summary()
