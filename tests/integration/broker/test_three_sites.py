@@ -112,6 +112,7 @@ async def _drain(plane: JetStreamPlane, names: PlaneNames, seen: list[str]) -> N
         await asyncio.gather(*(d.ack() for d in deliveries))
 
 
+@pytest.mark.slow
 async def test_each_prompt_group_goes_to_one_rollout_site_also_across_a_partition(
     sites: ThreeSites,
 ) -> None:
@@ -183,6 +184,7 @@ async def test_experience_of_both_rollout_sites_reaches_the_trainer_once(
             await plane.close()
 
 
+@pytest.mark.slow
 async def test_a_weight_version_crosses_each_sites_link_once(sites: ThreeSites) -> None:
     names = sites.names
     transport = {"chunk_size": MiB}

@@ -146,6 +146,7 @@ def _scored(names: PlaneNames, index: int) -> OutgoingMessage:
     return OutgoingMessage(names.scored, f"group-{index}".encode(), msg_id=f"scored-{index}")
 
 
+@pytest.mark.slow
 async def test_experience_stored_at_b_during_a_partition_reaches_a_once(sites: TwoSites) -> None:
     names = sites.names
     # B first: A's experience stream sources B's, which must exist to be read.
@@ -182,6 +183,7 @@ async def test_experience_stored_at_b_during_a_partition_reaches_a_once(sites: T
         await rollout.close()
 
 
+@pytest.mark.slow
 async def test_prompts_published_at_a_reach_the_workers_at_b_once_across_a_partition(
     sites: TwoSites,
 ) -> None:

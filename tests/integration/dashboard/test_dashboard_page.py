@@ -85,6 +85,7 @@ def _assert_y_labels_fit(page: Node) -> None:
         assert float(label.attrs["x"]) - width >= 0, (label.text(), label.attrs)
 
 
+@pytest.mark.slow
 def test_the_charts_and_roles_of_a_run_directory(tmp_path: Path, dashboard) -> None:  # type: ignore[no-untyped-def]
     run_dir = tmp_path / "run"
     _write_run(run_dir)
@@ -146,6 +147,7 @@ def _check_fleet(page: Node, namespace: str) -> None:
     assert counts == [["scorer", "env_error", "2"], ["rollout", "schema_mismatch", "1"]]
 
 
+@pytest.mark.slow
 def test_a_live_fleet_with_its_dead_letters_paged(
     nats_server: EmbeddedNatsServer,
     data_plane_config_factory: Callable[..., DataPlaneConfig],

@@ -99,6 +99,7 @@ def test_a_stage_taking_a_model_from_a_later_or_unknown_stage_is_refused(tmp_pat
         plan_recipe(recipe, tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_a_bad_key_in_a_later_stage_is_refused_before_any_stage_runs(tmp_path):
     stage = {"config": str(QUICKSTART), "overrides": STAGE_OVERRIDES}
     recipe = write_recipe(

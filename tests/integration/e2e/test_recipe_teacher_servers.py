@@ -74,6 +74,7 @@ def overrides_of(overrides: Sequence[str]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in overrides)
 
 
+@pytest.mark.slow
 def test_the_stage_runs_against_a_server_per_teacher_which_stops_when_it_ends(tmp_path):
     recipe_dir = tmp_path / "out"
     stages = plan_recipe(two_specialists_and_a_student(tmp_path), recipe_dir)
