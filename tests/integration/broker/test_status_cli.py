@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import yaml
 
-from dockyard.broker.embedded import EmbeddedNatsServer
+from dockyard.broker.embedded import EmbeddedNatsServer, EmbeddedServerSettings
 from dockyard.broker.heartbeats import HeartbeatPublisher
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.plane import StoredMessage
@@ -16,6 +18,7 @@ from dockyard.broker.typed import MessagePlane
 from dockyard.cli import main
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.observability.status_files import StatusFile
+from tests.conftest import make_data_plane_config
 from tests.integration.roles.factories import prompt_group
 
 
@@ -101,10 +104,13 @@ def test_status_table_names_every_role_and_stream(
 
 
 def test_status_refuses_an_embedded_url(capsys: pytest.CaptureFixture[str]) -> None:
-    # No --config nor --url: the default data plane, an embedded server (which would be a new,
-    # empty one, not the run's).
-    assert main(["status"]) == 1
+    # The quickstart's data plane is an embedded server: a new, empty one, not the run's.
+    quickstart = str(Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml")
+    assert main(["status", "--config", quickstart]) == 1
     assert "status reads a running broker" in capsys.readouterr().err
+    # Nothing to read at all: it says what it can read.
+    assert main(["status"]) == 1
+    assert "give --config or --url (a running fleet), or --run-dir" in capsys.readouterr().err
 
 
 def test_a_broker_provisioned_before_heartbeats_is_shown_without_roles(
@@ -123,3 +129,41 @@ def test_a_broker_provisioned_before_heartbeats_is_shown_without_roles(
         "published heartbeats"
     ]
     assert view["dead_letters"]["stored"] == 3  # the rest of the view is there
+
+
+def test_status_shows_a_finished_run_from_its_own_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `dockyard run` leaves with an embedded broker: its store and resolved config; the
+    README's promise that `dockyard status` shows a finished run."""
+    run_dir = tmp_path / "run"
+    server = EmbeddedNatsServer(EmbeddedServerSettings(store_dir=run_dir / "nats"))
+    try:
+        config = make_data_plane_config(server.start(), streams={"storage": "file"})
+        asyncio.run(_a_small_fleet(config))
+    finally:
+        server.stop()
+    section = {"url": "embedded", "namespace": config.namespace, "streams": {"storage": "file"}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"data_plane": section}))
+
+    assert main(["status", "--run-dir", str(run_dir), "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert {(r["role"], r["instance"]) for r in view["roles"]} == {
+        ("trainer", "0"),
+        ("rollout", "gpu-node.lan-99"),
+    }
+    assert view["dead_letters"]["stored"] == 3
+    streams = {s["name"]: s for s in view["streams"]}
+    assert streams[f"{config.namespace}_prompts"]["messages"] == 3
+
+
+def test_status_of_a_run_without_a_store_of_its_own_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"data_plane": None}))
+    assert main(["status", "--run-dir", str(run_dir)]) == 1
+    assert "no broker store of its own" in capsys.readouterr().err
+    assert main(["status", "--run-dir", str(tmp_path / "nosuch")]) == 1
+    assert "no such directory" in capsys.readouterr().err
