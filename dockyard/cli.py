@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -64,6 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as error:
         print(f"dockyard: error: {error}", file=sys.stderr)
         return error.exit_code
+    except BrokenPipeError:
+        # The reader went away (`dockyard replay trace --json | head`): not an error of ours.
+        # Python's own recipe: point stdout at devnull so the exit's flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command cut off by its pipe
     except Exception as error:
         # Errors that explain themselves (a data plane that refuses, a missing binary) are
         # reported as one line; anything else keeps its traceback for debugging.

@@ -340,3 +340,22 @@ def test_torch_model_parallel_degrees_are_refused_with_the_jax_backend(key):
         for issue in not_implemented(load_config("configs/quickstart.yaml", jax))
         if issue.path.startswith("policy.dtensor_cfg.")
     ]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`dockyard ... | head`: the pipe's reader is gone before the output is written; the
+    command ends as a shell expects (128 + SIGPIPE), with no traceback on the terminal."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dockyard", "config", "keys"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before the table is printed: its first write finds no reader
+    err = process.stderr.read()
+    assert process.wait(timeout=120) == 141
+    assert "Traceback" not in err and "BrokenPipeError" not in err
