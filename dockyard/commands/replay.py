@@ -108,7 +108,16 @@ def _selection(args: argparse.Namespace, names: PlaneNames) -> tuple[str, _Selec
         since = parse_since(args.since) if args.since else None
     except ValueError as error:
         raise CliError(str(error)) from None
-    return resolve_subject(names, args.subject), {
+    subject = resolve_subject(names, args.subject)
+    try:
+        names.stream_for_subject(subject)
+    except KeyError:
+        raise CliError(
+            f"--subject {args.subject}: no stream of namespace {names.namespace!r} holds it; "
+            "give a short name (prompts, rollouts, scored, weights, dead) or a subject that "
+            "`dockyard replay ls` lists"
+        ) from None
+    return subject, {
         "from_seq": args.from_seq,
         "since": since,
         "limit": args.limit,
@@ -125,9 +134,19 @@ def _show(args: argparse.Namespace) -> int:
         async with _open_plane(args) as plane:
             subject, selection = _selection(args, plane.names)
             current = await _current_version(plane)
-            return subject, [
-                summarise(stored, current) async for stored in plane.replay(subject, **selection)
-            ]
+            if args.group is None:
+                replayed = plane.replay(subject, **selection)
+                return subject, [summarise(stored, current) async for stored in replayed]
+            # The limit counts this group's messages: the whole selection is read for them.
+            limit, selection["limit"] = selection["limit"], None
+            rows: list[MessageSummary] = []
+            async for stored in plane.replay(subject, **selection):
+                row = summarise(stored, current)
+                if row.group_id == args.group:
+                    rows.append(row)
+                    if limit is not None and len(rows) >= limit:
+                        break
+            return subject, rows
 
     subject, rows = _run(run())
     table = Table(title=f"{subject} ({len(rows)} messages)")
@@ -286,6 +305,9 @@ def register(registrar: CommandRegistrar) -> None:
 
     show = commands.add("show", help="A table of messages: seq, time, group, env, weights, rewards")
     _add_selection(show, default_limit=DEFAULT_SHOW_LIMIT)
+    show.add_argument(
+        "--group", metavar="ID", help="only this prompt group's messages (--limit counts them)"
+    )
     add_plane_arguments(show)
     show.set_defaults(handler=_show)
 

@@ -20,6 +20,7 @@ from dockyard.broker.typed import MessagePlane
 from dockyard.cli import main
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.schemas import WeightVersion
+from tests.integration.roles.factories import prompt_group
 
 _READY = re.compile(r"nats-server ready at (\S+)")
 
@@ -300,3 +301,30 @@ def test_replay_requeue_republishes_dead_letters_once(
     requeued = _scored_after(config, 3)
     assert [data for data, _ in requeued] == [b"refused for its version", b"refused as corrupt"]
     assert requeued[1][1]["X-Trace"] == "t1"  # the original headers travel with it
+
+
+def test_replay_show_names_an_unknown_subject_and_filters_one_group(
+    nats_server: EmbeddedNatsServer,
+    data_plane_config_factory: Callable[..., DataPlaneConfig],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = data_plane_config_factory(nats_server.url)
+
+    async def publish() -> None:
+        async with JetStreamPlane(config) as plane:
+            await MessagePlane(plane, stage="test").publish_many(
+                [prompt_group(f"group-{i}") for i in range(4)]
+            )
+
+    asyncio.run(publish())
+    target = ["--url", nats_server.url, "--namespace", config.namespace]
+
+    assert main(["replay", "show", "--subject", "nosuch", *target]) == 1
+    err = capsys.readouterr().err
+    assert f"--subject nosuch: no stream of namespace '{config.namespace}' holds it" in err
+    assert "KeyError" not in err  # it used to end in a traceback of the lookup
+
+    assert main(["replay", "show", "--subject", "prompts", "--group", "group-2", *target]) == 0
+    shown = capsys.readouterr().out
+    assert "(1 messages)" in shown and "group-2" in shown
+    assert not any(f"group-{i}" in shown for i in (0, 1, 3))
