@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
@@ -352,6 +353,7 @@ class JetStreamPlane(AdminPlane):
                 info = await self.js.stream_info(spec.name)
             except NotFoundError:
                 continue
+            times = await self._stream_times(spec.name)
             lags = []
             for consumer in await self.js.consumers_info(spec.name):
                 lags.append(
@@ -373,12 +375,24 @@ class JetStreamPlane(AdminPlane):
                     bytes=state.bytes,
                     first_seq=state.first_seq,
                     last_seq=state.last_seq,
-                    first_time=_parse_time(getattr(state, "first_ts", None)),
-                    last_time=_parse_time(getattr(state, "last_ts", None)),
+                    first_time=_parse_time(times.get("first_ts")),
+                    last_time=_parse_time(times.get("last_ts")),
                     consumers=tuple(lags),
                 )
             )
         return states
+
+    async def _stream_times(self, stream: str) -> dict[str, object]:
+        """The stream's ``state.first_ts``/``last_ts``, from the server's own answer: nats-py's
+        ``StreamState`` drops them (and ``replay ls`` showed every "last" as "-")."""
+        try:
+            reply = await self.nc.request(
+                f"{self.config.api_prefix}.STREAM.INFO.{stream}", b"", timeout=5
+            )
+            state = json.loads(reply.data).get("state") or {}
+        except (TimeoutError, ValueError, nats.errors.Error):
+            return {}
+        return state if isinstance(state, dict) else {}
 
 
 def _parse_time(value: object) -> datetime | None:

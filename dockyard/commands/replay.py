@@ -20,7 +20,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Coroutine
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
@@ -47,40 +47,50 @@ def _open_plane(args: argparse.Namespace) -> JetStreamPlane:
 
 
 def _ls(args: argparse.Namespace) -> int:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    async def run() -> list[StreamState]:
+    async def run() -> tuple[str, list[StreamState]]:
         async with _open_plane(args) as plane:
-            return await plane.streams()
+            return plane.names.namespace, await plane.streams()
 
-    states = _run(run())
-    # Names are what people copy into the next command: never elided, whatever the width.
-    stream_width = max((len(state.name) for state in states), default=6)
-    durable_width = max((len(lag.durable) for s in states for lag in s.consumers), default=8)
-    table = Table(title="streams")
-    table.add_column("stream", no_wrap=True, min_width=stream_width)
-    for column in ("subjects", "retention", "msgs", "size", "seq range", "last"):
-        table.add_column(column, overflow="fold")
-    consumers = Table(title="consumers")
-    consumers.add_column("consumer", no_wrap=True, min_width=durable_width)
-    consumers.add_column("stream", no_wrap=True, min_width=stream_width)
+    namespace, states = _run(run())
+
+    # Every stream and subject of a namespace starts with it: said once in the title, the
+    # names fit 80 columns. What is left is what `replay show --subject` takes.
+    def short(name: str) -> str:
+        return name.removeprefix(f"{namespace}_").removeprefix(f"{namespace}.")
+
+    table = Table(title=f"streams of namespace {namespace}", box=box.SIMPLE_HEAD)
+    table.add_column("stream", no_wrap=True)
+    for column in ("msgs", "size", "seq range"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("last (UTC)", no_wrap=True)
+    table.add_column("retention", no_wrap=True)
+    table.add_column("subjects", overflow="fold")
+    consumers = Table(title="consumers", box=box.SIMPLE_HEAD)
+    consumers.add_column("consumer", no_wrap=True)
+    consumers.add_column("stream", no_wrap=True)
     for column in ("pending", "unacked", "redelivered"):
-        consumers.add_column(column, overflow="fold")
+        consumers.add_column(column, justify="right", no_wrap=True)
     for state in states:
+        last = (
+            state.last_time.astimezone(UTC).strftime("%m-%d %H:%M:%S") if state.last_time else "-"
+        )
         table.add_row(
-            state.name,
-            ", ".join(state.subjects),
-            state.retention,
+            short(state.name),
             str(state.messages),
             human_bytes(state.bytes),
             f"{state.first_seq}..{state.last_seq}",
-            state.last_time.isoformat(timespec="seconds") if state.last_time else "-",
+            last,
+            state.retention,
+            "\n".join(short(subject) for subject in state.subjects),
         )
         for lag in state.consumers:
             consumers.add_row(
-                lag.durable,
-                lag.stream,
+                short(lag.durable),
+                short(lag.stream),
                 str(lag.pending),
                 str(lag.ack_pending),
                 str(lag.redelivered),

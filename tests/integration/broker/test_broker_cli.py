@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -214,8 +215,17 @@ def test_replay_ls_show_and_export(
 
     assert main(["replay", "ls", *target]) == 0
     listing = capsys.readouterr().out
-    assert f"{config.namespace}_experience" in listing
-    assert f"{config.namespace}_scored" in listing  # a consumer with its lag
+    # The namespace once, in the title; the names people copy into `replay show` in the rows,
+    # in 80 columns.
+    assert f"streams of namespace {config.namespace}" in listing
+    rows = [line.split() for line in listing.splitlines()]
+    assert ["weights", "2"] in [row[:2] for row in rows]  # the stream and its two events
+    assert ["scored", "experience"] in [row[:2] for row in rows]  # a consumer with its lag
+    table = listing[listing.index("streams of namespace") :].splitlines()
+    assert all(len(line) <= 80 for line in table if not line.startswith("20")), table  # logs
+    # The newest message's time: the weight events were published just now (today, UTC).
+    today = {(datetime.now(UTC) - timedelta(minutes=m)).date().isoformat() for m in (0, 10)}
+    assert any(day in listing for day in today), listing
 
     assert main(["replay", "show", "--subject", "weights", "--from-seq", "2", *target]) == 0
     shown = capsys.readouterr().out
