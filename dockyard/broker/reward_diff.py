@@ -8,7 +8,7 @@ message, group and sample that could not be compared is named in the result, non
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from dockyard.broker.inspect import Undecodable, decode_stored
@@ -176,6 +176,20 @@ def _fmt(value: object) -> str:
     return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+#: Group ids a one-sided list shows before it says how many more there are (a partial
+#: re-score leaves thousands on one side).
+LISTED_IDS = 10
+
+
+def _listed(ids: Sequence[str], *, all_groups: bool) -> str:
+    if all_groups or len(ids) <= LISTED_IDS:
+        return f"{len(ids)} groups: {', '.join(ids)}"
+    return (
+        f"{len(ids)} groups: {', '.join(ids[:LISTED_IDS])}, … and {len(ids) - LISTED_IDS} more "
+        "(--all-groups lists them, --json has them all)"
+    )
+
+
 def render(diff: RewardDiff, *, all_groups: bool = False) -> str:
     """The diff as text: per environment, the changed groups (all with ``all_groups``), the
     0/1 confusion table and everything that could not be compared."""
@@ -205,10 +219,12 @@ def render(diff: RewardDiff, *, all_groups: bool = False) -> str:
         f"  1     {c[(1, 0)]:>4} {c[(1, 1)]:>4}",
         f"  pairs with a reward other than 0 or 1: {diff.non_binary_pairs}",
     ]
-    if diff.only_in_subject:
-        lines.append(f"only in {diff.subject}: {', '.join(diff.only_in_subject)}")
-    if diff.only_in_against:
-        lines.append(f"only in {diff.against}: {', '.join(diff.only_in_against)}")
+    for subject, ids in (
+        (diff.subject, diff.only_in_subject),
+        (diff.against, diff.only_in_against),
+    ):
+        if ids:
+            lines.append(f"only in {subject}: {_listed(ids, all_groups=all_groups)}")
     for group_id, a, s in diff.mismatched:
         lines.append(f"not compared: {group_id} has {a} samples in {diff.against}, {s} here")
     for subject, group_id in diff.repeated:
