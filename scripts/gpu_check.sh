@@ -43,6 +43,10 @@ python="${PYTHON:-python}"
 # The repository itself (dockyard, tests) and the benchmarks' modules, without installing.
 export PYTHONPATH="$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
 wheels=.gpu-check-wheels
+# The wheels' install folder (git-ignored), ahead of site-packages; bin/ holds nats-server.
+site=.gpu-check-site
+export PYTHONPATH="$PWD/$site:$PYTHONPATH"
+export PATH="$PWD/$site/bin:$PATH"
 started=$(date +%s)
 status=0
 
@@ -66,16 +70,18 @@ assert torch.cuda.is_available(), "no CUDA device visible to torch: nothing to c
 print("torch", torch.__version__, "CUDA", torch.version.cuda, "on", torch.cuda.get_device_name(0))
 PY
   if [ -d "$wheels" ]; then
-    # --no-deps: the folder holds exactly what is needed beyond torch/transformers/peft.
-    step install 120 "$python" -m pip install --quiet --no-index --no-deps \
-      --find-links "$wheels" "$wheels"/*.whl
+    # Into a folder of the tree, not the machine's environment: nothing to undo, no PEP 668
+    # refusal of a system python. --no-deps: the folder holds exactly what is needed beyond
+    # torch/transformers/peft (scripts/fetch_gpu_check_wheels.sh checked their requirements).
+    step install 40 "$python" -m pip install --quiet --no-index --no-deps --upgrade \
+      --target "$site" "$wheels"/*.whl
   else
     echo "no $wheels/ (scripts/fetch_gpu_check_wheels.sh): using what is installed" >&2
   fi
-  # Budget, 8 minutes in all: install ≤ 2 (≈ 20 s in practice), then these.
-  step trainer-and-patches 240 "$python" benchmarks/gpu_check.py measure \
+  # Budget, 8 minutes in all: ≈ 15 s for the checks around the steps, then at most these.
+  step trainer-and-patches 200 "$python" benchmarks/gpu_check.py measure \
     --only trainer,patches --results "$results"
-  step quickstart 120 "$python" benchmarks/gpu_check.py measure --only quickstart \
+  step quickstart 100 "$python" benchmarks/gpu_check.py measure --only quickstart \
     --results "$results"
   step tests 120 "$python" benchmarks/gpu_check.py measure --only tests --results "$results"
 else
