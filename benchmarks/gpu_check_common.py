@@ -15,10 +15,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from transformers import Qwen2ForCausalLM
+
+    from dockyard.consumers.trainer.batch import TrainingBatch
 
 ROWS_FILE = "rows.jsonl"
 
@@ -133,17 +138,21 @@ def attention_implementation(dev: torch.device) -> str:
     return "sdpa"
 
 
-def build_qwen2(name: str, shapes: dict[str, dict[str, Any]], dev: torch.device, seed: int = 0):
+def build_qwen2(
+    name: str, shapes: dict[str, dict[str, Any]], dev: torch.device, seed: int = 0
+) -> Qwen2ForCausalLM:
     """A random-initialised Qwen2ForCausalLM in float32 (the trainer's master weights), built
     on ``dev`` directly: initialising 1.5B parameters on the CPU first takes minutes."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(**shapes[name], max_position_embeddings=32768, rope_theta=1_000_000.0)
+    # The shapes set the cost; the rotary base and context length do not (left at defaults
+    # but for the context, which must hold the longest packed row).
+    config = Qwen2Config(**shapes[name], max_position_embeddings=32768)
     config._attn_implementation = attention_implementation(dev)
     with dev:
-        model = Qwen2ForCausalLM(config).float()
-    return model
+        model: Qwen2ForCausalLM = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    return model.float()  # type: ignore[no-untyped-call,no-any-return]
 
 
 def parameter_count(model: torch.nn.Module) -> int:
@@ -164,7 +173,7 @@ def long_tail_lengths(
     return out
 
 
-def training_batch(vocab: int, samples: int, longest: int, seed: int = 1):
+def training_batch(vocab: int, samples: int, longest: int, seed: int = 1) -> TrainingBatch:
     """A TrainingBatch of random tokens in groups of 8 (rewards 0/1), long-tail lengths.
 
     Behaviour log-probs are zeros: with π_old := sg(π_θ) and no importance-sampling correction

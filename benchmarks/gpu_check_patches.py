@@ -34,6 +34,7 @@ LR = 1e-6
 
 def policy_gradient_step(
     model: torch.nn.Module,
+    vocab: int,
     optimizer: torch.optim.Optimizer,
     generator: torch.Generator,
     dev: torch.device,
@@ -41,7 +42,7 @@ def policy_gradient_step(
     """bench_weight_patches' ``grpo_like_step`` (−A·log π on random tokens, A = ±1 per
     sequence) with its inputs on ``dev`` and the forward in bf16 autocast, as the trainer runs
     it on a GPU; the tokens are drawn on the CPU generator, so both ends draw the same ones."""
-    tokens = torch.randint(0, model.config.vocab_size, (4, 64), generator=generator)
+    tokens = torch.randint(0, vocab, (4, 64), generator=generator)
     advantages = torch.randint(0, 2, (4, 1), generator=generator).float() * 2 - 1
     tokens, advantages = tokens.to(dev), advantages.to(dev)
     with torch.autocast(dev.type, dtype=torch.bfloat16):
@@ -49,7 +50,7 @@ def policy_gradient_step(
     logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
     loss = -(advantages * logprobs).mean()
     optimizer.zero_grad()
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     optimizer.step()
 
 
@@ -61,7 +62,7 @@ def run(results: Path, dev: torch.device, dry_run: bool) -> None:
     base = published(model)
     base_digest = state_digest(base)
     for step in range(1, size.patch_steps + 1):
-        policy_gradient_step(model, optimizer, generator, dev)
+        policy_gradient_step(model, size.shapes[MODEL]["vocab_size"], optimizer, generator, dev)
         new = published(model)
         synchronize(dev)
         started = time.perf_counter()

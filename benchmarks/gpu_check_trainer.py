@@ -37,6 +37,7 @@ from gpu_check_common import (
     training_batch,
     write_row,
 )
+from torch.distributed.device_mesh import DeviceMesh
 
 from dockyard.config.loader import load_config
 from dockyard.consumers.trainer.batch import TrainingBatch
@@ -97,10 +98,12 @@ class MinimalLoop:
             logits.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
         ).reshape(-1)
         if plan.gather_index is None:
-            return flat.view(plan.size, -1)[:, : plan.columns]
+            whole: torch.Tensor = flat.view(plan.size, -1)[:, : plan.columns]
+            return whole
         assert plan.gather_valid is not None
         picked = flat[plan.gather_index.to(self.dev).reshape(-1)].view_as(plan.gather_index)
-        return picked * plan.gather_valid.to(self.dev)
+        masked: torch.Tensor = picked * plan.gather_valid.to(self.dev)
+        return masked
 
     def __call__(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -111,7 +114,7 @@ class MinimalLoop:
         self.optimizer.step()
 
 
-def one_rank_mesh(dev: torch.device):
+def one_rank_mesh(dev: torch.device) -> DeviceMesh:
     """A one-rank process group (NCCL on cuda, gloo on the CPU) and its 1-D device mesh: FSDP2
     then shards over one rank, which runs its whole path (all-gathers, reduce-scatters) for
     its overhead to be measured without a second GPU."""
