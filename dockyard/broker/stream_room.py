@@ -5,8 +5,10 @@ new ones (``discard: new``). Dropping is only safe for messages no one still has
 
 - the work queue (``NS_prompts``) and the experience stream (``NS_experience``: raw rollouts
   the scorers have not read yet, scored groups the trainer has not read yet) refuse new messages
-  when full. A publisher backs off and retries for ``data_plane.publish.full_stream_wait_s``,
-  then fails with :class:`~dockyard.broker.plane.StreamFull` naming the stream, never losing an
+  when full (the experience stream at a single site only: across sites its copies are read by
+  stream sources the trim cannot see, so they keep dropping their oldest, see provisioning).
+  A publisher backs off and retries for ``data_plane.publish.full_stream_wait_s``, then
+  fails with :class:`~dockyard.broker.plane.StreamFull` naming the stream, never losing an
   acknowledged message; the dispatcher puts no more groups in flight than the experience stream
   can hold;
 - the experience stream is also history, kept for replay: nothing would ever free a full one.
