@@ -89,16 +89,18 @@ class Dispatcher:
     async def groups_the_stream_holds(self) -> int | None:
         """How many groups the experience stream holds below its full mark: each in-flight
         group stores a raw and a scored rollout there, sized like the messages it holds now
-        (None: no limit, or nothing stored yet to size them by). Putting more in flight would
-        only have the publishers wait for room (``stream_room``)."""
+        (None: no limit; one step while nothing is stored to size them by). Putting more in
+        flight would only have the publishers wait for room (``stream_room``)."""
         room = await self.messages.plane.stream_room(self.messages.names.experience_stream.name)
-        if room is None or not room.messages:
+        if room is None or (room.max_bytes <= 0 and room.max_msgs <= 0):
             return None
+        per_step = self.config.grpo.num_prompts_per_step
+        if not room.messages:
+            return per_step  # nothing to size a group by yet: one step until there is
         fits = room.messages_that_fit(room.mean_message_bytes)
         if fits is None:
             return None
         groups = fits // 2
-        per_step = self.config.grpo.num_prompts_per_step
         if groups < per_step and not self._warned_small_stream:
             self._warned_small_stream = True
             log.error(

@@ -22,11 +22,11 @@ from tests.integration.e2e.test_faults import finish, start_run
 pytestmark = pytest.mark.slow
 
 STEPS = 12
-#: Each group stores a raw and a scored rollout of about 1.1 KiB. Async GRPO with one step of
-#: age keeps 8 groups in flight (≈ 18 KiB), more than this stream holds: with ``discard: old``
-#: unread groups went; now the dispatcher keeps what fits in flight, publishers wait for room
-#: and the trainer trims what it trained once a checkpoint (every step here) covers it.
-MAX_BYTES = 12 * 1024
+#: Each group stores a raw and a scored rollout of about 1.1 KiB: 12 steps of 4 groups store
+#: ≈ 105 KiB, while what the run needs at once — 8 groups in flight and 2 steps since a
+#: checkpoint, docs/operations.md's sizing rule — is ≈ 36 KiB. (Below that rule a run can stall,
+#: and its starvation error then names the full stream.)
+MAX_BYTES = 64 * 1024
 
 
 async def experience_first_seq(url: str) -> int:
@@ -62,7 +62,6 @@ def test_a_run_that_fills_its_experience_stream_trains_every_group_once(
             "grpo.val_period=0",
             "grpo.val_at_start=false",
             f"data_plane.streams.max_bytes={MAX_BYTES}",
-            "checkpointing.save_period=1",
         ],
     )
     try:
@@ -78,10 +77,9 @@ def test_a_run_that_fills_its_experience_stream_trains_every_group_once(
     assert not lost, lost[:3]
     trained = assert_exactly_once(run_dir)
     assert len(trained) == STEPS * 4
-    # The stream did fill: its publishers were refused and waited, and the trainer trimmed
-    # the history it no longer needed (the stream no longer starts at sequence 1).
+    # The stream did fill, and the trainer trimmed the history it no longer needed (the stream
+    # no longer starts at sequence 1). Whether a publisher met the full stream before a trim
+    # is timing (the refusal and the wait are tests/integration/broker/test_stream_full.py's).
     logs = run_dir / "logs"
-    producers = logged_events(logs / "rollout-0.log") + logged_events(logs / "scorer-0.log")
-    assert "publish.stream_full" in producers
     assert "trainer.history_trimmed" in logged_events(logs / "trainer.log")
     assert asyncio.run(experience_first_seq(server.url)) > 1
