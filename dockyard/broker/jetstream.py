@@ -24,7 +24,7 @@ from pathlib import Path
 
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
+from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from dockyard.broker import chunking, exhausted
@@ -66,6 +66,7 @@ from dockyard.broker.sites import (
     prompt_source_consumer,
     prompt_source_consumer_config,
 )
+from dockyard.broker.stream_room import StreamRoom
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.utils.logging import get_logger
 from dockyard.utils.tasks import spawn
@@ -314,7 +315,31 @@ class JetStreamPlane(AdminPlane):
             pending=sum(int(i.num_pending or 0) for i in infos),
             ack_pending=sum(int(i.num_ack_pending or 0) for i in infos),
             redelivered=sum(int(i.num_redelivered or 0) for i in infos),
+            # Several readers (sites): each reads its own stream, so the floor means nothing
+            # across them; only one reader's floor is a position in ``consumer.stream``.
+            ack_floor=_ack_floor(infos[0]) if len(readers) == 1 else 0,
         )
+
+    async def stream_room(self, stream: str) -> StreamRoom | None:
+        try:
+            info = await self.js.stream_info(stream)
+        except NotFoundError:
+            return None
+        return StreamRoom(
+            stream,
+            bytes=int(info.state.bytes or 0),
+            max_bytes=int(info.config.max_bytes if info.config.max_bytes is not None else -1),
+            messages=int(info.state.messages or 0),
+            max_msgs=int(info.config.max_msgs if info.config.max_msgs is not None else -1),
+        )
+
+    async def trim_history(self, subject: str, below_seq: int) -> None:
+        if below_seq <= 1:
+            return
+        stream = self.names.stream_for_subject(subject).name
+        with contextlib.suppress(NotFoundError):
+            # JetStream's purge with ``seq``: the subject's messages below it, not including it.
+            await self.js.purge_stream(stream, subject=subject, seq=below_seq)
 
     # -- reading history (:mod:`.jetstream_history`) ------------------------------------------
     async def get(self, stream: str, seq: int) -> StoredMessage:
@@ -403,3 +428,8 @@ def _parse_time(value: object) -> datetime | None:
         # so nats-py's private parser is not needed.
         return datetime.fromisoformat(value)
     return None
+
+
+def _ack_floor(info: api.ConsumerInfo) -> int:
+    floor = info.ack_floor
+    return int(floor.stream_seq or 0) if floor is not None else 0

@@ -32,12 +32,20 @@ from dockyard.broker.plane import (
     PermissionDenied,
     PublishAck,
     PublishError,
+    StreamFull,
 )
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.observability.prometheus import PUBLISH_RETRIES
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
+
+#: JetStream's error code for a publish a ``discard: new`` stream refused at its limits
+#: ("maximum bytes exceeded", "maximum messages exceeded"; HTTP-like code 503).
+STREAM_FULL_CODE = 10077
+#: The longest pause between retries into a full stream: room comes back when a reader acks or
+#: the history is trimmed, so a few seconds' delay is nothing next to the wait itself.
+MAX_FULL_STREAM_BACKOFF_S = 2.0
 
 
 class JetStreamPublisher:
@@ -116,6 +124,10 @@ class JetStreamPublisher:
                 # so that roles treat it like any other broker failure.
                 raise PublishError(f"publish to {subject}: the connection is closed") from error
             except APIError as error:
+                if error.err_code == STREAM_FULL_CODE:
+                    # Not a blip: room comes only when readers catch up (or history is
+                    # trimmed), so this waits on its own, longer bound.
+                    return await self._publish_when_room(subject, payload, headers, error)
                 if error.code not in TRANSIENT_API_CODES:
                     raise PublishError(
                         f"broker refused publish to {subject}: {error.description} "
@@ -133,6 +145,60 @@ class JetStreamPublisher:
             f"publish to {subject} failed after {settings.retries + 1} attempts "
             f"({settings.timeout_s:g}s each): {reason}; last error {last_error!r}"
         ) from last_error
+
+    async def _publish_when_room(
+        self, subject: str, payload: bytes, headers: dict[str, str], refusal: APIError
+    ) -> PublishAck:
+        """Retry a publish a full stream refused (``discard: new``) until it has room, backing
+        off, at most ``publish.full_stream_wait_s``; then :class:`StreamFull`. The stream
+        announces no room (no event to wait on), so this polls, bounded by the deadline."""
+        settings = self.config.publish
+        stream = self.names.stream_for_subject(subject).name
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + settings.full_stream_wait_s
+        log.warning(
+            "publish.stream_full",
+            subject=subject,
+            stream=stream,
+            error=refusal.description,
+            waiting_up_to_s=settings.full_stream_wait_s,
+        )
+        backoff = 0.05
+        while True:
+            PUBLISH_RETRIES.inc()
+            await asyncio.sleep(min(backoff, max(0.0, deadline - loop.time())))
+            backoff = min(MAX_FULL_STREAM_BACKOFF_S, backoff * 2)
+            try:
+                ack = await self._publish_once(subject, payload, headers)
+            except APIError as error:
+                if error.err_code != STREAM_FULL_CODE and error.code not in TRANSIENT_API_CODES:
+                    raise PublishError(
+                        f"broker refused publish to {subject}: {error.description} "
+                        f"(code {error.err_code})"
+                    ) from error
+                refusal = error
+            except RETRYABLE as error:
+                log.warning("publish.retry", subject=subject, error=repr(error))
+            except nats.errors.ConnectionClosedError as error:
+                raise PublishError(f"publish to {subject}: the connection is closed") from error
+            else:
+                log.info(
+                    "publish.stream_had_room",
+                    subject=subject,
+                    stream=stream,
+                    waited_s=round(loop.time() - started, 1),
+                )
+                return ack
+            if loop.time() >= deadline:
+                raise StreamFull(
+                    f"publish to {subject}: stream {stream} is full and stayed full for "
+                    f"data_plane.publish.full_stream_wait_s={settings.full_stream_wait_s:g}s "
+                    f"({refusal.description}); its readers have not caught up (is the trainer, "
+                    f"or are the scorers, running?), or its data_plane.streams limits "
+                    f"(max_bytes, max_msgs) are too small for the work in flight",
+                    stream=stream,
+                )
 
     async def _publish_once(
         self, subject: str, payload: bytes, headers: dict[str, str]

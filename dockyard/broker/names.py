@@ -35,7 +35,9 @@ class StreamSpec:
     retention: Retention
     # Direct get lets readers fetch single messages (chunks, the latest weight event) cheaply.
     allow_direct: bool = True
-    # A full work queue refuses new work (back-pressure); a full history drops the oldest.
+    # A full stream refuses new messages (back-pressure) rather than drop ones still to be read
+    # (a work queue, the experience its consumers read); a stream of records only superseded
+    # or bounded by nature drops its oldest (see ``stream_room``).
     discard_new: bool = False
     #: Only the newest N messages of each subject are kept (-1: no such limit). A stream of
     #: "current state per key" (blob leases) keeps 1, so it never grows with time.
@@ -175,11 +177,13 @@ class PlaneNames:
     def experience_stream(self) -> StreamSpec:
         # Rescored experience is kept with the experience it was made from, under the same
         # limits, so it can be replayed and diffed against it (adding a subject updates an
-        # existing stream in place).
+        # existing stream in place). Discard new: its oldest messages may not have been read
+        # yet; the trainer trims the history no one needs when it fills (``stream_room``).
         return StreamSpec(
             f"{self.namespace}_experience",
             (self.rollouts, self.scored, self.rescored_wildcard),
             Retention.LIMITS,
+            discard_new=True,
         )
 
     @property

@@ -40,6 +40,7 @@ from dockyard.broker.messages import (
     StoredMessage,
 )
 from dockyard.broker.names import ConsumerSpec, PlaneNames, subject_matches
+from dockyard.broker.stream_room import StreamRoom
 from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.observability.prometheus import DEAD_LETTERS
 from dockyard.utils.logging import get_logger
@@ -95,6 +96,16 @@ class DataPlaneError(Exception):
 
 class PublishError(DataPlaneError):
     """A publish was not acknowledged after its retries (broker down, stream full, ...)."""
+
+
+class StreamFull(PublishError):
+    """A stream at its limits refused a message for as long as the publisher waits for room
+    (``data_plane.publish.full_stream_wait_s``): its readers have not caught up, or its history
+    was not trimmed (see :mod:`dockyard.broker.stream_room`)."""
+
+    def __init__(self, detail: str, *, stream: str) -> None:
+        super().__init__(detail)
+        self.stream = stream
 
 
 class PermissionDenied(DataPlaneError):
@@ -194,6 +205,9 @@ class ConsumerLag:
     pending: int  # matching messages not yet delivered
     ack_pending: int  # delivered, not yet acked
     redelivered: int  # delivered more than once and not yet acked
+    #: The stream sequence up to which every message of the filter is acknowledged (0: none,
+    #: or a plane that does not tell).
+    ack_floor: int = 0
 
     @property
     def backlog(self) -> int:
@@ -296,6 +310,17 @@ class DataPlane(abc.ABC):
 
     @abc.abstractmethod
     async def consumer_lag(self, consumer: ConsumerSpec) -> ConsumerLag: ...
+
+    async def stream_room(self, stream: str) -> StreamRoom | None:
+        """How full ``stream`` is against its limits; None on a plane whose streams have no
+        limits (the in-memory plane) or when the stream does not exist."""
+        return None
+
+    async def trim_history(self, subject: str, below_seq: int) -> None:
+        """Delete ``subject``'s messages below stream sequence ``below_seq`` (history no one
+        needs any more, see :mod:`dockyard.broker.stream_room`); a plane without limits keeps
+        everything."""
+        return None
 
     async def dead_letter(
         self, delivery: Delivery, reason: str, detail: str, *, stage: str = PLANE_STAGE

@@ -82,7 +82,9 @@ def stream_config(
         max_age=0 if is_blob_store else spec.effective_max_age_s(limits.max_age_s),
         max_msgs_per_subject=spec.max_msgs_per_subject,
         duplicate_window=limits.duplicate_window_s,
-        discard=api.DiscardPolicy.NEW if spec.discard_new else api.DiscardPolicy.OLD,
+        discard=api.DiscardPolicy.NEW
+        if _discards_new(spec, names, config)
+        else api.DiscardPolicy.OLD,
         allow_direct=spec.allow_direct,
         # A followed stream announces every stored message (headers only) for watchers, which
         # then read it by direct get: following a subject needs no consumer of the watcher's own.
@@ -96,6 +98,18 @@ def stream_config(
             else None
         ),
     )
+
+
+def _discards_new(spec: StreamSpec, names: PlaneNames, config: DataPlaneConfig) -> bool:
+    """Whether a full stream refuses new messages (``stream_room``). Across sites the
+    experience streams are sources and sourced copies whose readers the trainer's history trim
+    does not see (a rollout site's is read by the trainer site's source, not a durable), so
+    nothing would free them: there they keep dropping their oldest, as before."""
+    site = config.site
+    multi_site = site.trainer_domain is not None or bool(site.rollout_domains)
+    if multi_site and spec.name == names.experience_stream.name:
+        return False
+    return spec.discard_new
 
 
 def consumer_config(spec: ConsumerSpec, config: DataPlaneConfig) -> api.ConsumerConfig:

@@ -120,8 +120,8 @@ def role_grants(names: PlaneNames, site: SiteConfig | None = None) -> dict[str, 
             pulls=(names.rollout_consumer,),
         ),
         # The trainer process hosts the dispatcher (prompts); it prunes old weight blobs and
-        # their lease records (purges), resumes from the scored history and diagnoses
-        # starvation from every stream's consumers.
+        # their lease records and trims a full experience stream's history (purges), resumes
+        # from the scored history and diagnoses starvation from every stream's consumers.
         "trainer": RoleGrant(
             "trainer",
             (
@@ -143,6 +143,8 @@ def role_grants(names: PlaneNames, site: SiteConfig | None = None) -> dict[str, 
                 *_reads(names.dead_letters_stream.name),
                 f"STREAM.PURGE.{blobs}",
                 f"STREAM.PURGE.{names.leases_stream.name}",
+                # The experience history no role needs any more, when the stream fills.
+                f"STREAM.PURGE.{names.experience_stream.name}",
             ),
             pulls=(names.scored_consumer,),
         ),

@@ -6,7 +6,10 @@ in flight (dispatched, not yet trained or dropped) and it tops the pipeline up t
 - async GRPO: ``(max_trajectory_age_steps + 1) × num_prompts_per_step`` — every group in flight
   can still be trained within the staleness budget (the admission rule of AReaL);
 - sync GRPO: one step's prompts; the trainer tops up only after a step has trained and its
-  weights are published, so every group of step N+1 is dispatched after the weights of step N.
+  weights are published, so every group of step N+1 is dispatched after the weights of step N;
+- either way, no more than the experience stream holds (each group stores a raw and a scored
+  rollout there): a full stream refuses new messages (``broker/stream_room``), so more in
+  flight would only wait at the publishers.
 
 The dataset order is a deterministic permutation per epoch, and the position is part of the
 trainer checkpoint, so a restarted run dispatches exactly what was not dispatched before —
@@ -69,16 +72,46 @@ class Dispatcher:
         self.run_id = run_id
         self.state = DispatcherState()
         self.capacity = capacity(config)
+        self._warned_small_stream = False
         self.loaders = [
             LoaderCursor(data, loader=index, seed=config.grpo.seed, shuffle=config.data.shuffle)
             for index, data in enumerate([dataset, *extra_datasets])
         ]
 
-    def budget(self, in_flight: int) -> int:
+    def budget(self, in_flight: int, room_for: int | None = None) -> int:
+        """``room_for``: the groups the experience stream holds (None: no limit)."""
         # Sync: capacity is one step, so the next step's prompts go out only once this step
         # has trained (its weights are published first); groups dropped on the way are
         # replaced, so a step never waits for prompts that were never sent.
-        return max(0, self.capacity - in_flight)
+        limit = self.capacity if room_for is None else min(self.capacity, room_for)
+        return max(0, limit - in_flight)
+
+    async def groups_the_stream_holds(self) -> int | None:
+        """How many groups the experience stream holds below its full mark: each in-flight
+        group stores a raw and a scored rollout there, sized like the messages it holds now
+        (None: no limit; one step while nothing is stored to size them by). Putting more in
+        flight would only have the publishers wait for room (``stream_room``)."""
+        room = await self.messages.plane.stream_room(self.messages.names.experience_stream.name)
+        if room is None or (room.max_bytes <= 0 and room.max_msgs <= 0):
+            return None
+        per_step = self.config.grpo.num_prompts_per_step
+        if not room.messages:
+            return per_step  # nothing to size a group by yet: one step until there is
+        fits = room.messages_that_fit(room.mean_message_bytes)
+        if fits is None:
+            return None
+        groups = fits // 2
+        if groups < per_step and not self._warned_small_stream:
+            self._warned_small_stream = True
+            log.error(
+                "dispatcher.stream_too_small",
+                stream=room.stream,
+                holds_groups=groups,
+                num_prompts_per_step=per_step,
+                hint="the experience stream cannot hold one step's groups: raise "
+                "data_plane.streams.max_bytes (and max_msgs)",
+            )
+        return groups
 
     @property
     def exhausted(self) -> bool:
@@ -101,6 +134,8 @@ class Dispatcher:
     async def top_up(self, in_flight: int, weight_version: int) -> list[str]:
         """Publish up to the budget; returns the group ids dispatched."""
         count = self.budget(in_flight)
+        if count:
+            count = self.budget(in_flight, await self.groups_the_stream_holds())
         groups: list[PromptGroup] = []
         cap = self.config.data.max_input_seq_length
         while len(groups) < count and not self.exhausted:

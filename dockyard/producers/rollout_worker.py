@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from PIL import Image
 
+from dockyard.broker.plane import StreamFull
 from dockyard.broker.typed import MessagePlane, Received
 from dockyard.broker.weight_blobs.base import BlobDigestMismatch, BlobNotFound, WeightBlobStore
 from dockyard.broker.weight_blobs.chain import ChainFollower
@@ -54,6 +55,8 @@ log = get_logger(__name__)
 
 #: Dead-letter reason of a group the engine failed on, alone, at its last delivery.
 REASON_ENGINE_ERROR = "engine_error"
+#: A group whose rollout a full experience stream kept refusing at its last delivery.
+REASON_STREAM_FULL = "stream_full"
 #: Dead-letter reason of a group with too many failed episodes, at its last delivery.
 REASON_EPISODES_FAILED = "episodes_failed"
 #: Dead-letter reason of a multi-turn group whose environment has no toolbox.
@@ -158,6 +161,15 @@ class RolloutWorker:
                 async with self.messages.kept_in_progress(received):
                     await self.process(received)
                 consecutive_failures = 0
+            except StreamFull as full:
+                # Not the engine's fault: the stream's readers are behind. The groups go back
+                # (nak'ed with backoff, dead-lettered with the reason at their last delivery)
+                # and the worker stays healthy, naming the stream on its status.
+                log.warning("rollout.stream_full", stream=full.stream, groups=len(received))
+                self.status.update(detail=f"stream {full.stream} is full: waiting for room")
+                for item in received:
+                    if not item.delivery.settled:
+                        await self.retry_group(item, REASON_STREAM_FULL, full)
             except Exception as error:  # an engine failure must not lose the work
                 self.failures += 1
                 log.error("rollout.engine_failed", error=repr(error), groups=len(received))

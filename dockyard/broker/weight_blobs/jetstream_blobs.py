@@ -4,6 +4,15 @@ Layout in stream ``<ns>_blobs``: the chunks of a blob on ``<ns>.blobs.<hex>.data
 then its manifest (JSON: version, digest, nbytes, chunk count, chunk size, time) on
 ``<ns>.blobs.<hex>.meta``. The manifest goes last, so a manifest means a complete blob.
 
+A put can die between its first chunk and its manifest (a trainer killed mid-publish); the same
+version is then put again, perhaps long after the broker's duplicate window. So a put that finds
+no manifest purges the data subject first (no reader reads chunks no manifest names), and each
+put's chunks carry message ids of their own (``blob:<hex>:<write>:<index>``): the server keeps
+a purged message's id for its duplicate window, so a rewrite with the crashed put's ids would be
+dropped as duplicates and leave the subject empty. A mirror (a rollout site's copy) does not see
+the origin's purge: there a reader meets the partial write's chunks before the whole one and
+starts over at each chunk numbered 0 (:func:`starts_a_write`).
+
 nats-py's ``ObjectStore.get`` reads ≈50 MiB/s because its iterator subscription answers flow
 control on a poll; here each chunk is read by a direct get (``next_by_subj``) into a
 preallocated buffer and hashed as it arrives. A reader needs no consumer of its own, which a
@@ -14,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import uuid
 
 import msgspec
 
@@ -37,6 +47,26 @@ from dockyard.broker.weight_blobs.manifest import (
     decode_manifest,
     encode_manifest,
 )
+from dockyard.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+
+def chunk_msg_id(hex_digest: str, write: str, index: int) -> str:
+    """One put's chunk id: unique to that put (``write``), so a later put of the same blob is
+    never dropped by the duplicate window as the repeat of an interrupted one; the same within
+    the put, so its own retries stay harmless."""
+    return f"blob:{hex_digest}:{write}:{index}"
+
+
+def starts_a_write(msg_id: str | None, hex_digest: str) -> bool:
+    """Whether a chunk is the first of a put: ``blob:<hex>:<write>:0`` (or, as stores written
+    before writes were named hold, ``blob:<hex>:0``)."""
+    return (
+        msg_id is not None
+        and msg_id.startswith(f"blob:{hex_digest}:")
+        and msg_id.rsplit(":", 1)[-1] == "0"
+    )
 
 
 class JetStreamBlobStore(WeightBlobStore):
@@ -76,9 +106,15 @@ class JetStreamBlobStore(WeightBlobStore):
         chunk_size = min(self.chunk_size, self.plane.usable_payload)
         view = memoryview(data)
         subject = self.names.blob_data_subject(hex_digest)
+        # No manifest: any chunks there are an interrupted put's, which no reader reads. Cleared,
+        # so the subject holds exactly the chunks the manifest will name.
+        await self.plane.purge(subject)
+        write = uuid.uuid4().hex[:12]
         chunks = [
             OutgoingMessage(
-                subject, bytes(view[offset : offset + chunk_size]), f"blob:{hex_digest}:{i}"
+                subject,
+                bytes(view[offset : offset + chunk_size]),
+                chunk_msg_id(hex_digest, write, i),
             )
             for i, offset in enumerate(range(0, len(data), chunk_size))
         ]
@@ -128,24 +164,42 @@ class JetStreamBlobStore(WeightBlobStore):
         subject = self.names.blob_data_subject(ref.hex)
         buffer = bytearray(nbytes)
         hasher = hashlib.sha256()
-        offset, seq = 0, 1
-        for index in range(expected_chunks):
+        # Read to the subject's end, not just ``chunks`` messages: at a mirror an interrupted
+        # write's chunks may come first, and the blob is the write that starts last.
+        offset, seq, read, overflow = 0, 1, 0, False
+        while True:
             try:
                 async with asyncio.timeout(self.stall_timeout_s):
                     chunk = await self.plane.next_stored(stream, subject, seq)
             except TimeoutError:
                 raise DataPlaneError(
                     f"blob {ref.digest}: no chunk for {self.stall_timeout_s:g}s after "
-                    f"{index}/{expected_chunks} chunks"
+                    f"{read}/{expected_chunks} chunks"
                 ) from None
             if chunk is None:
                 break
+            seq = chunk.seq + 1
+            if read and starts_a_write(chunk.msg_id, ref.hex):
+                log.warning(
+                    "weight_blob.interrupted_write_skipped",
+                    digest=ref.digest,
+                    chunks=read,
+                    at_seq=chunk.seq,
+                )
+                offset, read, overflow, hasher = 0, 0, False, hashlib.sha256()
+            read += 1
             end = offset + len(chunk.data)
-            if end > nbytes:
-                raise DataPlaneError(f"blob {ref.digest} has more bytes than its manifest says")
+            if end > nbytes or overflow:
+                overflow = True  # refused below, unless a later write starts over
+                continue
             buffer[offset:end] = chunk.data
             hasher.update(chunk.data)
-            offset, seq = end, chunk.seq + 1
+            offset = end
+        if overflow or read > expected_chunks:
+            raise DataPlaneError(
+                f"blob {ref.digest} has more bytes than its manifest says "
+                f"({read} chunks for a manifest of {expected_chunks})"
+            )
         if offset != nbytes:
             raise DataPlaneError(f"blob {ref.digest}: got {offset} of {nbytes} bytes")
         check_digest(ref.digest, DIGEST_PREFIX + hasher.hexdigest(), self.uri_for(ref.hex))

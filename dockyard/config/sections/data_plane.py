@@ -49,6 +49,11 @@ class PublishConfig(Section):
     )
     timeout_s: PositiveFloat = 10.0
     retries: NonNegativeInt = 5
+    full_stream_wait_s: PositiveFloat = Field(
+        300.0,
+        description="how long a publish refused by a full stream backs off and retries before "
+        "it fails naming the stream (its readers have not caught up)",
+    )
     max_buffered_bytes: PositiveInt = Field(256 * MiB, description="while the broker is down")
 
 

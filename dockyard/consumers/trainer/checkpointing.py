@@ -54,6 +54,9 @@ class Checkpointing:
         self.prompt_source = prompt_source
         self.publisher = publisher
         self.validation = validation
+        #: The replay point of the newest checkpoint written or resumed from (0: none yet):
+        #: the scored history before it is no resume's concern.
+        self.saved_replay_from = 0
 
     @property
     def enabled(self) -> bool:
@@ -94,6 +97,7 @@ class Checkpointing:
         progress.weight_version = max(published, state.weight_version) + 1
         progress.lineage.resumed(state.weight_version, progress.weight_version)
         log.info("trainer.resumed", step=progress.step, checkpoint=str(latest.path))
+        self.saved_replay_from = state.replay_from_seq
         await self.publisher.publish()
         return state.replay_from_seq
 
@@ -136,4 +140,6 @@ class Checkpointing:
             ),
             values,
         )
+        # Only now is the history before this point no resume's concern (``history_trim``).
+        self.saved_replay_from = state.replay_from_seq
         progress.summary.steps = progress.step

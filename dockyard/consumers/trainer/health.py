@@ -19,13 +19,23 @@ class PipelineDiagnosis:
     rollouts_waiting: int  # generated, not yet taken by a scorer
     scored_waiting: int  # scored, not yet taken by the trainer
     dead_letters: int
+    #: Streams at their limits (``StreamRoom.describe``): their publishers wait for room.
+    full_streams: tuple[str, ...] = ()
 
     @property
     def nothing_in_flight(self) -> bool:
-        return not (self.prompts_waiting or self.rollouts_waiting or self.scored_waiting)
+        # A full stream's publishers hold groups they could not store yet: not lost.
+        waiting = self.prompts_waiting or self.rollouts_waiting or self.scored_waiting
+        return not (waiting or self.full_streams)
 
     @property
     def starving_stage(self) -> str:
+        if self.full_streams:
+            return (
+                f"{'; '.join(self.full_streams)}: its publishers wait for room "
+                f"(data_plane.publish.full_stream_wait_s); raise data_plane.streams.max_bytes "
+                f"or max_msgs, or see why its readers do not catch up"
+            )
         if self.scored_waiting:
             return "trainer (scored groups are waiting; the trainer is not fetching them)"
         if self.rollouts_waiting:
@@ -56,11 +66,17 @@ async def diagnose(plane: DataPlane) -> PipelineDiagnosis:
     # survey that would give the stored count is the operator's, not a role's.
     newest = await plane.latest(names.dead_letters)
     dead = 0 if newest is None else newest.seq
+    full = []
+    for spec in (names.prompts_stream, names.experience_stream):
+        room = await plane.stream_room(spec.name)
+        if room is not None and room.full:
+            full.append(room.describe())
     return PipelineDiagnosis(
         prompts_waiting=prompts.backlog,
         rollouts_waiting=rollouts.backlog,
         scored_waiting=scored.backlog,
         dead_letters=dead,
+        full_streams=tuple(full),
     )
 
 

@@ -5,6 +5,7 @@ The loop only orchestrates; each concern is a room of its own, built with the lo
 - :mod:`.intake`: scored groups pulled or replayed, decoded, checked against the ledger and the
   age limit (staleness), held until a step takes them;
 - :mod:`.dead_letter_watch`: groups whose messages were dead-lettered, dropped at once;
+- :mod:`.history_trim`: a full experience stream's history no one needs any more, deleted;
 - :mod:`.starvation`: no data for too long: warn, then end the run with a diagnosis;
 - :mod:`.worker_trust`: before a step, groups of rollout workers that disagree with the
   trainer's log-probs are dead-lettered (``grpo.worker_trust``);
@@ -34,6 +35,7 @@ from dockyard.consumers.trainer.build import TrainerParts, build_parts
 from dockyard.consumers.trainer.checkpointing import Checkpointing
 from dockyard.consumers.trainer.dead_letter_watch import DeadLetterWatch
 from dockyard.consumers.trainer.evaluation import EpisodesFactory
+from dockyard.consumers.trainer.history_trim import HistoryTrim
 from dockyard.consumers.trainer.image_screen import ImageScreen
 from dockyard.consumers.trainer.intake import Intake, Pending
 from dockyard.consumers.trainer.ledger import Ledger
@@ -171,6 +173,7 @@ class TrainerLoop:
             publisher=self.publisher,
             validation=self.validation,
         )
+        self.history_trim = HistoryTrim(self.plane, lambda: self.checkpointing.saved_replay_from)
 
     # What the commands and tests read of the trainer.
     @property
@@ -221,6 +224,7 @@ class TrainerLoop:
             progress.ledger.record_dispatched(dispatched)
             received = await intake.pull()
             await self.dead_letters.check_if_due()
+            await self.history_trim.check_if_due()
             if received:
                 self.starvation.fed()
             elif self.prompt_source.exhausted and progress.ledger.in_flight <= len(intake.pending):

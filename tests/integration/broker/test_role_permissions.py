@@ -164,7 +164,13 @@ def forbidden(names: PlaneNames, role: str) -> dict[str, list[str]]:
     prunes = {
         "rollout": [],  # it removes exhausted prompts by message delete, never by purge
         "scorer": [],
-        "trainer": [names.blobs_stream.name, names.leases_stream.name],
+        # It also trims a full experience stream's history (history_trim.py): JetStream's
+        # permissions cannot tell a purge below the readers' ack floors from any other.
+        "trainer": [
+            names.blobs_stream.name,
+            names.leases_stream.name,
+            names.experience_stream.name,
+        ],
     }[role]
     deletes = [names.prompts_stream.name] if role == "rollout" else []
     own = {

@@ -71,6 +71,23 @@ def test_the_trainer_site_sources_experience_chunks_and_dead_letters_of_the_roll
     assert feed.deliver_subject and not feed.deliver_subject.startswith("ns.")  # leaf denies ns
 
 
+@pytest.mark.parametrize(
+    ("site", "experience_discard"),
+    [
+        ({}, api.DiscardPolicy.NEW),  # the trainer trims it (consumers/trainer/history_trim)
+        ({"domain": "b", "trainer_domain": "a"}, api.DiscardPolicy.OLD),  # read by a source
+        ({"domain": "a", "rollout_domains": ["b"]}, api.DiscardPolicy.OLD),  # fed by sources
+    ],
+)
+def test_only_a_single_sites_experience_stream_refuses_new_messages_when_full(
+    site: dict[str, object], experience_discard: api.DiscardPolicy
+) -> None:
+    streams = _streams(_config(**site))
+    assert streams[NS.experience_stream.name].discard == experience_discard  # type: ignore[attr-defined]
+    assert streams[NS.prompts_stream.name].discard == api.DiscardPolicy.NEW  # type: ignore[attr-defined]
+    assert streams[NS.dead_letters_stream.name].discard == api.DiscardPolicy.OLD  # type: ignore[attr-defined]
+
+
 def test_a_single_site_replicates_nothing() -> None:
     for config in _streams(_config()).values():
         assert config.mirror is None and not config.sources  # type: ignore[attr-defined]

@@ -47,6 +47,16 @@ def test_the_starving_stage_is_named(diagnosis, stage):
     assert diagnosis.nothing_in_flight == (stage in ("dead letters", "dispatcher"))
 
 
+def test_a_full_stream_is_named_as_the_cause_not_the_dispatcher():
+    # Issue 44: with the experience stream full the diagnosis blamed the dispatcher.
+    full = "stream NS_experience is full (3.7 KiB of its max_bytes 4 KiB, 93%)"
+    diagnosis = PipelineDiagnosis(0, 0, 0, 0, full_streams=(full,))
+    assert diagnosis.describe().startswith(f"starving: {full}")
+    assert "dispatcher" not in diagnosis.starving_stage
+    # Its publishers hold the groups they could not store: not lost, so none is dropped.
+    assert not diagnosis.nothing_in_flight
+
+
 async def test_no_rollout_workers_ends_the_run_with_the_diagnosis(tmp_path):
     config = load_config(
         "configs/quickstart.yaml",
