@@ -175,6 +175,15 @@ async def test_messages_held_by_a_dead_consumer_are_redelivered_then_dead_letter
         assert all(letter.delivery_count == 2 for letter in letters)
 
 
+async def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` in state T (stopped), from /proc."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/stat") as stat:
+            states.append(stat.read().rsplit(")", 1)[1].split()[0])
+    return all(state == "T" for state in states)
+
+
 async def _at_least(items: object, count: int) -> object:
     values = await items  # type: ignore[misc]
     return values if len(values) >= count else None
@@ -206,6 +215,9 @@ async def test_a_request_lost_with_a_killed_broker_is_retried_once_it_is_back(
         }
         os.kill(server.pid, signal.SIGSTOP)  # type: ignore[attr-defined]
         try:
+            # A stop is delivered thread by thread: until every thread of the server is stopped
+            # it may still answer (seen on a loaded machine, the request acked).
+            await eventually(lambda: _all_threads_stopped(server.pid), what="the server stopped")  # type: ignore[attr-defined]
             sent_before = plane.nc.stats["out_msgs"]
             request = asyncio.ensure_future(requests[request_kind]())
 
