@@ -176,6 +176,7 @@ def test_a_live_fleet_with_its_dead_letters_paged(
     assert "disabled" in older.by_id("dead-older").attrs  # the oldest page
 
 
+@pytest.mark.slow
 def test_a_finished_runs_own_broker_store(tmp_path: Path, dashboard) -> None:  # type: ignore[no-untyped-def]
     run_dir = tmp_path / "run"
     _write_run(run_dir)

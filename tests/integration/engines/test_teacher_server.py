@@ -37,6 +37,7 @@ def ids(text: str) -> np.ndarray:
     return np.asarray(TOKENIZER(text)["input_ids"], dtype=np.int64)
 
 
+@pytest.mark.slow
 async def test_served_logprobs_equal_a_direct_forward_of_the_model(
     served: TeacherServer, teacher_dir: Path
 ) -> None:
@@ -74,6 +75,7 @@ def completion(served: TeacherServer, **body: object) -> httpx.Response:
         ({"model": "someone-else"}, 404, "someone-else"),
     ],
 )
+@pytest.mark.slow
 def test_a_request_it_cannot_answer_exactly_is_refused_with_the_reason(
     served: TeacherServer, teacher_dir: Path, change: dict[str, object], status: int, reason: str
 ) -> None:
@@ -83,6 +85,7 @@ def test_a_request_it_cannot_answer_exactly_is_refused_with_the_reason(
     assert reason in reply.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_the_reply_has_vllms_shape(served: TeacherServer, teacher_dir: Path) -> None:
     prompt = ids("12+34=").tolist()
     reply = completion(

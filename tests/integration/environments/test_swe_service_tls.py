@@ -177,6 +177,7 @@ def test_listening_beyond_loopback_in_clear_is_refused(repos: Path, pki: dict[st
     assert "refusing to listen on 0.0.0.0 over plain HTTP" in finished.stderr
 
 
+@pytest.mark.slow
 def test_a_readable_tls_key_is_refused(repos: Path, pki: dict[str, Path], tmp_path: Path) -> None:
     key = tmp_path / "service.key"
     key.write_bytes(pki["server_key"].read_bytes())

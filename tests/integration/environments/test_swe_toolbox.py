@@ -77,6 +77,7 @@ def score(url: str, episodes: list[list[ToolCallRecord]]) -> list:
     return asyncio.run(scored())
 
 
+@pytest.mark.slow
 def test_the_swe_toolbox_is_built_from_env_swe(url):
     toolbox = toolbox_class("swe").from_env_config(
         EnvironmentContext().env.model_copy(update={"swe": settings(url)})

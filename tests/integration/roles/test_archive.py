@@ -200,6 +200,7 @@ def test_a_pass_over_more_steps_than_open_files_loses_no_row(
     ]
 
 
+@pytest.mark.slow
 def test_archive_follow_trails_the_ledger_until_stopped(data_plane_config, tmp_path: Path):
     # A real `dockyard archive --follow` process: its first pass waits at the unsettled g2; once
     # the ledger settles g2, a later pass archives g2 and g3; SIGTERM ends it cleanly.

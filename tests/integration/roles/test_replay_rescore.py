@@ -78,6 +78,7 @@ def _stored_rewards(config, subject: str) -> dict[str, list[float]]:  # type: ig
     return asyncio.run(run())
 
 
+@pytest.mark.slow
 def test_rescore_with_the_checker_on_and_off_then_diff(
     data_plane_config, capsys: pytest.CaptureFixture[str]
 ):

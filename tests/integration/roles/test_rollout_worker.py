@@ -253,6 +253,7 @@ async def test_a_failed_batch_naks_only_what_is_not_settled_yet(data_plane_confi
         await again.ack()
 
 
+@pytest.mark.slow
 async def test_generation_longer_than_the_ack_wait_is_not_given_to_another_worker(
     data_plane_config,
 ):

@@ -246,6 +246,7 @@ async def _refuse(group):
         (_refuse, "task.failed"),  # the dead letter cannot be sent: the task itself fails
     ],
 )
+@pytest.mark.slow
 async def test_a_scorer_that_loses_its_connection_mid_task_runs_on(
     data_plane_config, then, reported_as
 ):

@@ -136,6 +136,7 @@ async def published(
     return messages, EnvironmentContext(env=config.env, distillation=config.on_policy_distillation)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("teachers", ["in_process", "served"])
 async def test_each_agent_is_scored_by_its_teacher_and_an_unmapped_agent_is_dead_lettered(
     data_plane_config, teacher_dirs, tmp_path, teachers, request
@@ -212,6 +213,7 @@ def closed_port_url() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
+@pytest.mark.slow
 async def test_a_teacher_server_that_is_down_fails_scoring_retried_then_dead_lettered(
     data_plane_config, teacher_dirs, tmp_path
 ):

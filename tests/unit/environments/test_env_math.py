@@ -155,6 +155,7 @@ def test_not_equivalent(answer: str, truth: str, checker) -> None:
         "(" * 200 + "1" + ")" * 200,
     ],
 )
+@pytest.mark.slow
 def test_hostile_expressions_are_not_equal_and_never_raise(hostile: str, pool) -> None:
     # The deadline may or may not be what ends a check here; either way: 0, with a reason.
     verdict = answers_equivalent(hostile, "1", checker=functools.partial(pool.check, timeout_s=2.0))

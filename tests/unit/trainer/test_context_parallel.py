@@ -40,6 +40,7 @@ def one_process(arch: str, layout: list[str]):
     return result, grads, outcome, params, config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_context_parallel_ranks_equal_one_process(ranks, layout):
     result, grads, outcome, params, config = one_process(*LAYOUTS[layout])
@@ -54,6 +55,7 @@ def four_ranks(tmp_path_factory):
     return [torch.load(out / f"padded_rank{r}_of4.pt", weights_only=False) for r in range(4)]
 
 
+@pytest.mark.slow
 def test_two_data_parallel_groups_of_two_context_parallel_ranks_equal_one_process(four_ranks):
     result, grads, outcome, params, config = one_process(*LAYOUTS["padded"])
     # Ranks 0, 1 train the first share of the prompt groups, ranks 2, 3 the rest; each share's

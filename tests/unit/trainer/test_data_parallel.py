@@ -25,6 +25,7 @@ def ranks(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [*LAYOUTS, *SHARDED_ONLY])
 def test_two_ranks_equal_one_process(ranks, layout):
     """CPU offload and activation checkpointing change where shards live and what is kept for

@@ -63,12 +63,14 @@ def split(single):
     }
 
 
+@pytest.mark.slow
 def test_each_rank_holds_half_of_every_layers_experts(split):
     # 4 experts of [2·64, 128] gate/up weights per layer (the recipe's spec), 2 per rank.
     for rank in split["layouts"]["padded"]:
         assert rank["local_experts"] == [(2, 128, 128), (2, 128, 128)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_loss_and_gradients_equal_one_process(single, split, layout):
     first, second = split["layouts"][layout]
@@ -89,6 +91,7 @@ def test_loss_and_gradients_equal_one_process(single, split, layout):
             torch.testing.assert_close(rank["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_the_first_adamw_step_equals_one_process(single, split):
     mine, theirs = split["sharded"]["outcome"], single["outcome"]
     assert mine.loss.loss == pytest.approx(theirs.loss.loss, rel=1e-5, abs=1e-7)
@@ -102,14 +105,17 @@ def test_the_first_adamw_step_equals_one_process(single, split):
         torch.testing.assert_close(split["sharded"]["moments"][name], value, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_the_weight_event_is_the_unsharded_blob(single, split):
     assert split["sharded"]["initial_digest"] == single["digest"]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_in_one_process_resumes_with_expert_parallelism(single, split):
     assert_same_state(split["sharded"]["loaded"], single)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_with_expert_parallelism_resumes_in_one_process(single, split):
     assert_same_state(resume_from(one_process(), single["out"] / "sharded_ckpt"), split["sharded"])
 
@@ -121,6 +127,7 @@ def four_ranks(tmp_path_factory):
     return [torch.load(out / f"four_rank{r}.pt", weights_only=False) for r in range(4)]
 
 
+@pytest.mark.slow
 def test_two_replicas_of_each_expert_group_equal_one_process(four_ranks):
     # Four ranks, ep = 2: ranks (0, 1) and (2, 3) each split the experts, ranks 0 and 2 (1 and 3)
     # hold the same experts, and every rank trains its own prompt group. An expert's gradient is

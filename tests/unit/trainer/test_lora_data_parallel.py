@@ -38,6 +38,7 @@ def assert_same_tensors(got: dict, expected: dict, **tolerance) -> None:
         torch.testing.assert_close(got[name], tensor, msg=name, **tolerance)
 
 
+@pytest.mark.slow
 def test_two_lora_ranks_equal_one_process(ranks):
     _, (rank0, rank1) = ranks
     batch = on_policy(varied_batch(), "qwen2")
@@ -62,6 +63,7 @@ def test_two_lora_ranks_equal_one_process(ranks):
     assert_same_tensors(rank0["merged"], trainer.model_state(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_sharded_lora_checkpoint_resumes_sharded_and_in_one_process(ranks):
     out, (rank0, rank1) = ranks
     # Sharded: both ranks publish the adapter the checkpoint was written from.

@@ -55,6 +55,7 @@ def ranks(tmp_path_factory):
     return out, saved, single.engine_weights()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_tensor_parallel_lora_ranks_equal_one_process(ranks, layout):
     _, saved, _ = ranks
@@ -95,6 +96,7 @@ def test_two_tensor_parallel_lora_ranks_equal_one_process(ranks, layout):
     assert rank0["digest"] == digest_of_bytes(tensors_to_bytes(holder.engine_weights()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_lora_checkpoints_cross_between_split_and_one_process(ranks, layout):
     out, saved, single_adapter = ranks
@@ -120,6 +122,7 @@ def four_ranks(tmp_path_factory):
     return [torch.load(out / f"fsdp-rank{r}.pt", weights_only=False) for r in range(4)]
 
 
+@pytest.mark.slow
 def test_fsdp2_over_two_tensor_parallel_lora_groups_equals_one_process(four_ranks):
     """dp=2 × tp=2 with sequence parallelism: each group trains its share of the prompt groups,
     each share's loss normalised by the whole batch's counts (the shares' losses add up), FSDP2

@@ -26,6 +26,7 @@ def ranks(tmp_path_factory):
     return {name: torch.load(out / f"{name}.pt", weights_only=False) for name in LAYOUTS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_tensor_parallel_ranks_equal_one_process(ranks, layout):
     batch = on_policy(varied_batch(), "qwen2")

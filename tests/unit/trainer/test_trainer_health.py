@@ -108,6 +108,7 @@ async def trainer_in_a_fleet(
         yield loop, messages, status_dir
 
 
+@pytest.mark.slow
 async def test_a_worker_starting_past_the_starvation_timeout_is_waited_for_and_named(
     tmp_path, data_plane_config
 ):

@@ -49,10 +49,12 @@ def sharded(single):
     return torch.load(out / "sharded.pt", weights_only=False)
 
 
+@pytest.mark.slow
 def test_the_gathered_weights_are_the_unsharded_blob(single, sharded):
     assert sharded["initial_digest"] == single["digest"]
 
 
+@pytest.mark.slow
 def test_a_tampered_worker_is_flagged_across_ranks_as_in_one_process(single, sharded):
     # grpo.worker_trust with two ranks: each measures its share, rank 0 judges on the rows it
     # gathers; the verdict and every sample's agreement are the single process's.
@@ -69,6 +71,7 @@ def test_a_tampered_worker_is_flagged_across_ranks_as_in_one_process(single, sha
             assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.slow
 def test_the_scattered_step_equals_one_process(single, sharded):
     mine, theirs = sharded["outcome"], single["outcome"]
     assert mine.loss.loss == pytest.approx(theirs.loss.loss, rel=1e-5, abs=1e-7)
@@ -84,9 +87,11 @@ def test_the_scattered_step_equals_one_process(single, sharded):
         torch.testing.assert_close(sharded["moments"][name], value, rtol=1e-4, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_in_one_process_resumes_sharded(single, sharded):
     assert_same_state(sharded["loaded"], single)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_sharded_resumes_in_one_process(single, sharded):
     assert_same_state(resume_from(one_process(), single["out"] / "sharded_ckpt"), sharded)

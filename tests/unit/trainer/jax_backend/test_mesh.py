@@ -38,6 +38,7 @@ def two_device_report():
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["dp2", "tp2"])
 def test_a_sharded_step_equals_the_one_device_step(two_device_report, layout):
     report = two_device_report[layout]

@@ -83,6 +83,7 @@ def _grads_by_name(model: torch.nn.Module) -> dict[str, np.ndarray]:
     return {name: p.grad.detach().numpy().copy() for name, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_loss_and_gradients_match_the_torch_trainer(setup):
     config, model, batch = setup
     torch_trainer = PolicyTrainer(copy.deepcopy(model), config)
@@ -111,6 +112,7 @@ def test_loss_and_gradients_match_the_torch_trainer(setup):
         )
 
 
+@pytest.mark.slow
 def test_optimizer_steps_match_and_the_torch_model_mirrors_the_weights(setup):
     config, model, batch = setup
     torch_trainer = PolicyTrainer(copy.deepcopy(model), config)
@@ -163,15 +165,18 @@ def _continue_after_two_steps(setup, first_backend, second_backend):
     return second
 
 
+@pytest.mark.slow
 def test_a_torch_checkpoint_continues_under_jax_with_its_moments_and_schedule(setup):
     _continue_after_two_steps(setup, PolicyTrainer, JaxPolicyTrainer)
 
 
+@pytest.mark.slow
 def test_a_jax_checkpoint_continues_under_torch_with_its_moments_and_schedule(setup):
     resumed = _continue_after_two_steps(setup, JaxPolicyTrainer, PolicyTrainer)
     assert resumed.scheduler.last_epoch == 3
 
 
+@pytest.mark.slow
 def test_a_jax_checkpoint_resumes_under_jax_exactly(setup):
     """JAX → checkpoint → JAX: the moments and the schedule position come back bit for bit, so
     the resumed trainer's next step is the uninterrupted trainer's."""
