@@ -11,7 +11,7 @@ COPY dockyard ./dockyard
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # -- runtime: vLLM's image; the extra `vllm` is already satisfied by its vllm (and its torch)
-FROM vllm/vllm-openai:v0.34.0 AS runtime
+FROM vllm/vllm-openai:v0.33.0 AS runtime
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir "$(ls /wheels/dockyard-*.whl)[vllm]" && rm -rf /wheels \
     && useradd --create-home --uid 10001 dockyard
