@@ -80,9 +80,11 @@ def _clean_pip_env() -> dict[str, str]:
     return env
 
 
-def _pip(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def _pip(
+    *args: str, cwd: Path = ROOT, python: str = sys.executable
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pip", *args],
+        [python, "-m", "pip", *args],
         cwd=cwd,
         env=_clean_pip_env(),
         capture_output=True,
@@ -132,6 +134,22 @@ def _build_stand_ins(requirements: list[str], built: Path, links: Path) -> None:
 
 
 @pytest.fixture(scope="module")
+def resolver(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A current pip in a virtual environment of its own, as a GPU node would have. This
+    machine's pip 23.2 stops at the first dependency it finds no distribution for (torch 2.15.0's
+    cuda-toolkit extras, tried before vLLM's torch pin) instead of backtracking; pip 26 resolves."""
+    reason = _registry_reachable()
+    if reason is not None:
+        pytest.skip(reason)
+    venv = tmp_path_factory.mktemp("resolver")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    result = _pip("install", "--index-url", INDEX, "pip>=25", python=python)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return python
+
+
+@pytest.fixture(scope="module")
 def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     reason = _registry_reachable()
     if reason is not None:
@@ -143,7 +161,12 @@ def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _resolve(
-    extra: str, glibc_minor: int, stand_ins: tuple[Path, Path], report: Path, target: Path
+    python: str,
+    extra: str,
+    glibc_minor: int,
+    stand_ins: tuple[Path, Path],
+    report: Path,
+    target: Path,
 ) -> dict[str, Any]:
     built, links = stand_ins
     platform_args = [arg for tag in _platforms(glibc_minor) for arg in ("--platform", tag)]
@@ -165,6 +188,7 @@ def _resolve(
             "3.12",
             "--only-binary=:all:",
             f".[{extra}]",
+            python=python,
         )
         if result.returncode == 0:
             break
@@ -194,9 +218,11 @@ def _version(install: dict[str, Any], name: str) -> str:
 # RHEL 9). docs/deployment.md, "Supported versions".
 @pytest.mark.parametrize(("extra", "glibc_minor"), [("vllm", 31), ("sglang", 34)])
 def test_a_gpu_node_resolves_the_engine_extra(
-    extra: str, glibc_minor: int, stand_ins: tuple[Path, Path], tmp_path: Path
+    extra: str, glibc_minor: int, resolver: str, stand_ins: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    install = _resolve(extra, glibc_minor, stand_ins, tmp_path / "report.json", tmp_path / "target")
+    install = _resolve(
+        resolver, extra, glibc_minor, stand_ins, tmp_path / "report.json", tmp_path / "target"
+    )
     torch = _version(install, "torch")
     assert "+cpu" not in torch, f"a CPU torch ({torch}) was resolved for a GPU node"
     torch_url = install["torch"]["download_info"]["url"]
