@@ -6,7 +6,10 @@ WORKDIR /app
 RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2 \
     && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./
+COPY constraints ./constraints
 COPY dockyard ./dockyard
 COPY configs ./configs
-RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu -e .
+# constraints/cpu.txt: torch's CPU build (and the PyTorch CPU index it is on). The CUDA images per
+# role are under deploy/images/ (docs/deployment.md).
+RUN pip install --no-cache-dir -e . -c constraints/cpu.txt
 ENTRYPOINT ["dockyard", "--log-format", "json"]

