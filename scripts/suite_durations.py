@@ -78,10 +78,12 @@ def main() -> int:
     args = parser.parse_args()
     after, counts, wall = file_seconds(args.report)
     before: dict[str, float] = {}
+    total = sum(after.values())
+    print(f"Tests' own time {total:.0f} s; the report's wall clock {wall:.0f} s.")
     if args.before is not None:
         before, _, before_wall = file_seconds(args.before)
-    total = sum(after.values())
-    print(f"Tests' own time {total:.0f} s; the report's wall clock {wall:.0f} s.\n")
+        print(f"Before: {sum(before.values()):.0f} s; its wall clock {before_wall:.0f} s.")
+    print()
     head = "| kind | seconds | share |" + (" before |" if before else "")
     print(head)
     print("|---|---:|---:|" + ("---:|" if before else ""))

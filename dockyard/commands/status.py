@@ -49,9 +49,7 @@ def _status(args: argparse.Namespace) -> int:
             if args.run_dir:
                 plane = await stack.enter_async_context(_finished_run_plane(Path(args.run_dir)))
             else:
-                plane = await stack.enter_async_context(
-                    open_running_plane(args, command="status")
-                )
+                plane = await stack.enter_async_context(open_running_plane(args, command="status"))
             return await gather_overview(plane, DeadLetterTally(args.dead_letters))
 
     overview = asyncio.run(gather())
