@@ -28,6 +28,9 @@ async def _serve(args: argparse.Namespace) -> int:
     listener = socket.socket()
     try:
         listener.bind((args.host, args.port))
+        # Listening before the URL is printed: a client that connects at once waits in the
+        # backlog until the server accepts, instead of being refused while it starts.
+        listener.listen(128)
     except OSError as error:
         raise CliError(f"--port {args.port}: cannot listen on {args.host}: {error}") from None
     host, port = listener.getsockname()[:2]

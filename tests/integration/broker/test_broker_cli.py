@@ -208,7 +208,9 @@ def test_replay_ls_show_and_export(
     data_plane_config_factory: Callable[..., DataPlaneConfig],
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "80")  # a terminal of 80 columns, whatever runs the suite
     config = data_plane_config_factory(nats_server.url)
     _publish_samples(config)
     target = ["--url", nats_server.url, "--namespace", config.namespace]

@@ -158,4 +158,6 @@ def test_after_a_broker_restart_every_role_is_back_to_its_speed(
     before = [seconds[step] for step in range(3, KILL_AT_STEP + 1)]
     after = [seconds[step] for step in seconds if step > settled]
     assert len(after) >= 12, (back_at_step, seconds)
-    assert statistics.median(after) <= 1.5 * statistics.median(before), (before, after)
+    # The failure was 10x slower to the end; 3x leaves room for what the other suite workers
+    # do to this machine between the two windows (the steps are ~0.1 s each).
+    assert statistics.median(after) <= 3 * statistics.median(before), (before, after)

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dockyard.commands._inprocess import run_in_process
 from dockyard.config.loader import load_config
+from dockyard.config.sections.data_plane import DataPlaneConfig
 from dockyard.observability.status_files import read_statuses
 from tests.integration.e2e.conftest import QUICKSTART, ROOT, trainer_step, wait_until
 
@@ -113,11 +114,16 @@ def test_metrics_scraped_during_a_run_follow_what_the_run_did(tmp_path, small_ru
     for family in ("dockyard_dead_letters_total", "dockyard_decode_failures_total"):
         refused = {k: after[k] - before.get(k, 0.0) for k in after if k[0] == family}
         assert not {k: v for k, v in refused.items() if v}, family
-    # The trainer measured each consumer's backlog after its steps.
+    # The trainer measured each consumer's backlog after its steps (the in-memory plane's
+    # namespace is the default one; other tests of this process leave gauges of their own).
+    namespace = DataPlaneConfig().namespace
     backlogs = {
-        dict(k[1])["consumer"] for k in after if k[0] == "dockyard_consumer_backlog_messages"
+        dict(k[1])["consumer"]
+        for k in after
+        if k[0] == "dockyard_consumer_backlog_messages"
+        and dict(k[1])["consumer"].startswith(f"{namespace}_")
     }
-    assert len(backlogs) == 3
+    assert backlogs == {f"{namespace}_{name}" for name in ("prompts", "rollouts", "scored")}
 
 
 def free_port_block(size: int) -> int:

@@ -6,12 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from dockyard.config.sections.env import SandboxLimits
-from dockyard.environments.sandbox.identity import live_processes_in_uid_range, sandbox_uid_range
+from tests.sandbox_ownership import our_live_sandbox_processes
 
 
 @pytest.fixture(autouse=True)
 def no_stray_sandbox_processes() -> Iterator[None]:
     yield
-    leftovers = live_processes_in_uid_range(sandbox_uid_range(SandboxLimits()))
+    leftovers = our_live_sandbox_processes()
     assert leftovers == [], "a sandboxed process outlived its test"

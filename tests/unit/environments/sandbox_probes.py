@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from dockyard.config.sections.env import SandboxLimits
-from dockyard.environments.sandbox.identity import live_processes_in_uid_range, sandbox_uid_range
+from tests.sandbox_ownership import our_live_sandbox_processes
 
 
 def live_sandbox_processes() -> list[int]:
-    """Non-zombie processes owned by any uid of the default sandbox range."""
-    return live_processes_in_uid_range(sandbox_uid_range(SandboxLimits()))
+    """Non-zombie processes owned by any uid of the default sandbox range that this test
+    process started or that were orphaned (another xdist worker's runs are not ours)."""
+    return our_live_sandbox_processes()
 
 
 requires_root = pytest.mark.skipif(

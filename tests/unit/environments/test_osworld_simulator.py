@@ -240,3 +240,19 @@ async def test_computer_13_mouse_buttons_click_only_when_released_where_pressed(
     await run_computer13(desktop, {"action_type": "CLICK", "num_clicks": 3, "x": 20, "y": 20})
     assert await checked() == "false"
     await simulator.close_desktop(desktop_id)
+
+
+def test_the_printed_url_accepts_a_connection_at_once():
+    """The simulator listens before it prints its URL: a client that connects at once waits in
+    the backlog while the server starts (it used to be refused: a bound socket that was not
+    listening yet, seen as ConnectError under a loaded suite)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from tests.osworld_simulator import simulator_command
+    from tests.sandbox_service import sandbox_service
+
+    with sandbox_service(simulator_command()) as url:
+        address = urlparse(url)
+        with socket.create_connection((address.hostname, address.port), timeout=30):
+            pass
