@@ -49,9 +49,15 @@ def _environment(tree: Path | None) -> dict[str, str]:
     return env
 
 
-def _seconds_of(command: list[str], env: dict[str, str]) -> float:
+def _cwd(tree: Path | None) -> Path:
+    """``python -m`` puts the working directory first on sys.path, before PYTHONPATH: a
+    checkout's roles must start in it to import its own code."""
+    return tree or ROOT
+
+
+def _seconds_of(command: list[str], env: dict[str, str], tree: Path | None) -> float:
     start = time.perf_counter()
-    subprocess.run(command, env=env, check=True, capture_output=True)
+    subprocess.run(command, env=env, cwd=_cwd(tree), check=True, capture_output=True)
     return time.perf_counter() - start
 
 
@@ -61,7 +67,7 @@ def _ready(status_dir: Path, role: str) -> bool:
     return any(s.role == role and s.state != STARTING for s in read_statuses(status_dir))
 
 
-def _round(url: str, work: Path, env: dict[str, str]) -> dict[str, float]:
+def _round(url: str, work: Path, env: dict[str, str], tree: Path | None) -> dict[str, float]:
     """Start the trainer, a scorer and a rollout worker in turn; each one's start-up seconds."""
     namespace = f"b{uuid.uuid4().hex[:10]}"
     status_dir, run_dir = work / f"status-{namespace}", work / f"run-{namespace}"
@@ -95,6 +101,7 @@ def _round(url: str, work: Path, env: dict[str, str]) -> dict[str, float]:
                         *extra,
                     ],
                     env=env,
+                    cwd=_cwd(tree),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )
@@ -139,11 +146,11 @@ def main() -> int:
                 for name, tree in trees.items():
                     env = _environment(tree)
                     row = measured[name]
-                    row["python"].append(_seconds_of([sys.executable, "-c", "pass"], env))
+                    row["python"].append(_seconds_of([sys.executable, "-c", "pass"], env, tree))
                     row["torch+transformers"].append(
-                        _seconds_of([sys.executable, "-c", "import torch, transformers"], env)
+                        _seconds_of([sys.executable, "-c", "import torch, transformers"], env, tree)
                     )
-                    for role, seconds in _round(url, work, env).items():
+                    for role, seconds in _round(url, work, env, tree).items():
                         row[role].append(seconds)
                     load.append(os.getloadavg()[0])
                     print(
