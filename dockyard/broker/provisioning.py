@@ -255,6 +255,15 @@ async def ensure_streams(
     return outcomes
 
 
+def _insufficient_storage(wanted: api.StreamConfig, error: APIError) -> InsufficientStorage:
+    """The server refused to reserve what the stream asks for (creating or updating it)."""
+    return InsufficientStorage(
+        f"the JetStream server cannot reserve max_bytes={wanted.max_bytes} "
+        f"({human_bytes(reserved_bytes(wanted))}) for stream {wanted.name}: "
+        f"{error.description} (code {error.err_code})"
+    )
+
+
 async def ensure_stream(
     js: JetStreamContext, wanted: api.StreamConfig, *, update_limits: bool = False
 ) -> ProvisionOutcome:
@@ -266,11 +275,7 @@ async def ensure_stream(
             await js.add_stream(wanted)
         except APIError as error:
             if error.err_code == _INSUFFICIENT_RESOURCES:
-                raise InsufficientStorage(
-                    f"the JetStream server cannot reserve max_bytes={wanted.max_bytes} "
-                    f"({human_bytes(reserved_bytes(wanted))}) for stream {wanted.name}: "
-                    f"{error.description} (code {error.err_code})"
-                ) from error
+                raise _insufficient_storage(wanted, error) from error
             raise ProvisioningDrift(
                 f"cannot create stream {wanted.name}: {error.description} (code {error.err_code}); "
                 f"check data_plane.streams (max_bytes={wanted.max_bytes} is reserved up front) "
@@ -313,11 +318,7 @@ async def ensure_stream(
         await js.update_stream(target)
     except APIError as error:
         if error.err_code == _INSUFFICIENT_RESOURCES:
-            raise InsufficientStorage(
-                f"the JetStream server cannot reserve max_bytes={wanted.max_bytes} "
-                f"({human_bytes(reserved_bytes(wanted))}) for stream {wanted.name}: "
-                f"{error.description} (code {error.err_code})"
-            ) from error
+            raise _insufficient_storage(wanted, error) from error
         raise
     changes = {name: f"{have} -> {want}" for name, have, want in layout}
     if update_limits:
