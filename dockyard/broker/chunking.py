@@ -23,7 +23,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from dockyard.broker.messages import DECIMAL_HEADER
+from dockyard.broker.messages import DECIMAL_HEADER, HEADER_MSG_ID
 from dockyard.broker.names import PlaneNames
 from dockyard.broker.plane import (
     HEADER_CHUNK_REF,
@@ -133,8 +133,17 @@ def reference_of(headers: Mapping[str, str]) -> ChunkReference | None:
     # and other scripts' digits.
     count = int(_matching(headers, HEADER_CHUNKS, DECIMAL_HEADER, "a decimal chunk count"))
     size = int(_matching(headers, HEADER_PAYLOAD_SIZE, DECIMAL_HEADER, "a decimal size in bytes"))
+    ref = _matching(headers, HEADER_CHUNK_REF, _REF, "32 lowercase hex digits")
+    msg_id = headers.get(HEADER_MSG_ID, "")
+    if ref != chunk_ref(msg_id):
+        # The ref names the chunks: one that is not its message's own would read another
+        # message's payload (or a forged one) as this message's.
+        raise _bad_header(
+            f"{HEADER_CHUNK_REF} {ref} is not the first half of the SHA-256 of "
+            f"{HEADER_MSG_ID} {msg_id[:80]!r}"
+        )
     reference = ChunkReference(
-        ref=_matching(headers, HEADER_CHUNK_REF, _REF, "32 lowercase hex digits"),
+        ref=ref,
         count=count,
         size=size,
         sha256=_matching(headers, HEADER_PAYLOAD_SHA256, _SHA256, "64 lowercase hex digits"),

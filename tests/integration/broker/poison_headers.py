@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from dockyard.broker.names import PlaneNames
+from dockyard.broker.chunking import chunk_ref
 from dockyard.broker.plane import (
     HEADER_CHUNK_REF,
     HEADER_CHUNKS,
@@ -29,11 +29,11 @@ BAD_HEADER = "bad_header"
 CHUNKS_MISSING = "chunks_missing"
 PAYLOAD_TOO_LARGE = "payload_too_large"
 
-#: The ref of the chunk ``store_chunks`` puts in the chunk stream (and no reference names).
-STORED_REF = "5" * 32
+#: Stands for the message's own ref (the first half of the SHA-256 of its ``Nats-Msg-Id``, as
+#: docs/wire-format.md defines it), which ``publish_poison`` writes in.
+OWN_REF = "<the message's own ref>"
+#: What ``publish_poison`` stores as the one chunk under a poison's own ref when it asks for it.
 STORED_CHUNK = b"ten bytes!"
-#: A ref no chunk was ever stored under.
-ABSENT_REF = "a" * 32
 #: Stands for the name of another message type than the one the subject carries.
 OTHER_SCHEMA = "<another type>"
 
@@ -41,7 +41,7 @@ OTHER_SCHEMA = "<another type>"
 def reference(
     *,
     count: str = "1",
-    ref: str = ABSENT_REF,
+    ref: str = OWN_REF,
     size: str = "10",
     sha256: str = "0" * 64,
 ) -> dict[str, str]:
@@ -60,6 +60,8 @@ class Poison:
     reason: str = BAD_HEADER
     #: A reference message (empty body, as chunking publishes it) rather than the good body.
     empty_body: bool = False
+    #: :data:`STORED_CHUNK` is in the chunk stream under the poison's own ref.
+    stored_chunk: bool = False
     #: The reason a history reader gives, where it differs (it expects no particular type).
     history_reason: str | None = None
 
@@ -87,20 +89,24 @@ CORPUS: tuple[Poison, ...] = (
     Poison("digest not hex", reference(sha256="z" * 64)),
     Poison("digest too short", reference(sha256="ab")),
     Poison("digest upper case", reference(sha256="A" * 64)),
-    Poison("reference without its digest", {HEADER_CHUNKS: "1", HEADER_CHUNK_REF: ABSENT_REF}),
-    Poison("reference without a count", {HEADER_CHUNK_REF: ABSENT_REF}),
+    Poison("reference without its digest", {HEADER_CHUNKS: "1", HEADER_CHUNK_REF: OWN_REF}),
+    Poison("reference without a count", {HEADER_CHUNK_REF: OWN_REF}),
+    # Well formed but not this message's: it would read another message's chunks as its own.
+    Poison("chunk ref not the message id's", reference(ref="b" * 32), empty_body=True),
     Poison("chunks that were never stored", reference(), CHUNKS_MISSING, empty_body=True),
     Poison(
         "chunks that do not match the digest",
-        reference(ref=STORED_REF),
+        reference(),
         CHUNKS_MISSING,
         empty_body=True,
+        stored_chunk=True,
     ),
     Poison(
         "chunks longer than the declared size",
-        reference(ref=STORED_REF, size="4", sha256=hashlib.sha256(b"ten ").hexdigest()),
+        reference(size="4", sha256=hashlib.sha256(b"ten ").hexdigest()),
         CHUNKS_MISSING,
         empty_body=True,
+        stored_chunk=True,
     ),
     Poison("schema unknown", {HEADER_SCHEMA: "nonsense"}, "unknown_schema"),
     Poison("schema empty", {HEADER_SCHEMA: ""}, "unknown_schema"),
@@ -117,12 +123,6 @@ CORPUS: tuple[Poison, ...] = (
 )
 
 
-async def store_chunks(plane: DataPlane) -> None:
-    """The chunk that the digest and size poisons name (as a chunked publish would store it)."""
-    names: PlaneNames = plane.names
-    await plane.publish(names.chunk_subject(STORED_REF, 0), STORED_CHUNK, msg_id="stored-chunk")
-
-
 async def publish_poison(
     plane: DataPlane, subject: str, good: Message, poison: Poison, msg_id: str
 ) -> PublishAck:
@@ -130,6 +130,13 @@ async def publish_poison(
     encoded = encode(good)
     headers = {k: v for k, v in encoded.headers.items() if k != "Nats-Msg-Id"}
     headers.update(poison.headers)
+    own_ref = chunk_ref(msg_id)
+    if headers.get(HEADER_CHUNK_REF) == OWN_REF:
+        headers[HEADER_CHUNK_REF] = own_ref
+    if poison.stored_chunk:
+        # As a chunked publish stores it: the chunk first, then its reference.
+        chunk_subject = plane.names.chunk_subject(own_ref, 0)
+        await plane.publish(chunk_subject, STORED_CHUNK, msg_id=f"{msg_id}#chunk0")
     if headers.get(HEADER_SCHEMA) == OTHER_SCHEMA:
         own = type(good).SCHEMA_NAME
         headers[HEADER_SCHEMA] = "prompt_group" if own != "prompt_group" else "rollout"

@@ -15,7 +15,7 @@ from pathlib import Path
 import nats
 import pytest
 from broker_test_utils import collect, eventually
-from poison_headers import CORPUS, Poison, publish_poison, store_chunks
+from poison_headers import CORPUS, Poison, publish_poison
 
 from dockyard.broker import exhausted
 from dockyard.broker.dead_letters import read_dead_letter
@@ -102,7 +102,6 @@ async def _publish_corpus(
 ) -> dict[int, Poison]:
     """good-first, every poison (each a well-formed message underneath), good-last; the
     poisons by stream sequence."""
-    await store_chunks(plane)
     typed = MessagePlane(plane, stage="publisher")
     await typed.publish(make("good-first"))
     poisons: dict[int, Poison] = {}
@@ -133,12 +132,16 @@ async def test_every_malformed_header_is_dead_lettered_once_and_the_consumer_car
     typed = MessagePlane(plane, stage="role")
 
     received: list[str] = []
-    while "good-last" not in " ".join(received):
-        batch = await typed.fetch(route.consumer(plane), route.kind, timeout_s=2)
-        assert batch, f"the consumer stalled after {received}"
-        for item in batch:
+    # A batch that was all poison comes back empty; the next one goes on past it. Each fetch
+    # takes at least one message, so a consumer that carries on is done in this many.
+    for _ in range(len(CORPUS) + 2):
+        for item in await typed.fetch(route.consumer(plane), route.kind, timeout_s=2):
             received.append(_group_id(item.message))
             await item.ack()
+        if "good-last" in " ".join(received):
+            break
+    else:
+        raise AssertionError(f"the consumer stalled after {received}")
     assert [r.split(":")[1] for r in received] == ["good-first", "good-last"]
 
     letters = await _dead_letters(plane, len(expected))
@@ -189,7 +192,6 @@ async def test_the_weight_watch_passes_over_malformed_events(plane: DataPlane) -
     await typed.publish(_weight_version(1))
     versions = typed.weight_versions()
     assert (await anext(versions)).version == 1
-    await store_chunks(plane)
     for index, poison in enumerate(CORPUS):
         # Each poison is a well-formed event underneath, of a version the watch must not see.
         await publish_poison(
@@ -206,7 +208,6 @@ async def test_a_weight_watch_started_on_a_poison_event_begins_with_the_newest_g
 ) -> None:
     typed = MessagePlane(plane, stage="rollout")
     names = plane.names
-    await store_chunks(plane)
     await typed.publish(_weight_version(1))
     await typed.publish(_weight_version(2))
     for index, poison in enumerate(CORPUS):
@@ -224,7 +225,6 @@ async def test_the_current_weight_version_is_the_newest_that_decodes(plane: Data
     # hide the versions already published (it would publish them again).
     typed = MessagePlane(plane, stage="trainer")
     names = plane.names
-    await store_chunks(plane)
     await typed.publish(_weight_version(1))
     await typed.publish(_weight_version(2))
     for index, poison in enumerate(CORPUS):

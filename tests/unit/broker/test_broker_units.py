@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -64,6 +65,11 @@ def test_every_subject_has_exactly_one_stream() -> None:
         NAMES.stream_for_subject("other.subject")
 
 
+def _as_received(message: OutgoingMessage) -> dict[str, str]:
+    """Its headers as a consumer reads them: the publish sends its id as ``Nats-Msg-Id``."""
+    return {**message.headers, "Nats-Msg-Id": message.msg_id}
+
+
 @given(size=st.integers(min_value=1, max_value=5000), chunk=st.integers(min_value=1, max_value=977))
 def test_split_and_join_are_inverse(size: int, chunk: int) -> None:
     payload = os.urandom(size)
@@ -72,7 +78,7 @@ def test_split_and_join_are_inverse(size: int, chunk: int) -> None:
     )
     assert len(split.chunks) == -(-size // chunk)
     assert all(len(c.payload) <= chunk for c in split.chunks)
-    reference = chunking.reference_of(split.reference.headers)
+    reference = chunking.reference_of(_as_received(split.reference))
     assert reference is not None and split.reference.payload == b""
     assert chunking.join(reference, [c.payload for c in split.chunks]) == payload
     assert chunking.strip_chunk_headers(split.reference.headers) == {"A": "b"}
@@ -80,7 +86,7 @@ def test_split_and_join_are_inverse(size: int, chunk: int) -> None:
 
 def test_join_refuses_missing_or_altered_chunks() -> None:
     split = chunking.split(NAMES, NAMES.scored, b"x" * 100, msg_id="m", headers={}, chunk_size=30)
-    reference = chunking.reference_of(split.reference.headers)
+    reference = chunking.reference_of(_as_received(split.reference))
     assert reference is not None
     parts = [c.payload for c in split.chunks]
     with pytest.raises(PayloadError, match="bytes, expected"):
@@ -266,10 +272,13 @@ def test_replay_export_writes_a_group_one_object_per_sample() -> None:
     assert message["scores"][1]["teacher_logprobs"] == [-0.25] * 4
 
 
-def _reference_headers(count: str, size: str) -> dict[str, str]:
+def _reference_headers(count: str, size: str, *, ref: str | None = None) -> dict[str, str]:
+    # docs/wire-format.md: the ref is the first half of the SHA-256 of the message's id.
+    own_ref = hashlib.sha256(b"message-1").hexdigest()[:32]
     return {
+        "Nats-Msg-Id": "message-1",
         "Dockyard-Chunks": count,
-        "Dockyard-Chunk-Ref": "a" * 32,
+        "Dockyard-Chunk-Ref": own_ref if ref is None else ref,
         "Dockyard-Payload-Size": size,
         "Dockyard-Payload-Sha256": "0" * 64,
     }
@@ -291,6 +300,22 @@ def test_a_decimal_header_with_leading_zeros_is_a_bad_header(count: str, size: s
 def test_a_decimal_header_without_leading_zeros_is_read() -> None:
     reference = chunking.reference_of(_reference_headers("10", "100"))
     assert reference is not None and (reference.count, reference.size) == (10, 100)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        _reference_headers("1", "10", ref="a" * 32),
+        {k: v for k, v in _reference_headers("1", "10").items() if k != "Nats-Msg-Id"},
+    ],
+    ids=["another-ref", "no-message-id"],
+)
+def test_a_chunk_ref_that_is_not_the_message_ids_is_a_bad_header(headers: dict[str, str]) -> None:
+    # docs/wire-format.md: Dockyard-Chunk-Ref is the first half of the SHA-256 of the message's
+    # Nats-Msg-Id; any other ref would read chunks the message never wrote.
+    with pytest.raises(PayloadError) as caught:
+        chunking.reference_of(headers)
+    assert caught.value.reason == "bad_header"
 
 
 def _answering(seq: str, delivery: str) -> StoredMessage:
@@ -342,7 +367,7 @@ async def test_a_chunk_reference_with_a_body_is_a_bad_header() -> None:
     async def read_chunk(ref: str, index: int) -> bytes | None:
         return chunks.get(index)
 
-    headers = split.reference.headers
+    headers = _as_received(split.reference)
     assert (await chunking.read(headers, b"", read_chunk))[1] == b"x" * 100
     with pytest.raises(PayloadError) as caught:
         await chunking.read(headers, b"a body", read_chunk)
