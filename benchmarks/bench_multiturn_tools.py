@@ -41,7 +41,7 @@ from dockyard.consumers.trainer.policy_trainer import PolicyTrainer
 from dockyard.consumers.trainer.sft import sft_batch
 from dockyard.data.base import PromptRecord
 from dockyard.data.catalog import build_dataset
-from dockyard.data.tool_turns import PlainObservations, ToolResult
+from dockyard.data.demonstrations import ToolDemonstrations
 from dockyard.engines.base import SamplingParams
 from dockyard.engines.torch_engine import TorchEngine
 from dockyard.environments.arithmetic_env import score_arithmetic_sample
@@ -82,18 +82,13 @@ class Arm:
 
 
 def demonstration(record: PromptRecord, tok, with_tool: bool) -> tuple[list[int], list[int]]:
-    """The continuation to imitate and its loss mask (0 on the observation)."""
-    eos = [tok.eos_token_id]
-    answer = tok.encode(record.ground_truth, add_special_tokens=False) + eos
-    if not with_tool:
-        return answer, [1] * len(answer)
-    expression = record.prompt.rstrip("=")
-    call = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}'
-    call = tok.encode(call + "</tool_call>", add_special_tokens=False) + eos
-    result = ToolResult("c", "calculator", record.ground_truth)
-    observation = PlainObservations(tok, "hermes").token_ids([result])
-    tokens = call + observation + answer
-    return tokens, [1] * len(call) + [0] * len(observation) + [1] * len(answer)
+    """The continuation to imitate and its loss mask: the record's demonstrated episode, as the
+    trainer's warm start builds it (0 on the observation), or the answer alone."""
+    if with_tool:
+        continuation = ToolDemonstrations(tok, "hermes")(record)
+        return continuation.token_ids, continuation.loss_mask
+    answer = [*tok.encode(record.ground_truth, add_special_tokens=False), tok.eos_token_id]
+    return answer, [1] * len(answer)
 
 
 def final_reward(episode: Episode, tok, truth: str) -> float:

@@ -416,18 +416,11 @@ def build_episode_runner(
 
 
 def _observations(config: MasterConfig, tokenizer: object) -> Observations | None:
-    """Tool messages through the chat template when there is one (the tool environments'
-    prompts are rendered with it too, data/chat.py); None: the plain convention."""
-    from dockyard.data.chat import CHAT_TEMPLATE_KEY, resolve_chat_template
-    from dockyard.data.tool_turns import ChatTemplateError, TemplatedObservations
+    from dockyard.data.chat import CHAT_TEMPLATE_KEY, episode_observations
+    from dockyard.data.tool_turns import ChatTemplateError
 
-    template = resolve_chat_template(config.policy.tokenizer.chat_template) or getattr(
-        tokenizer, "chat_template", None
-    )
-    if not template:
-        return None
     try:
-        return TemplatedObservations(tokenizer, template)
+        return episode_observations(config.policy.tokenizer, tokenizer)
     except ChatTemplateError as error:
         raise CliError(f"{CHAT_TEMPLATE_KEY}: {error}", exit_code=EXIT_INVALID_CONFIG) from None
 

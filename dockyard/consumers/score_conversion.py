@@ -12,6 +12,7 @@ from dockyard.environments.base import (
     ScoreFlag,
     ScoringGroup,
     ToolCallRecord,
+    final_turn,
 )
 from dockyard.environments.tools.calls import ToolCallFormat, parse_tool_calls, thinking_problem
 from dockyard.schemas import Rollout, RolloutSample, SampleScore, ScoredRollout
@@ -81,6 +82,14 @@ def with_output_flags(
     return GroupScore(group_id=score.group_id, samples=samples)
 
 
+def _final_turn_text(sample: RolloutSample, tokenizer: object) -> str | None:
+    turn = final_turn(sample.segments)
+    if turn is None:
+        return None
+    text: str = tokenizer.decode(sample.response_token_ids[turn], skip_special_tokens=False)  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in consumers)
+    return text
+
+
 def to_scoring_group(rollout: Rollout, tokenizer: object) -> ScoringGroup:
     group = rollout.group
     samples = [
@@ -95,6 +104,7 @@ def to_scoring_group(rollout: Rollout, tokenizer: object) -> ScoringGroup:
             ]
             if sample.segments
             else None,
+            final_turn_text=_final_turn_text(sample, tokenizer),
         )
         for sample in rollout.samples
     ]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -85,6 +86,20 @@ class DatasetError(ValueError):
     def __init__(self, key: str, message: str) -> None:
         super().__init__(message)
         self.key = key
+
+
+def refuse_unknown_params(config: DatasetConfig, known: Collection[str]) -> None:
+    """A generator's ``params`` name only what it reads: a misspelt one would silently leave
+    its default in place."""
+    for key in config.params:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise DatasetError(
+                f"params.{key}",
+                f"{config.name} takes no parameter {key!r} (it takes {', '.join(sorted(known))})"
+                + hint,
+            )
 
 
 DatasetBuilder = Callable[[DatasetConfig, str], Dataset]

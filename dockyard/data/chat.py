@@ -26,7 +26,13 @@ from dockyard.config.sections.data import DataConfig, DatasetConfig
 from dockyard.config.sections.policy import TokenizerConfig
 from dockyard.data.base import ChatMessage, Dataset, MappedDataset, PromptRecord
 from dockyard.data.catalog import build_dataset
-from dockyard.data.tool_turns import ToolPrompts, ToolSchemas, plain_tool_block
+from dockyard.data.tool_turns import (
+    Observations,
+    TemplatedObservations,
+    ToolPrompts,
+    ToolSchemas,
+    plain_tool_block,
+)
 
 CHATML = (
     "{% for message in messages %}"
@@ -86,6 +92,16 @@ def resolve_chat_template(value: str | None) -> str | None:
         f"{value!r} is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) nor a "
         "Jinja template string",
     )
+
+
+def episode_observations(tokenizer_config: TokenizerConfig, tokenizer: Any) -> Observations | None:
+    """How an episode shows the model its tool results: through the chat template when there
+    is one (the prompts are rendered with it too); None: the plain convention. A
+    ``ChatTemplateError`` when the template cannot render tool messages."""
+    template = resolve_chat_template(tokenizer_config.chat_template) or getattr(
+        tokenizer, "chat_template", None
+    )
+    return TemplatedObservations(tokenizer, template) if template else None
 
 
 def conversation(record: PromptRecord, system_prompt: str | None) -> list[dict[str, Any]]:

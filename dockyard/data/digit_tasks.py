@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from dockyard.config.sections.data import DatasetConfig
 from dockyard.data.arithmetic import VALIDATION_SPLITS, is_held_out, make_pairs
-from dockyard.data.base import DatasetError, PromptRecord, register_dataset
+from dockyard.data.base import DatasetError, PromptRecord, refuse_unknown_params, register_dataset
 
 AGENTS = {"add": "adder", "reverse": "reverser"}
 
@@ -62,9 +62,13 @@ def reversal_problems(low: int, high: int, count: int, seed: int, held_out: bool
     return [Problem(f"{n}=", str(n)[::-1], AGENTS["reverse"]) for n in numbers]
 
 
+PARAMS = ("tasks", "num_samples", "seed", "add_low", "add_high", "reverse_low", "reverse_high")
+
+
 @register_dataset("digit_tasks")
 def build_digit_tasks(config: DatasetConfig, env: str) -> DigitTasksDataset:
     params = config.params
+    refuse_unknown_params(config, PARAMS)
     # "+" or ",": a comma would start a list in a command-line override.
     tasks = [task.strip() for task in re.split(r"[+,]", str(params.get("tasks", "add+reverse")))]
     unknown = [task for task in tasks if task not in AGENTS]

@@ -32,7 +32,7 @@ def answer_before_eos(text: str, eos_markers: list[str]) -> tuple[str, bool]:
 def score_arithmetic_sample(
     sample: SampleInput, truth: int, settings: ArithmeticEnvConfig
 ) -> SampleScore:
-    answer, saw_eos = answer_before_eos(sample.response_text, settings.eos_markers)
+    answer, saw_eos = answer_before_eos(sample.answer_text, settings.eos_markers)
     stopped = saw_eos or sample.finish_reason == "stop"
     if settings.require_stop and not stopped and sample.finish_reason == "length":
         return SampleScore(0.0, {"correct": 0.0}, frozenset({ScoreFlag.TRUNCATED}), "no EOS")

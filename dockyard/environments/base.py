@@ -13,7 +13,7 @@ import abc
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeAlias
+from typing import ClassVar, Protocol, TypeAlias
 
 import numpy as np
 
@@ -68,6 +68,33 @@ class SampleInput:
     agent_name: str | None = None
     # The tool calls of a multi-turn episode, in order; None: not an episode (single turn).
     tool_calls: Sequence[ToolCallRecord] | None = None
+    # An episode's last model turn (its answer); None: not an episode.
+    final_turn_text: str | None = None
+
+    @property
+    def answer_text(self) -> str:
+        """What an answer-judging environment reads: an episode's last model turn, never the
+        calls and observations before it (a tool's output is not the model's answer)."""
+        return self.response_text if self.final_turn_text is None else self.final_turn_text
+
+
+class TurnSpan(Protocol):
+    """A span of an episode's tokens (the wire's ``Segment``, the episode loop's own)."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+
+
+def final_turn(segments: Sequence[TurnSpan]) -> slice | None:
+    """The tokens of an episode's last model turn; None without one."""
+    for segment in reversed(segments):
+        if segment.role == "assistant":
+            return slice(segment.start, segment.end)
+    return None
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def score_choice_group(
     group: ScoringGroup, truth: str, choices: str, settings: ChoiceEnvConfig, env_name: str
 ) -> GroupScore:
     scores = [
-        score_choice_sample(s.response_text, truth, choices, settings, env_name)
+        score_choice_sample(s.answer_text, truth, choices, settings, env_name)
         for s in group.samples
     ]
     return GroupScore(group_id=group.group_id, samples=scores)

@@ -78,7 +78,7 @@ class HleEnvironment(MathCheckingEnvironment):
 
     def _score_exact(self, group: ScoringGroup, truth: str) -> GroupScore:
         scores = [
-            score_exact_sample(s.response_text, truth, self.settings, self._checker)
+            score_exact_sample(s.answer_text, truth, self.settings, self._checker)
             for s in group.samples
         ]
         return GroupScore(group_id=group.group_id, samples=scores)

@@ -115,7 +115,7 @@ class MathEnvironment(MathCheckingEnvironment):
 
     def _score_sync(self, group: ScoringGroup, truth: str) -> GroupScore:
         scores = [
-            score_math_answer(s.response_text, truth, self.settings, self._checker)
+            score_math_answer(s.answer_text, truth, self.settings, self._checker)
             for s in group.samples
         ]
         return GroupScore(group_id=group.group_id, samples=scores)

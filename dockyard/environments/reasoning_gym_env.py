@@ -100,7 +100,5 @@ class ReasoningGymEnvironment(Environment):
             raise InvalidScoringInput(
                 "bad_reasoning_gym_item", f"group {group.group_id}: {type(error).__name__}: {error}"
             ) from None
-        scores = [
-            score_sample(s.response_text, item, verifier, self.settings) for s in group.samples
-        ]
+        scores = [score_sample(s.answer_text, item, verifier, self.settings) for s in group.samples]
         return GroupScore(group_id=group.group_id, samples=scores)

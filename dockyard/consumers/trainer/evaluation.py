@@ -28,7 +28,14 @@ from dockyard.data.base import Dataset
 from dockyard.engines.base import GenerationRequest, SamplingParams
 from dockyard.engines.sampling import make_sampling_params
 from dockyard.engines.torch_engine import TorchEngine
-from dockyard.environments.base import Environment, SampleInput, ScoringGroup, ToolCallRecord
+from dockyard.environments.base import (
+    Environment,
+    SampleInput,
+    ScoringGroup,
+    ToolCallRecord,
+    TurnSpan,
+    final_turn,
+)
 from dockyard.schemas import ToolCall
 from dockyard.utils.logging import get_logger
 
@@ -51,6 +58,8 @@ class EpisodeAnswer(Protocol):
     def tool_calls(self) -> list[ToolCall]: ...
     @property
     def failure(self) -> str | None: ...
+    @property
+    def segments(self) -> Sequence[TurnSpan]: ...
 
 
 class ValidationEpisodes(Protocol):
@@ -218,6 +227,7 @@ class Evaluator:
             SampleInput(
                 response_text=self._decode(episode.token_ids),
                 finish_reason=str(episode.finish_reason),
+                final_turn_text=self._final_turn_text(episode),
                 tool_calls=[
                     ToolCallRecord(c.name, c.arguments_json, c.result, c.error)
                     for c in episode.tool_calls
@@ -225,6 +235,10 @@ class Evaluator:
             )
             for episode in episodes
         ]
+
+    def _final_turn_text(self, episode: EpisodeAnswer) -> str | None:
+        turn = final_turn(episode.segments)
+        return None if turn is None else self._decode(episode.token_ids[turn])
 
     def _decode(self, token_ids: Sequence[int] | np.ndarray) -> str:
         text: str = self.tokenizer.decode(token_ids, skip_special_tokens=False)  # type: ignore[attr-defined]  # tokenizer: object here (no transformers types in this package)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from dockyard.config.sections.sft import SFTConfig
-from dockyard.data.base import Dataset
+from dockyard.data.base import Dataset, PromptRecord
+from dockyard.data.demonstrations import Continuation
 from dockyard.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -32,9 +33,14 @@ class SFTResult:
 
 
 def sft_batch(
-    prompts: list[list[int]], answers: list[list[int]], pad_token_id: int, loss_on: str
+    prompts: list[list[int]],
+    answers: list[list[int]],
+    pad_token_id: int,
+    loss_on: str,
+    answer_masks: list[list[int]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``input_ids``, ``attention_mask`` and the ``[B, L-1]`` target mask of a batch."""
+    """``input_ids``, ``attention_mask`` and the ``[B, L-1]`` target mask of a batch;
+    ``answer_masks``: which answer tokens are learnt (all of them when None)."""
     width = max(len(p) + len(a) for p, a in zip(prompts, answers, strict=True))
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     attention = torch.zeros_like(input_ids)
@@ -45,6 +51,10 @@ def sft_batch(
         attention[row, : len(sequence)] = 1
         first_target = 0 if loss_on == "all" else len(prompt) - 1
         target_mask[row, first_target : len(sequence) - 1] = 1.0
+        if answer_masks is not None:
+            # Position t predicts token t+1: the answer's token i is predicted at len(prompt)-1+i.
+            mask = torch.tensor(answer_masks[row], dtype=target_mask.dtype)
+            target_mask[row, len(prompt) - 1 : len(sequence) - 1] = mask
     return input_ids, attention, target_mask
 
 
@@ -54,9 +64,11 @@ def run_sft(
     dataset: Dataset,
     config: SFTConfig,
     evaluate: Callable[[], float],
+    continuation: Callable[[PromptRecord], Continuation] | None = None,
 ) -> SFTResult:
     """Train until ``max_num_steps`` or until ``evaluate()`` (every ``val_period`` steps)
-    reaches ``stop_at_val_accuracy``."""
+    reaches ``stop_at_val_accuracy``. ``continuation``: what follows a record's prompt and
+    which of it is learnt (a tool-use demonstration); by default its ground truth and EOS."""
     started = time.perf_counter()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
     device = next(model.parameters()).device  # the trainer's: the model is trained in place
@@ -69,12 +81,17 @@ def run_sft(
     for step in range(1, config.max_num_steps + 1):
         records = [dataset[rng.randrange(len(dataset))] for _ in range(config.batch_size)]
         prompts = [tokenizer(r.prompt)["input_ids"] for r in records]  # type: ignore[operator]  # a transformers tokenizer, typed object here
-        answers = [
-            tokenizer(r.ground_truth, add_special_tokens=False)["input_ids"] + [eos]  # type: ignore[operator]  # a transformers tokenizer, typed object here
-            for r in records
-        ]
+        masks: list[list[int]] | None = None
+        if continuation is None:
+            answers = [
+                tokenizer(r.ground_truth, add_special_tokens=False)["input_ids"] + [eos]  # type: ignore[operator]  # a transformers tokenizer, typed object here
+                for r in records
+            ]
+        else:
+            continued = [continuation(r) for r in records]
+            answers, masks = [c.token_ids for c in continued], [c.loss_mask for c in continued]
         input_ids, attention, target_mask = (
-            t.to(device) for t in sft_batch(prompts, answers, pad, config.loss_on)
+            t.to(device) for t in sft_batch(prompts, answers, pad, config.loss_on, masks)
         )
         model.train()
         logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]

@@ -11,7 +11,8 @@ from dockyard.consumers.trainer.build import TrainerParts
 from dockyard.consumers.trainer.evaluation import Evaluator, log_val_samples
 from dockyard.consumers.trainer.progress import TrainerSummary
 from dockyard.consumers.trainer.sft import run_sft
-from dockyard.data.chat import build_prompt_dataset
+from dockyard.data.chat import build_prompt_dataset, episode_observations
+from dockyard.data.demonstrations import ToolDemonstrations
 from dockyard.observability.status_files import StatusFile
 from dockyard.utils.logging import get_logger
 
@@ -85,6 +86,7 @@ class Validation:
             parts.train_data,
             sft,
             lambda: evaluator.evaluate_blocking().accuracy,
+            self._demonstrations(),
         )
         parts.metrics.log_metrics(
             {
@@ -101,3 +103,13 @@ class Validation:
             val_accuracy=result.val_accuracy,
             skipped_nonfinite_grad_steps=result.skipped_nonfinite_grad_steps,
         )
+
+    def _demonstrations(self) -> ToolDemonstrations | None:
+        """With structured tool use, records that demonstrate tool calls are imitated as the
+        episodes they show (the observations rendered as the episodes render them)."""
+        tools = self.config.grpo.structured_tool_use
+        if not tools.enabled:
+            return None
+        tokenizer = self.parts.tokenizer
+        observations = episode_observations(self.config.policy.tokenizer, tokenizer)
+        return ToolDemonstrations(tokenizer, tools.tool_call_format, observations)  # type: ignore[arg-type]  # a transformers tokenizer, typed object here

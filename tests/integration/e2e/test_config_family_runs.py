@@ -14,6 +14,7 @@ scored with the environment the config names.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -87,9 +88,12 @@ RUNS: dict[str, CpuRun] = {
         judge=True,
         allowed_dead_letters=("judge_refused",),
     ),
-    # Multi-turn tool use (issue #23): episodes with the calculator toolbox, CPU-sized as is.
+    # Multi-turn tool use (issue #23): episodes with the calculator toolbox, CPU-sized as is,
+    # its warm start on the data's calculator demonstrations kept (checked below).
     "multiturn_tools.yaml": CpuRun(
-        CONFIGS / "multiturn_tools.yaml", "arithmetic", tuple(SMALL_RUN)
+        CONFIGS / "multiturn_tools.yaml",
+        "arithmetic",
+        (*(o for o in SMALL_RUN if o != "sft.enabled=false"), "grpo.max_val_samples=50"),
     ),
     # OPD is refused over a broker (the spec): the in-memory plane, as the full-size file.
     "v4_consolidation.yaml": CpuRun(PRESETS / "v4_consolidation.yaml", "teacher", broker=False),
@@ -199,6 +203,21 @@ def test_the_cpu_preset_runs_a_few_steps_end_to_end(name, tmp_path, request):
         timeout=280,
     )
     _check_run(run_dir, result, run)
+    if name == "multiturn_tools.yaml":
+        # The warm start imitated the demonstrated episodes until greedy held-out episodes
+        # reached sft.stop_at_val_accuracy (0.3; the model cannot multiply without the tool),
+        # and the GRPO steps' episodes, judged by their last turn, earned reward.
+        records = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
+        warm = next(r["metrics"] for r in records if "sft/val_accuracy" in r["metrics"])
+        assert warm["sft/val_accuracy"] >= 0.3, warm
+        rewards = [
+            r["metrics"]["train/reward_mean"]
+            for r in records
+            if "train/reward_mean" in r["metrics"]
+        ]
+        assert len(rewards) == STEPS and max(rewards) > 0, rewards
     if name == "grpo_program_bench.yaml":
         validations = [
             line

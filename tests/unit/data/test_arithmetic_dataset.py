@@ -58,3 +58,34 @@ def test_an_unknown_operator_is_refused():
     config = DatasetConfig(name="arithmetic", split="train", params={"op": "-"})
     with pytest.raises(DatasetError, match="op must be one of"):
         build_dataset(config, "arithmetic")
+
+
+def test_a_misspelt_parameter_is_refused_with_its_key_and_the_near_name():
+    # A generator's params name only what it reads: "num_sample" would leave 10,000 in place.
+    from dockyard.data.base import DatasetError
+
+    config = DatasetConfig(name="arithmetic", split="train", params={"num_sample": 5})
+    with pytest.raises(DatasetError, match="did you mean 'num_samples'") as caught:
+        build_dataset(config, "arithmetic")
+    assert caught.value.key == "params.num_sample"
+
+
+def test_a_record_demonstrates_the_calculator_call_that_answers_it():
+    # docs/multiturn.md: the call's expression is the prompt without "=", its result the answer.
+    config = DatasetConfig(
+        name="arithmetic",
+        split="train",
+        params={"op": "*", "num_samples": 3, "seed": 3, "demonstrate_tool": "calculator"},
+    )
+    record = build_dataset(config, "arithmetic")[1]
+    a, b = (int(x) for x in record.prompt.rstrip("=").split("*"))
+    call = {"name": "calculator", "arguments": {"expression": f"{a}*{b}"}, "result": str(a * b)}
+    assert record.extra == {"demonstration": {"tool_calls": [call]}}
+
+
+def test_only_a_known_toolbox_is_demonstrated():
+    from dockyard.data.base import DatasetError
+
+    config = DatasetConfig(name="arithmetic", params={"demonstrate_tool": "abacus"})
+    with pytest.raises(DatasetError, match="calculator"):
+        build_dataset(config, "arithmetic")

@@ -100,3 +100,21 @@ async def test_arithmetic_exact_integer_before_eos(
     assert sample.reward == reward
     assert sample.components["correct"] == reward
     assert sample.flags == (frozenset({flag}) if flag else frozenset())
+
+
+@pytest.mark.parametrize(
+    ("final_turn", "reward"), [("1776<|endoftext|>", 1.0), ("1777<|endoftext|>", 0.0)]
+)
+def test_an_episode_is_judged_by_its_last_model_turn(final_turn: str, reward: float) -> None:
+    # The calculator episode: the call, the observation (which holds the product), the answer.
+    # Only the model's last turn answers; the observation's number is the tool's, not the model's.
+    episode = (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "37*48"}}</tool_call>'
+        "<|endoftext|><tool_response>\n1776\n</tool_response>\n" + final_turn
+    )
+    sample = SampleInput(
+        response_text=episode, finish_reason="stop", tool_calls=[], final_turn_text=final_turn
+    )
+    env = build_environment("arithmetic")
+    score = asyncio.run(env.score(_group("1776", sample)))
+    assert score.rewards == [reward]
