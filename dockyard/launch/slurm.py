@@ -236,9 +236,12 @@ declare -A STEP_NAME=()  # srun pid -> its step's name (srun -J), for the shutdo
 {_FUNCTIONS}
 {_broker(fleet)}
 # The trainer (with the dispatcher): one torchrun per trainer node, rendezvous on the first node.
+# On SIGTERM torchrun gives its ranks the drain's time (not its own 30 s) to checkpoint, then
+# exits 1 (its SignalException) though they drained.
 srun --overlap --nodes="$TRAINER_NODES" --ntasks-per-node=1 -J trainer \\
     -w "$(IFS=,; echo "${{TRAINER_HOSTS[*]}}")" \\
     $TORCHRUN --nnodes="$TRAINER_NODES" --nproc_per_node="$RANKS_PER_NODE" \\
+    --shutdown-timeout="$DRAIN_TIMEOUT_S" \\
     --rdzv_backend=c10d --rdzv_endpoint="$HEAD:{fleet.rendezvous_port}" --rdzv_id="$SLURM_JOB_ID" \\
     -m dockyard --log-format json trainer --config "$CONFIG" --run-dir "$RUN_DIR" \\
     "${{OVERRIDES[@]}}" \\

@@ -51,6 +51,8 @@ def test_a_gpu_fleet(tmp_path: Path) -> None:
     # torchrun across the trainer nodes, rendezvous on the first
     assert '--rdzv_endpoint="$HEAD:29500"' in text and '--nnodes="$TRAINER_NODES"' in text
     assert 'cluster.num_nodes="$TRAINER_NODES"' in text
+    # on SIGTERM torchrun gives its ranks the whole drain (its own default is 30 s)
+    assert '--shutdown-timeout="$DRAIN_TIMEOUT_S"' in text
     # one worker per GPU, each seeing its own device
     assert "CUDA_VISIBLE_DEVICES=$(seq -s, $((i * GPUS_PER_WORKER))" in text
     # overrides reach every role, quoted
