@@ -3,7 +3,7 @@ torchrun's rendezvous on the first node, one rollout worker per GPU, the scorer 
 logs), and its shutdown run with stand-ins for ``srun``/``squeue``/``scancel``/``scontrol`` and
 the roles: when the trainer exits, every other step gets SIGTERM through ``scancel`` and the
 script exits with the trainer's status; a step that does not drain in time is killed. The real
-slurmctld/slurmd run is tests/integration/deploy/test_slurm_launch.py."""
+slurmctld/slurmd run is tests/integration/deploy/test_slurm_sbatch.py."""
 
 from __future__ import annotations
 
