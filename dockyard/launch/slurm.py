@@ -167,7 +167,7 @@ stop_steps() {  # names...: SIGTERM those steps through Slurm, wait for them to 
     (( ${#ids[@]} )) && scancel --signal=TERM "${ids[@]}"
     local deadline=$((SECONDS + DRAIN_TIMEOUT_S))
     for pid in "${pids[@]}"; do
-        while kill -0 "$pid" 2>/dev/null && (( SECONDS < deadline )); do sleep 1; done
+        while kill -0 "$pid" 2>/dev/null && (( SECONDS < deadline )); do sleep 0.2; done
         if kill -0 "$pid" 2>/dev/null; then
             echo "${STEP_NAME[$pid]} did not drain in $DRAIN_TIMEOUT_S s: killing its step" >&2
             kill -TERM "$pid"  # srun SIGKILLs its step
