@@ -10,6 +10,8 @@ from pathlib import Path
 
 from dockyard.commands._cli import CliError, CommandRegistrar, add_config_arguments, add_subcommands
 from dockyard.commands._common import load_config_report_or_exit
+from dockyard.launch.slurm import BROKER_PORT, RENDEZVOUS_PORT
+from dockyard.utils.private_files import private_dir
 
 EXIT_INVALID = 2
 # deploy/ is part of the repository, not the package: found beside an editable install.
@@ -44,11 +46,17 @@ def _slurm(args: argparse.Namespace) -> int:
         partition=args.partition,
         account=args.account,
         time_limit=args.time,
+        broker_port=args.broker_port,
+        rendezvous_port=args.rendezvous_port,
     )
     try:
         script = render_sbatch(fleet)
     except SlurmPlanError as error:
         raise CliError(str(error), exit_code=EXIT_INVALID) from None
+    # Slurm opens the batch script's --output (RUN_DIR/logs/sbatch-%j.out) before the script
+    # runs, so the directory must exist when the job starts.
+    private_dir(Path(run_dir))
+    private_dir(Path(run_dir) / "logs")
     _write(script, args.output)
     return 0
 
@@ -97,6 +105,15 @@ def register(registrar: CommandRegistrar) -> None:
     slurm.add_argument("--scorers", type=int, default=1, help="scorers, on the first node")
     slurm.add_argument(
         "--broker-url", help="an existing broker (nats://...); default: one on the first node"
+    )
+    slurm.add_argument(
+        "--broker-port", type=int, default=BROKER_PORT, help="the broker's, on the first node"
+    )
+    slurm.add_argument(
+        "--rendezvous-port",
+        type=int,
+        default=RENDEZVOUS_PORT,
+        help="torchrun's c10d rendezvous, on the first node",
     )
     slurm.add_argument("--run-dir", help="on a shared filesystem; default: run.output_dir/name")
     slurm.add_argument("--job-name")
