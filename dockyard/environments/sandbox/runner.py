@@ -134,11 +134,23 @@ class _CappedBuffer:
 class Sandbox:
     """Runs untrusted programs under :class:`SandboxLimits`; one instance per environment."""
 
-    def __init__(self, limits: SandboxLimits, *, scratch_root: Path | None = None) -> None:
+    def __init__(
+        self,
+        limits: SandboxLimits,
+        *,
+        scratch_root: Path | None = None,
+        read_only_paths: Sequence[Path] = (),
+    ) -> None:
+        """``read_only_paths``: host directories a run sees (read-only) beyond the system's
+        programs and libraries and the interpreter's prefix (``jail.filesystem_view``)."""
         self.limits = limits
         self.scratch_root = scratch_root
         self.drops_privileges = running_as_root()
         self.python = resolve_sandbox_python(limits, self.drops_privileges)
+        self.read_only_paths = [
+            *interpreter_roots(self.python),
+            *(str(path.resolve()) for path in read_only_paths),
+        ]
         self.bwrap = find_bwrap()
         self.setpriv = find_setpriv() if self.drops_privileges else None
         self.cgroups = detect_layout()
@@ -349,6 +361,7 @@ class SandboxSession:
             sandbox.bwrap,
             self.workspace,
             as_root=sandbox.drops_privileges,
+            read_only=sandbox.read_only_paths,
             options=[
                 *("--info-fd", str(info_write), "--block-fd", str(block_read)),
                 *("--seccomp", str(seccomp_fd)),
@@ -549,6 +562,30 @@ class SandboxSession:
         elif self.identity and self._needs_sweep:
             kill_everything_of(self.identity)
             self._needs_sweep = False
+
+
+@functools.cache
+def interpreter_roots(python: str) -> tuple[str, ...]:
+    """The directories ``python`` needs to start and import its stdlib and site-packages (its
+    prefixes and its executable's directory), for the run's filesystem view."""
+    probe = subprocess.run(
+        [
+            python,
+            "-I",
+            "-c",
+            "import sys; print('\\n'.join({sys.prefix, sys.base_prefix, sys.exec_prefix,"
+            " sys.base_exec_prefix}))",
+        ],
+        capture_output=True,
+        env={},
+        check=False,
+        timeout=_SETUP_TIMEOUT_S,
+    )
+    if probe.returncode != 0:
+        raise SandboxUnavailableError(f"{python} does not start: {probe.stderr[-300:]!r}")
+    roots = {os.path.dirname(os.path.realpath(python)), os.path.dirname(python)}
+    roots.update(line for line in probe.stdout.decode().splitlines() if line)
+    return tuple(sorted(os.path.realpath(root) for root in roots))
 
 
 def _has_exited(process: subprocess.Popen[bytes]) -> bool:

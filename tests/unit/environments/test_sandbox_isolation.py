@@ -90,11 +90,11 @@ def test_tmp_and_dev_shm_writes_are_private_and_discarded() -> None:
             """,
         )
         assert result.ok, result.stderr
-        # /tmp and /dev/shm are the run's own; every other host directory is read-only.
+        # /tmp and /dev/shm are the run's own; other host directories are not in its view.
         assert result.stdout.decode().split("\n")[:3] == [
             f"wrote {host_paths[0]}",
             f"wrote {host_paths[1]}",
-            f"refused {host_paths[2]} OSError",
+            f"refused {host_paths[2]} FileNotFoundError",
         ]
         assert [p for p in host_paths if p.exists()] == []
     finally:
@@ -142,8 +142,13 @@ def setuid_sleep(host_dir: Path) -> Path:
 def test_setuid_exec_gains_nothing_and_does_not_outlive_the_run(setuid_sleep: Path) -> None:
     duration = f"{uuid.uuid4().int % 100000 + 1000}.5"  # a unique argument to find it by
     try:
+        # Its directory is bound into the run's view on purpose (the view hides the host's).
+        sandbox = Sandbox(
+            SandboxLimits(wall_time_s=10.0, cpu_time_s=8.0, memory_mb=256, max_processes=16),
+            read_only_paths=[setuid_sleep.parent],
+        )
         result = _run(
-            _sandbox(),
+            sandbox,
             f"""
             import os
             status = open("/proc/self/status").read().splitlines()
