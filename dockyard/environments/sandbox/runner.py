@@ -44,6 +44,7 @@ from dockyard.environments.sandbox.jail import (
     find_bwrap,
     find_setpriv,
 )
+from dockyard.environments.sandbox.results_pipe import ResultsPipe
 from dockyard.environments.sandbox.seccomp import compiled_filter, filter_fd
 from dockyard.utils.logging import get_logger
 
@@ -99,6 +100,8 @@ class SandboxResult:
     wall_time_s: float
     isolation: Isolation
     memory_limit_exceeded: bool = False  # the kernel OOM-killed a process of the run
+    results: bytes = b""  # what the program wrote on its ResultsPipe, if it was given one
+    results_overflowed: bool = False  # more than the pipe's cap (the run was killed then)
 
     @property
     def ok(self) -> bool:
@@ -278,10 +281,13 @@ class SandboxSession:
         wall_time_s: float | None = None,
         deadline: float | None = None,
         cancel: threading.Event | None = None,
+        results: ResultsPipe | None = None,
     ) -> SandboxResult:
         """Run ``argv`` (absolute ``argv[0]`` or a name on the base PATH) under the limits.
 
-        The wall clock is ``min(limits.wall_time_s, wall_time_s, deadline - now)``.
+        The wall clock is ``min(limits.wall_time_s, wall_time_s, deadline - now)``. With
+        ``results``, the program inherits its write end (at the same descriptor number) and
+        what it writes there comes back as :attr:`SandboxResult.results`; the pipe is closed.
         """
         limits = self.sandbox.limits
         started = time.monotonic()
@@ -308,9 +314,11 @@ class SandboxSession:
             )
         try:
             return self._start_and_supervise(
-                program, argv, child_env, cwd, stdin, started, wall, cgroup, cancel
+                program, argv, child_env, cwd, stdin, started, wall, cgroup, cancel, results
             )
         finally:
+            if results is not None:
+                results.close()
             if cgroup is not None:
                 cgroup.remove()
 
@@ -325,15 +333,21 @@ class SandboxSession:
         wall: float,
         cgroup: RunCgroup | None,
         cancel: threading.Event | None,
+        results: ResultsPipe | None,
     ) -> SandboxResult:
         command = [program, *argv[1:]]
         self._needs_sweep = True
+        inherited = () if results is None else (results.write_fd,)
         if cgroup is not None:
-            process, isolation = self._spawn_jailed(command, child_env, cwd, cgroup)
+            process, isolation = self._spawn_jailed(command, child_env, cwd, cgroup, inherited)
         else:
-            process, isolation = self._spawn_bootstrapped(command, child_env, cwd)
+            process, isolation = self._spawn_bootstrapped(command, child_env, cwd, inherited)
+        if results is not None:
+            results.close_write_end()
         try:
-            result = self._supervise(process, stdin, started, wall, isolation, cancel, cgroup)
+            result = self._supervise(
+                process, stdin, started, wall, isolation, cancel, cgroup, results
+            )
             if cgroup is not None and cgroup.oom_killed():
                 return dataclasses.replace(result, memory_limit_exceeded=True)
             return result
@@ -343,7 +357,12 @@ class SandboxSession:
                 process.wait()
 
     def _spawn_jailed(
-        self, command: list[str], env: dict[str, str], cwd: Path | None, cgroup: RunCgroup
+        self,
+        command: list[str],
+        env: dict[str, str],
+        cwd: Path | None,
+        cgroup: RunCgroup,
+        inherited: tuple[int, ...] = (),
     ) -> tuple[subprocess.Popen[bytes], Isolation]:
         """bubblewrap, held before its exec until it is in the run's cgroup with the rlimits.
 
@@ -377,7 +396,7 @@ class SandboxSession:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(info_write, block_read, seccomp_fd),
+                pass_fds=(info_write, block_read, seccomp_fd, *inherited),
                 start_new_session=True,  # its own process group, killed as a whole
                 env=env,
                 umask=0o077,
@@ -414,7 +433,11 @@ class SandboxSession:
         return process, isolation
 
     def _spawn_bootstrapped(
-        self, command: list[str], env: dict[str, str], cwd: Path | None
+        self,
+        command: list[str],
+        env: dict[str, str],
+        cwd: Path | None,
+        inherited: tuple[int, ...] = (),
     ) -> tuple[subprocess.Popen[bytes], Isolation]:
         """Weak isolation: the stdlib bootstrap tries a network namespace, sets the rlimits,
         drops to the session's uid and execs the program."""
@@ -442,7 +465,7 @@ class SandboxSession:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(status_write,),
+                pass_fds=(status_write, *inherited),
                 start_new_session=True,  # its own process group, killed as a whole
                 env={},
             )
@@ -479,9 +502,12 @@ class SandboxSession:
         isolation: Isolation,
         cancel: threading.Event | None,
         cgroup: RunCgroup | None,
+        results: ResultsPipe | None = None,
     ) -> SandboxResult:
         cap = self.sandbox.limits.max_output_bytes
         buffers = {"stdout": _CappedBuffer(cap), "stderr": _CappedBuffer(cap)}
+        if results is not None:
+            buffers["results"] = _CappedBuffer(results.cap)
         assert process.stdin and process.stdout and process.stderr
         pending_input = memoryview(stdin)
         timed_out = cancelled = False
@@ -489,6 +515,8 @@ class SandboxSession:
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ, "stdout")
             selector.register(process.stderr, selectors.EVENT_READ, "stderr")
+            if results is not None:
+                selector.register(results.read_fd, selectors.EVENT_READ, "results")
             if pending_input:
                 os.set_blocking(process.stdin.fileno(), False)
                 selector.register(process.stdin, selectors.EVENT_WRITE, "stdin")
@@ -540,10 +568,12 @@ class SandboxSession:
             stdout=buffers["stdout"].value(),
             stderr=buffers["stderr"].value(),
             timed_out=timed_out or returncode == -signal.SIGXCPU,
-            output_limit_exceeded=any(b.overflowed for b in buffers.values()),
+            output_limit_exceeded=buffers["stdout"].overflowed or buffers["stderr"].overflowed,
             cancelled=cancelled,
             wall_time_s=time.monotonic() - started,
             isolation=isolation,
+            results=buffers["results"].value() if results is not None else b"",
+            results_overflowed=results is not None and buffers["results"].overflowed,
         )
 
     def _kill_all(self, process: subprocess.Popen[bytes], cgroup: RunCgroup | None) -> None:

@@ -10,14 +10,19 @@ checkout inside a sandbox session (its own directory and, as root, its own uid) 
 3. plants a canary test that must fail, and makes the protected files root-owned and their
    directories sticky, so the run cannot change, swap or delete them;
 4. runs the tests with :mod:`._suite_runner` (copied in from outside the checkout, ``python -I``)
-   which records each test's outcome in a report file; the job's result counts the tests
-   collected from the pristine snapshot at start-up, by id, from that report, never from output.
+   which records each test's outcome and writes the report on a pipe only it inherited (no file
+   the run could forge or swap); the job's result counts the tests collected from the pristine
+   snapshot at start-up, by id, from that report, never from output.
+
+Nothing the run could have written is opened as it stands: protected files are hashed through
+:mod:`.untrusted_files` (no symlink followed, no FIFO, socket or device opened, a size cap).
 
 The scoring threat model in docs/operations.md says what this defends against and what not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import random
@@ -42,6 +47,7 @@ from dockyard.environments.sandbox import (
     SandboxSession,
     SandboxUnavailableError,
 )
+from dockyard.environments.sandbox.results_pipe import ResultsPipe
 from dockyard.environments.swe.auth import TOKEN_ENV, TokenError, is_loopback
 from dockyard.environments.swe.integrity import (
     hash_protected_files,
@@ -80,7 +86,6 @@ _TLS_HANDSHAKE_TIMEOUT_S = 10.0
 _CHECKOUT = "repo"
 _SESSION_PATHS = (SESSIONS_PATH, SESSION_CALL_PATH, SESSION_DIFF_PATH, SESSION_CLOSE_PATH)
 _RUNNER = Path(__file__).with_name("_suite_runner.py")
-_REPORT = "outcomes.json"
 # The canary is an ordinary-looking unittest case (pytest collects those too) whose only
 # assertion is false; its name is random per job so product code cannot single it out by name.
 _CANARY = """import unittest
@@ -99,6 +104,8 @@ class RepoBaseline:
     policy: RepoPolicy
     protected: Mapping[str, str]  # sha256 of every protected file
     tests: frozenset[str]  # test ids the runner collects
+    # Tests the snapshot marks as expected to fail: only their "xfailed" counts as passed.
+    expected_failures: frozenset[str] = frozenset()
 
 
 class SWEJobRunner:
@@ -136,7 +143,7 @@ class SWEJobRunner:
             nonce, _ = self._plant_canary(checkout, policy)
             run = self._run_suite(session, checkout, policy, "collect", None)
             try:
-                collected = read_outcomes(session.directory / _REPORT)
+                collected = read_outcomes(run.results)
             except ReportError as error:
                 raise SandboxUnavailableError(
                     f"repo {repo}: collecting its tests failed: {error}; {_tail(run)}"
@@ -153,7 +160,10 @@ class SWEJobRunner:
             )
         protected = hash_protected_files(snapshot, policy.protected_patterns())
         logger.info("repo baseline", repo=repo, tests=len(tests), protected_files=len(protected))
-        return RepoBaseline(policy=policy, protected=protected, tests=tests)
+        xfail = frozenset(test for test in tests if collected[test] == "collected_xfail")
+        return RepoBaseline(
+            policy=policy, protected=protected, tests=tests, expected_failures=xfail
+        )
 
     def run(self, request: SWEJobRequest) -> SWEJobResult:
         baseline = self.baselines.get(request.repo)
@@ -177,13 +187,23 @@ class SWEJobRunner:
                 )
             nonce, canary = self._plant_canary(checkout, baseline.policy)
             if session.identity is not None:
-                lock_protected(checkout, [*baseline.protected, str(canary.relative_to(checkout))])
+                lock_protected(
+                    checkout,
+                    [*baseline.protected, str(canary.relative_to(checkout))],
+                    sealed=baseline.policy.test_paths,
+                )
             tests = self._run_suite(session, checkout, baseline.policy, "run", deadline)
-            canary.unlink()
+            # Without root the run could have put a directory there: then it stays, and the
+            # check below finds a protected path the snapshot does not have.
+            with contextlib.suppress(OSError):
+                canary.unlink()
             changed = _protected_changes(checkout, baseline)
             try:
-                outcomes = read_outcomes(session.directory / _REPORT)
-                verdict, report_problem = judge(outcomes, baseline.tests, nonce), ""
+                if tests.results_overflowed:
+                    raise ReportError("the test report is over its size cap")
+                outcomes = read_outcomes(tests.results)
+                verdict = judge(outcomes, baseline.tests, nonce, baseline.expected_failures)
+                report_problem = ""
             except ReportError as error:
                 verdict, report_problem = Verdict(0, len(baseline.tests)), str(error)
         if changed:
@@ -231,6 +251,7 @@ class SWEJobRunner:
         # Outside the checkout, written after the patch was applied: nothing the patch brought
         # can replace it, and nothing of the run's uid ran in between.
         runner = session.write_file("runner/_suite_runner.py", _RUNNER.read_bytes(), mode=0o444)
+        results = ResultsPipe.open()
         argv = [
             self.sandbox.python,
             "-I",  # ignores PYTHONDONTWRITEBYTECODE with the rest of PYTHON*, hence -B
@@ -242,14 +263,14 @@ class SWEJobRunner:
             mode,
             "--checkout",
             str(checkout),
-            "--report",
-            str(session.directory / _REPORT),
+            "--results-fd",
+            str(results.write_fd),
             "--",
             *policy.test_paths,
         ]
         # No entry-point plugins: only what the operator's pristine config loads.
         env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-        return session.run(argv, cwd=checkout, env=env, deadline=deadline)
+        return session.run(argv, cwd=checkout, env=env, deadline=deadline, results=results)
 
 
 def _protected_changes(checkout: Path, baseline: RepoBaseline) -> list[str]:
