@@ -212,3 +212,45 @@ def test_forging_the_runners_report_and_leaving(runner: SWEJobRunner) -> None:
         "os._exit(0)\n"
     )
     _assert_no_reward(_product(runner, source))
+
+
+# -- the root-side service never trusts what the run wrote ------------------------------------
+# A bound: a service that follows the run's FIFO would block here forever.
+@pytest.mark.timeout(120)
+def test_a_fifo_at_a_test_path_is_no_wedge(runner: SWEJobRunner) -> None:
+    source = (
+        "import os\nos.mkfifo(os.path.join(os.path.dirname(__file__), 'test_fifo.py'))\n\n" + BUGGY
+    )
+    result = _product(runner, source)
+    assert result.status == "integrity_violation", result
+    assert "calc/test_fifo.py" in result.detail
+
+
+@pytest.mark.timeout(120)
+def test_a_unix_socket_at_a_test_path_scores_zero(runner: SWEJobRunner) -> None:
+    # The old service raised on open() (ENXIO) and dropped the connection: an infrastructure
+    # failure to the scorer, retried, instead of a score.
+    source = (
+        "import os, socket\n"
+        "_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "_sock.bind(os.path.join(os.path.dirname(__file__), 'test_sock.py'))\n\n" + BUGGY
+    )
+    result = _product(runner, source)
+    assert result.status == "integrity_violation", result
+    assert "calc/test_sock.py" in result.detail
+
+
+@pytest.mark.timeout(120)
+def test_links_where_the_service_used_to_read_the_report(runner: SWEJobRunner) -> None:
+    # /dev/zero behind the old report path: a service that follows it reads without end.
+    source = (
+        "import os\n"
+        "_session = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))\n"
+        "for _name in ('outcomes.json', 'report.json'):\n"
+        "    try:\n"
+        "        os.symlink('/dev/zero', os.path.join(_session, _name))\n"
+        "    except OSError:\n"
+        "        pass\n\n" + BUGGY
+    )
+    result = _product(runner, source)
+    assert (result.status, result.tests_passed) == ("failed", PASSED_WITH_THE_BUG), result
