@@ -127,7 +127,8 @@ class SandboxLimits(Section):
     max_disk_mb: PositiveInt = Field(
         1024,
         description="bytes the whole run may write: its work directory, /tmp and /dev/shm are "
-        "one tmpfs of this size (as root; RAM, charged to the run's memory when written by it)",
+        "one tmpfs of this size, at most memory_mb (as root; RAM, charged to the run's memory "
+        "when written by it, and kept across the runs of one session)",
     )
     allow_weak_isolation: bool = Field(
         False,

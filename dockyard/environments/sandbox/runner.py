@@ -196,9 +196,11 @@ class Sandbox:
         session: SandboxSession | None = None
         workspace: Workspace | None = None
         try:
-            workspace = Workspace.create(
-                self.scratch_root, self.limits.max_disk_mb * 1024 * 1024, identity
-            )
+            # A session's files outlive its runs, in RAM (tmpfs): bounded by the memory cap of
+            # one run too, so no sequence of runs holds more than one run may (issue 41). A run
+            # cannot write more than that anyway: its tmpfs pages are charged to its memory.
+            size_mb = min(self.limits.max_disk_mb, self.limits.memory_mb)
+            workspace = Workspace.create(self.scratch_root, size_mb * 1024 * 1024, identity)
             session = SandboxSession(self, workspace, identity)
             yield session
         finally:

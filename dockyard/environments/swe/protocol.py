@@ -49,6 +49,9 @@ SESSION_DIFF_PATH = "/v1/sessions/diff"  # the checkout's changes as a unified d
 SESSION_CLOSE_PATH = "/v1/sessions/close"  # discard the checkout → {}
 #: The answer's ``kind`` when a call's arguments are refused (HTTP 400): the model's mistake.
 BAD_ARGUMENTS = "bad_arguments"
+#: The answer's ``kind`` when a diff is over the service's output cap (HTTP 413): a failed
+#: submission, the model's (it scores 0, docs/multiturn.md), not the service's failure.
+SUBMISSION_TOO_LARGE = "submission_too_large"
 
 
 class SessionOpen(BaseModel):

@@ -399,9 +399,12 @@ class _Handler(BaseHTTPRequestHandler):
         """An episode session's request (multi-turn SWE, :mod:`.sessions`)."""
         checkouts = self.server.checkouts
         try:
+            # Every session step runs sandboxed processes: it takes a job slot as a job does,
+            # so --max-jobs bounds what runs at once, sessions included.
             if self.path == SESSIONS_PATH:
                 repo = SessionOpen.model_validate(fields).repo
-                session_id = checkouts.open(repo, self.server.runner.repositories())
+                with self.server.job_slots:
+                    session_id = checkouts.open(repo, self.server.runner.repositories())
                 opened = SessionOpened(session_id=session_id, tools=list(SESSION_TOOLS))
                 self._send_json(HTTPStatus.OK, opened.model_dump())
                 return
@@ -409,10 +412,13 @@ class _Handler(BaseHTTPRequestHandler):
             if self.path == SESSION_CALL_PATH:
                 if request.name is None:
                     raise ToolArgumentError("a call names its tool")
-                output = checkouts.call(request.session_id, request.name, request.arguments)
+                with self.server.job_slots:
+                    output = checkouts.call(request.session_id, request.name, request.arguments)
                 self._send_json(HTTPStatus.OK, {"output": output})
             elif self.path == SESSION_DIFF_PATH:
-                self._send_json(HTTPStatus.OK, {"patch": checkouts.diff(request.session_id)})
+                with self.server.job_slots:
+                    patch = checkouts.diff(request.session_id)
+                self._send_json(HTTPStatus.OK, {"patch": patch})
             else:
                 checkouts.close(request.session_id)
                 self._send_json(HTTPStatus.OK, {})
@@ -421,7 +427,10 @@ class _Handler(BaseHTTPRequestHandler):
         except ToolArgumentError as error:
             self._send_json(HTTPStatus.BAD_REQUEST, {"error": str(error), "kind": BAD_ARGUMENTS})
         except SessionError as error:
-            self._send_json(HTTPStatus(error.status), {"error": str(error)})
+            answer: dict[str, object] = {"error": str(error)}
+            if error.kind:
+                answer["kind"] = error.kind
+            self._send_json(HTTPStatus(error.status), answer)
 
 
 class SandboxHTTPServer(ThreadingHTTPServer):
