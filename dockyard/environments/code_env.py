@@ -38,6 +38,7 @@ from dockyard.environments.base import (
     ScoringGroup,
 )
 from dockyard.environments.registry import register_environment
+from dockyard.environments.reward_hack_screen import describe, screen_source
 from dockyard.environments.sandbox import Sandbox, SandboxResult
 
 _Result = TypeVar("_Result")
@@ -154,6 +155,17 @@ class CodeEnvironment(Environment):
         if program is None:
             return SampleScore(
                 0.0, {"pass_fraction": 0.0}, frozenset({ScoreFlag.INVALID_ACTION}), "no code"
+            )
+        if self.settings.screen_reward_hacks and (
+            evidence := screen_source(program, "program.py")
+        ):
+            # Not run: a reward-hack shape scores 0 and is reported (the scorer dead-letters
+            # the group with this evidence), so a run sees its policy start to hack.
+            return SampleScore(
+                0.0,
+                {"pass_fraction": 0.0, "tests_passed": 0.0},
+                frozenset({ScoreFlag.SUSPECTED_REWARD_HACK}),
+                describe(evidence)[:500],
             )
         all_pass = self.settings.reward_mode == "all_pass"
         outcomes: list[CaseOutcome] = []

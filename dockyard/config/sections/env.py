@@ -156,6 +156,12 @@ class SandboxLimits(Section):
 class CodeEnvConfig(EnvSettings):
     reward_mode: Literal["fraction", "all_pass"] = "fraction"
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    screen_reward_hacks: bool = Field(
+        True,
+        description="score a program with a reward-hack shape (frame walking, an always-true "
+        "__eq__, test-framework internals...) 0 without running it, flagged "
+        "suspected_reward_hack, its group dead-lettered with the evidence",
+    )
 
 
 class ProgramBenchEnvConfig(CodeEnvConfig):

@@ -49,10 +49,13 @@ from dockyard.environments.sandbox import (
 )
 from dockyard.environments.sandbox.results_pipe import ResultsPipe
 from dockyard.environments.swe.auth import TOKEN_ENV, TokenError, is_loopback
+from dockyard.environments.reward_hack_screen import Evidence, describe, screen_files
 from dockyard.environments.swe.integrity import (
+    escapes_repository,
     hash_protected_files,
     lock_protected,
     protected_changes,
+    touched_paths,
 )
 from dockyard.environments.swe.policy import RepoPolicy, ServicePolicy
 from dockyard.environments.swe.protocol import (
@@ -74,6 +77,7 @@ from dockyard.environments.swe.protocol import (
 )
 from dockyard.environments.swe.sessions import SESSION_TOOLS, EpisodeCheckouts, SessionError
 from dockyard.environments.swe.test_report import ReportError, Verdict, judge, read_outcomes
+from dockyard.environments.swe.untrusted_files import UntrustedFileError, read_regular_file
 from dockyard.environments.tools.toolbox import ToolArgumentError
 from dockyard.utils.logging import get_logger
 
@@ -81,6 +85,7 @@ logger = get_logger(__name__)
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 _OUTPUT_TAIL_CHARS = 2000
+_SCREENED_BYTES = 1024 * 1024  # of each changed Python file; beyond it, not screened
 # A client must finish the TLS handshake within this; a stalled one costs a thread, not the service.
 _TLS_HANDSHAKE_TIMEOUT_S = 10.0
 _CHECKOUT = "repo"
@@ -185,6 +190,16 @@ class SWEJobRunner:
                     status="integrity_violation",
                     detail=f"the patch changes test or test-runner files: {', '.join(touched)}",
                 )
+            if baseline.policy.screen_reward_hacks and (
+                evidence := _screen_patch(checkout, request.patch)
+            ):
+                logger.warning("suspected reward hack", repo=request.repo, evidence=len(evidence))
+                return SWEJobResult(
+                    status="suspected_reward_hack",
+                    tests_total=len(baseline.tests),
+                    detail=describe(evidence),
+                    evidence=[str(item) for item in evidence],
+                )
             nonce, canary = self._plant_canary(checkout, baseline.policy)
             if session.identity is not None:
                 lock_protected(
@@ -271,6 +286,21 @@ class SWEJobRunner:
         # No entry-point plugins: only what the operator's pristine config loads.
         env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         return session.run(argv, cwd=checkout, env=env, deadline=deadline, results=results)
+
+
+def _screen_patch(checkout: Path, patch: str) -> list[Evidence]:
+    """The reward-hack screen over the Python files the applied patch changed (read as the
+    run left them: no symlink followed, capped)."""
+    sources: dict[str, str] = {}
+    for path in sorted(touched_paths(patch)):
+        if not path.endswith(".py") or escapes_repository(path):
+            continue
+        try:
+            data = read_regular_file(checkout / path, _SCREENED_BYTES)
+        except UntrustedFileError:  # deleted, a link, or too big to screen
+            continue
+        sources[path] = data.decode("utf-8", errors="replace")
+    return screen_files(sources)
 
 
 def _protected_changes(checkout: Path, baseline: RepoBaseline) -> list[str]:
