@@ -76,7 +76,14 @@ from dockyard.environments.swe.protocol import (
     SWEJobResult,
 )
 from dockyard.environments.swe.sessions import SESSION_TOOLS, EpisodeCheckouts, SessionError
-from dockyard.environments.swe.test_report import ReportError, Verdict, judge, read_outcomes
+from dockyard.environments.swe.test_report import (
+    ReportError,
+    Verdict,
+    judge,
+    read_outcomes,
+    read_report,
+    unexpected_xfails,
+)
 from dockyard.environments.swe.untrusted_files import UntrustedFileError, read_regular_file
 from dockyard.environments.tools.toolbox import ToolArgumentError
 from dockyard.utils.logging import get_logger
@@ -213,11 +220,16 @@ class SWEJobRunner:
             with contextlib.suppress(OSError):
                 canary.unlink()
             changed = _protected_changes(checkout, baseline)
+            signals: list[str] = []
             try:
                 if tests.results_overflowed:
                     raise ReportError("the test report is over its size cap")
-                outcomes = read_outcomes(tests.results)
-                verdict = judge(outcomes, baseline.tests, nonce, baseline.expected_failures)
+                report = read_report(tests.results)
+                failures = baseline.expected_failures
+                verdict = judge(report.outcomes, baseline.tests, nonce, failures)
+                signals = report.signals + unexpected_xfails(
+                    report.outcomes, baseline.tests, failures
+                )
                 report_problem = ""
             except ReportError as error:
                 verdict, report_problem = Verdict(0, len(baseline.tests)), str(error)
@@ -225,6 +237,17 @@ class SWEJobRunner:
             return SWEJobResult(
                 status="integrity_violation",
                 detail=f"protected files changed during the run: {', '.join(changed)}",
+            )
+        if signals and baseline.policy.screen_reward_hacks and not verdict.tampered:
+            # What the runner caught the code doing (the static screen missed it): the tests
+            # it fooled already count as failed; this names it, for the run's hack metrics.
+            logger.warning("suspected reward hack (run)", repo=request.repo, signals=len(signals))
+            return SWEJobResult(
+                status="suspected_reward_hack",
+                tests_total=len(baseline.tests),
+                detail="suspected reward hack: " + "; ".join(signals)[:1500],
+                evidence=signals,
+                output_tail=_tail(tests),
             )
         return _result(tests, verdict, report_problem)
 
