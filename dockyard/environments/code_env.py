@@ -156,9 +156,7 @@ class CodeEnvironment(Environment):
             return SampleScore(
                 0.0, {"pass_fraction": 0.0}, frozenset({ScoreFlag.INVALID_ACTION}), "no code"
             )
-        if self.settings.screen_reward_hacks and (
-            evidence := screen_source(program, "program.py")
-        ):
+        if self.settings.screen_reward_hacks and (evidence := screen_source(program, "program.py")):
             # Not run: a reward-hack shape scores 0 and is reported (the scorer dead-letters
             # the group with this evidence), so a run sees its policy start to hack.
             return SampleScore(

@@ -41,6 +41,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dockyard.config.sections.env import SandboxLimits
+from dockyard.environments.reward_hack_screen import Evidence, describe, screen_files
 from dockyard.environments.sandbox import (
     Sandbox,
     SandboxResult,
@@ -49,7 +50,6 @@ from dockyard.environments.sandbox import (
 )
 from dockyard.environments.sandbox.results_pipe import ResultsPipe
 from dockyard.environments.swe.auth import TOKEN_ENV, TokenError, is_loopback
-from dockyard.environments.reward_hack_screen import Evidence, describe, screen_files
 from dockyard.environments.swe.integrity import (
     escapes_repository,
     hash_protected_files,
@@ -95,6 +95,10 @@ _OUTPUT_TAIL_CHARS = 2000
 _SCREENED_BYTES = 1024 * 1024  # of each changed Python file; beyond it, not screened
 # A client must finish the TLS handshake within this; a stalled one costs a thread, not the service.
 _TLS_HANDSHAKE_TIMEOUT_S = 10.0
+# Each read of a request (and write of an answer) must progress within this, and an idle
+# keep-alive connection is closed after it: a client that stalls mid-request holds a thread for
+# at most this long (a job's own run is no socket operation: it is bounded by its deadline).
+REQUEST_IO_TIMEOUT_S = 120.0
 _CHECKOUT = "repo"
 _SESSION_PATHS = (SESSIONS_PATH, SESSION_CALL_PATH, SESSION_DIFF_PATH, SESSION_CLOSE_PATH)
 _RUNNER = Path(__file__).with_name("_suite_runner.py")
@@ -363,6 +367,11 @@ class _Handler(BaseHTTPRequestHandler):
     server: SandboxHTTPServer
     protocol_version = "HTTP/1.1"
 
+    def setup(self) -> None:
+        super().setup()
+        # Per connection (the class attribute StreamRequestHandler reads is one for all).
+        self.connection.settimeout(self.server.request_io_timeout_s)
+
     def log_message(self, format: str, *args: object) -> None:
         logger.debug("http", client=self.client_address[0], line=format % args)
 
@@ -416,7 +425,12 @@ class _Handler(BaseHTTPRequestHandler):
                 {"error": f"body must be 1..{MAX_REQUEST_BYTES} bytes"},
             )
             return
-        body = self.rfile.read(length)
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:
+            self.close_connection = True
+            logger.warning("request body stalled: closed", client=self.client_address[0])
+            return
         try:
             fields = json.loads(body)
         except ValueError as error:
@@ -500,6 +514,7 @@ class SandboxHTTPServer(ThreadingHTTPServer):
         *,
         tls: ssl.SSLContext | None = None,
         allow_plaintext: bool = False,
+        request_io_timeout_s: float = REQUEST_IO_TIMEOUT_S,
     ) -> None:
         mutual_tls = tls is not None and tls.verify_mode == ssl.CERT_REQUIRED
         if not is_loopback(address[0]):
@@ -519,6 +534,7 @@ class SandboxHTTPServer(ThreadingHTTPServer):
         self.runner = runner
         self.checkouts = EpisodeCheckouts(runner.sandbox, runner.repos_dir, runner.git)
         self.job_slots = threading.BoundedSemaphore(max_jobs)
+        self.request_io_timeout_s = request_io_timeout_s
         self.token = token
         self.tls = tls
         if tls is not None:

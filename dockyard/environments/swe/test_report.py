@@ -2,11 +2,12 @@
 
 The runner (:mod:`dockyard.environments.swe._suite_runner`) writes ``{"outcomes": {id: outcome},
 "signals": [str]}`` on its results pipe (``signals``: what it saw the code under test do to fool
-it, the service's dynamic reward-hack evidence). A run counts the tests collected from the pristine snapshot (``expected``)
-that passed; tests the run did not report count as failed, tests it reported beyond them are
-ignored, and the canary (a test the service plants, which fails on an untampered framework) must
-have failed. An expected failure counts as passed only for a test the pristine snapshot marks
-as expected to fail: ``pytest.xfail()`` called from product code turns any test "xfailed".
+it, the service's dynamic reward-hack evidence). A run counts the tests collected from the
+pristine snapshot (``expected``) that passed; tests the run did not report count as failed,
+tests it reported beyond them are ignored, and the canary (a test the service plants, which
+fails on an untampered framework) must have failed. An expected failure counts as passed only
+for a test the pristine snapshot marks as expected to fail: ``pytest.xfail()`` called from
+product code turns any test "xfailed".
 """
 
 from __future__ import annotations
