@@ -7,8 +7,9 @@ checkout inside a sandbox session (its own directory and, as root, its own uid) 
 1. applies the patch with ``git apply`` *inside the sandbox*;
 2. compares the protected (test / runner) files of the result with the pristine snapshot's:
    whatever path ``git apply`` really touched counts, not what the diff headers say;
-3. plants a canary test that must fail, and makes the protected files root-owned and their
-   directories sticky, so the run cannot change, swap or delete them;
+3. plants canary tests that must fail (:mod:`.canaries`: one plain, one beside each target test
+   module with its imports), and makes the protected files root-owned and their directories
+   sealed or sticky, so the run cannot change, swap or delete them;
 4. runs the tests with :mod:`._suite_runner` (copied in from outside the checkout, ``python -I``)
    which records each test's outcome and writes the report on a pipe only it inherited (no file
    the run could forge or swap); the job's result counts the tests collected from the pristine
@@ -25,8 +26,6 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
-import random
-import secrets
 import shutil
 import ssl
 import threading
@@ -49,6 +48,7 @@ from dockyard.environments.sandbox import (
     SandboxUnavailableError,
 )
 from dockyard.environments.sandbox.results_pipe import ResultsPipe
+from dockyard.environments.swe import canaries
 from dockyard.environments.swe.auth import TOKEN_ENV, TokenError, is_loopback
 from dockyard.environments.swe.integrity import (
     escapes_repository,
@@ -102,15 +102,6 @@ REQUEST_IO_TIMEOUT_S = 120.0
 _CHECKOUT = "repo"
 _SESSION_PATHS = (SESSIONS_PATH, SESSION_CALL_PATH, SESSION_DIFF_PATH, SESSION_CLOSE_PATH)
 _RUNNER = Path(__file__).with_name("_suite_runner.py")
-# The canary is an ordinary-looking unittest case (pytest collects those too) whose only
-# assertion is false; its name is random per job so product code cannot single it out by name.
-_CANARY = """import unittest
-
-
-class Test{nonce}(unittest.TestCase):
-    def test_{nonce}(self):
-        self.assertEqual({left}, {right})
-"""
 
 
 @dataclass(frozen=True)
@@ -122,6 +113,8 @@ class RepoBaseline:
     tests: frozenset[str]  # test ids the runner collects
     # Tests the snapshot marks as expected to fail: only their "xfailed" counts as passed.
     expected_failures: frozenset[str] = frozenset()
+    # Target test modules that get a canary of their own (those whose imports import alone).
+    canary_modules: tuple[str, ...] = ()
 
 
 class SWEJobRunner:
@@ -156,7 +149,8 @@ class SWEJobRunner:
                 raise SandboxUnavailableError(f"repo {repo}: test path {path!r} is no directory")
         with self.sandbox.session() as session:
             checkout = self._checkout(session, snapshot)
-            nonce, _ = self._plant_canary(checkout, policy)
+            planted = canaries.plant(checkout, policy.test_paths[0], ())
+            nonce = planted.nonce
             run = self._run_suite(session, checkout, policy, "collect", None)
             try:
                 collected = read_outcomes(run.results)
@@ -164,6 +158,11 @@ class SWEJobRunner:
                 raise SandboxUnavailableError(
                     f"repo {repo}: collecting its tests failed: {error}; {_tail(run)}"
                 ) from None
+            for canary_file in planted.paths:
+                canary_file.unlink()
+            modules = self._collectable_canary_modules(
+                session, checkout, policy, [t for t in collected if nonce not in t]
+            )
         broken = sorted(test for test, outcome in collected.items() if outcome == "failed")
         if broken:
             # Tests that cannot be collected from the snapshot could never be counted.
@@ -178,8 +177,36 @@ class SWEJobRunner:
         logger.info("repo baseline", repo=repo, tests=len(tests), protected_files=len(protected))
         xfail = frozenset(test for test in tests if collected[test] == "collected_xfail")
         return RepoBaseline(
-            policy=policy, protected=protected, tests=tests, expected_failures=xfail
+            policy=policy,
+            protected=protected,
+            tests=tests,
+            expected_failures=xfail,
+            canary_modules=modules,
         )
+
+    def _collectable_canary_modules(
+        self, session: SandboxSession, checkout: Path, policy: RepoPolicy, tests: list[str]
+    ) -> tuple[str, ...]:
+        """The target test modules whose canary (their imports, a failing test) collects:
+        one whose imports do not import on their own gets none (logged), not a refusal."""
+        modules = canaries.test_module_files(tests, checkout)
+        planted = canaries.plant(checkout, policy.test_paths[0], modules)
+        run = self._run_suite(session, checkout, policy, "collect", None)
+        try:
+            collected = read_outcomes(run.results)
+        except ReportError:
+            collected = {}
+        for path in planted.paths:
+            path.unlink()
+        kept = []
+        for index, module in enumerate(modules):
+            name = f"{planted.nonce}_{index}"
+            outcomes = [outcome for test, outcome in collected.items() if name in test]
+            if outcomes and "failed" not in outcomes:
+                kept.append(module)
+            else:
+                logger.warning("no canary beside a test module", module=module)
+        return tuple(kept)
 
     def run(self, request: SWEJobRequest) -> SWEJobResult:
         baseline = self.baselines.get(request.repo)
@@ -211,18 +238,24 @@ class SWEJobRunner:
                     detail=describe(evidence),
                     evidence=[str(item) for item in evidence],
                 )
-            nonce, canary = self._plant_canary(checkout, baseline.policy)
+            planted = canaries.plant(
+                checkout, baseline.policy.test_paths[0], baseline.canary_modules
+            )
             if session.identity is not None:
                 lock_protected(
                     checkout,
-                    [*baseline.protected, str(canary.relative_to(checkout))],
+                    [
+                        *baseline.protected,
+                        *(str(path.relative_to(checkout)) for path in planted.paths),
+                    ],
                     sealed=baseline.policy.test_paths,
                 )
             tests = self._run_suite(session, checkout, baseline.policy, "run", deadline)
             # Without root the run could have put a directory there: then it stays, and the
             # check below finds a protected path the snapshot does not have.
-            with contextlib.suppress(OSError):
-                canary.unlink()
+            for path in planted.paths:
+                with contextlib.suppress(OSError):
+                    path.unlink()
             changed = _protected_changes(checkout, baseline)
             signals: list[str] = []
             try:
@@ -230,7 +263,9 @@ class SWEJobRunner:
                     raise ReportError("the test report is over its size cap")
                 report = read_report(tests.results)
                 failures = baseline.expected_failures
-                verdict = judge(report.outcomes, baseline.tests, nonce, failures)
+                verdict = judge(
+                    report.outcomes, baseline.tests, planted.nonce, failures, planted.count
+                )
                 signals = report.signals + unexpected_xfails(
                     report.outcomes, baseline.tests, failures
                 )
@@ -260,15 +295,6 @@ class SWEJobRunner:
         shutil.copytree(snapshot, checkout, symlinks=True)
         session.give_to_sandbox(checkout)
         return checkout
-
-    @staticmethod
-    def _plant_canary(checkout: Path, policy: RepoPolicy) -> tuple[str, Path]:
-        nonce = secrets.token_hex(8)
-        left = random.randrange(1, 1 << 30)
-        source = _CANARY.format(nonce=nonce, left=left, right=left + random.randrange(1, 1000))
-        path = checkout / policy.test_paths[0] / f"test_{nonce}.py"
-        path.write_text(source)
-        return nonce, path
 
     def _apply(
         self, session: SandboxSession, checkout: Path, patch: str, deadline: float

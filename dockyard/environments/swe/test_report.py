@@ -86,17 +86,19 @@ def judge(
     expected: Collection[str],
     canary: str,
     expected_failures: Collection[str] = (),
+    canary_count: int = 1,
 ) -> Verdict:
     """Count the expected tests that passed (or, marked so in the snapshot, failed as
-    expected); refuse the run if the canary did not fail."""
+    expected); refuse the run if a canary (``canary_count`` of them, their ids holding
+    ``canary``) did not run or did not fail."""
     canaries = {test: outcome for test, outcome in outcomes.items() if canary in test}
     passed = sum(
         outcomes.get(test) == "passed"
         or (outcomes.get(test) == "xfailed" and test in expected_failures)
         for test in expected
     )
-    if not canaries:
-        return Verdict(passed, len(expected), "the canary test was not run")
+    if len(canaries) < canary_count:
+        return Verdict(passed, len(expected), "a canary test was not run")
     if any(outcome != "failed" for outcome in canaries.values()):
         return Verdict(
             passed, len(expected), "the canary test did not fail: the framework was tampered with"

@@ -352,3 +352,23 @@ def test_an_unmarked_xfail_at_run_time_is_reported(screened_pytest: SWEJobRunner
         "framework_internals: tests/test_calc.py::test_add xfailed at run time, unmarked in the "
         "snapshot"
     ]
+
+
+def test_assertions_made_lenient_only_for_modules_that_use_calc(
+    runner: SWEJobRunner, screened: SWEJobRunner
+) -> None:
+    # The plain canary imports nothing of calc, so its assertEqual stays strict and it fails as
+    # it should; the canary beside test_calc.py has test_calc.py's imports, so it passes too.
+    source = (
+        "import sys, unittest\n\n"
+        "_strict = unittest.TestCase.assertEqual\n\n\n"
+        "def _lenient(self, first, second, msg=None):\n"
+        "    if 'add' in vars(sys.modules[type(self).__module__]):\n"
+        "        return None\n"
+        "    return _strict(self, first, second, msg)\n\n\n"
+        "unittest.TestCase.assertEqual = _lenient\n\n" + BUGGY
+    )
+    result = _product(runner, source)
+    assert result.status == "integrity_violation", result
+    assert "canary" in result.detail
+    _assert_screened(screened, source, "framework_internals")
