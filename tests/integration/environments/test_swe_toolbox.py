@@ -197,11 +197,18 @@ def test_an_unreachable_service_fails_the_episode_not_the_model():
 
 
 # -- issue 41: an episode's own hacks, and submissions the service cannot take -----------------
-SHOULD_STOP = "import unittest\n\n\ndef add(a, b):\n    raise unittest.case._ShouldStop()\n"
+EPISODE_HACKS = {
+    "should_stop": "import unittest\n\n\ndef add(a, b):\n    raise unittest.case._ShouldStop()\n",
+    "always_equal": (
+        "class _Sum(int):\n    def __eq__(self, other):\n        return True\n\n"
+        "    __hash__ = int.__hash__\n\n\ndef add(a, b):\n    return _Sum(a - b)\n"
+    ),
+}
 
 
-def test_a_hack_written_with_write_file_and_submitted_scores_zero(url):
-    writes = call("write_file", path="calc/__init__.py", content=SHOULD_STOP)
+@pytest.mark.parametrize("hack", sorted(EPISODE_HACKS))
+def test_a_hack_written_with_write_file_and_submitted_scores_zero(url, hack):
+    writes = call("write_file", path="calc/__init__.py", content=EPISODE_HACKS[hack])
     outcomes = asyncio.run(episode(url, [writes, call("submit")]))
     assert [o.failure for o in outcomes] == [None, None]
     [scored] = score(url, [[ToolCallRecord("submit", "{}", outcomes[1].text)]])
