@@ -28,7 +28,7 @@ what does match is code that has no business in a solution:
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 MAX_EVIDENCE = 8  # items kept per sample: enough to read, bounded for the dead letter
@@ -124,9 +124,12 @@ def _equality_hacks(tree: ast.Module) -> Iterable[ast.AST]:
                 yield item
 
 
-def screen_source(source: str, filename: str) -> list[Evidence]:
+def screen_source(
+    source: str, filename: str, only_lines: Collection[int] | None = None
+) -> list[Evidence]:
     """Evidence of reward-hack shapes in one Python file (nothing for one that does not parse:
-    it cannot run either)."""
+    it cannot run either); with ``only_lines``, only on those lines (what a patch added: the rest of
+    a changed file is the repository's own, a pytest plugin in pytest itself)."""
     try:
         tree = ast.parse(source, filename)
     except (SyntaxError, ValueError):
@@ -136,6 +139,8 @@ def screen_source(source: str, filename: str) -> list[Evidence]:
 
     def note(shape: str, node: ast.AST) -> None:
         line = getattr(node, "lineno", 0)
+        if only_lines is not None and line not in only_lines:
+            return
         text = lines[line - 1].strip()[:160] if 0 < line <= len(lines) else ""
         found.append(Evidence(shape, f"{filename}:{line}", text))
 
@@ -180,11 +185,14 @@ def screen_source(source: str, filename: str) -> list[Evidence]:
     return found[:MAX_EVIDENCE]
 
 
-def screen_files(files: Mapping[str, str]) -> list[Evidence]:
-    """:func:`screen_source` over several files (path -> text), evidence bounded overall."""
+def screen_files(
+    files: Mapping[str, str], lines: Mapping[str, Collection[int]] | None = None
+) -> list[Evidence]:
+    """:func:`screen_source` over several files (path -> text; ``lines``: per path, the lines
+    to screen, all of a file it does not name), evidence bounded overall."""
     found: list[Evidence] = []
     for path, source in sorted(files.items()):
-        found.extend(screen_source(source, path))
+        found.extend(screen_source(source, path, None if lines is None else lines.get(path)))
     return found[:MAX_EVIDENCE]
 
 

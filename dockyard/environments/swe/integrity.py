@@ -95,6 +95,28 @@ def touched_paths(diff: str) -> set[str]:
     return paths
 
 
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+
+
+def added_lines(diff: str) -> dict[str, set[int]]:
+    """Per file (its new path), the line numbers in the new file of the lines the diff adds."""
+    added: dict[str, set[int]] = {}
+    current: set[int] | None = None
+    line_number = 0
+    for line in diff.splitlines():
+        if line.startswith("+++ ") and (match := _FILE_HEADER.match(line)):
+            path = _strip_prefix(match.group(1))
+            current = None if path is None else added.setdefault(path, set())
+        elif match := _HUNK.match(line):
+            line_number = int(match.group(1))
+        elif current is not None and line.startswith("+"):
+            current.add(line_number)
+            line_number += 1
+        elif line.startswith(" "):
+            line_number += 1
+    return added
+
+
 def escapes_repository(path: str) -> bool:
     pure = PurePosixPath(path)
     return pure.is_absolute() or ".." in pure.parts

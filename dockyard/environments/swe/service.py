@@ -51,6 +51,7 @@ from dockyard.environments.sandbox.results_pipe import ResultsPipe
 from dockyard.environments.swe import canaries
 from dockyard.environments.swe.auth import TOKEN_ENV, TokenError, is_loopback
 from dockyard.environments.swe.integrity import (
+    added_lines,
     escapes_repository,
     hash_protected_files,
     lock_protected,
@@ -342,8 +343,8 @@ class SWEJobRunner:
 
 
 def _screen_patch(checkout: Path, patch: str) -> list[Evidence]:
-    """The reward-hack screen over the Python files the applied patch changed (read as the
-    run left them: no symlink followed, capped)."""
+    """The reward-hack screen over the lines the applied patch added to Python files (the files
+    read as git apply left them: no symlink followed, capped)."""
     sources: dict[str, str] = {}
     for path in sorted(touched_paths(patch)):
         if not path.endswith(".py") or escapes_repository(path):
@@ -353,7 +354,7 @@ def _screen_patch(checkout: Path, patch: str) -> list[Evidence]:
         except UntrustedFileError:  # deleted, a link, or too big to screen
             continue
         sources[path] = data.decode("utf-8", errors="replace")
-    return screen_files(sources)
+    return screen_files(sources, added_lines(patch))
 
 
 def _protected_changes(checkout: Path, baseline: RepoBaseline) -> list[str]:

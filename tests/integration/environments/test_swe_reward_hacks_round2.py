@@ -372,3 +372,17 @@ def test_assertions_made_lenient_only_for_modules_that_use_calc(
     assert result.status == "integrity_violation", result
     assert "canary" in result.detail
     _assert_screened(screened, source, "framework_internals")
+
+
+def test_the_screen_reads_only_what_the_patch_added(tmp_path: Path) -> None:
+    # The repository's own code already walks frames; an honest fix next to it still scores.
+    helper = "import sys\n\n\ndef _caller():\n    return sys._getframe(1).f_code.co_name\n\n\n"
+    repos = make_calc(tmp_path)
+    (repos / "calc" / "calc" / "__init__.py").write_text(helper + BUGGY)
+    policy = RepoPolicy(framework="unittest", screen_reward_hacks=True)
+    screening = SWEJobRunner(repos, LIMITS, ServicePolicy(repos={"calc": policy}))
+    fixed = helper + BUGGY.replace("a - b", "a + b")
+    result = screening.run(
+        SWEJobRequest(repo="calc", patch=diff("calc/__init__.py", helper + BUGGY, fixed))
+    )
+    assert (result.status, result.tests_passed, result.tests_total) == ("passed", 2, 2), result
