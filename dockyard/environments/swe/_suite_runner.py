@@ -21,7 +21,10 @@ TEST_PATH...``. Why it is built this way (the scoring threat model in docs/opera
   never ran (``TestCase.run`` replaced) is a failure. An expected failure counts only for tests
   the pristine snapshot marks so (collect mode reports them), not for a ``pytest.xfail()`` in
   product code. ``assertEqual`` refuses an actual value that compares equal to a brand-new
-  object (an ``int`` subclass whose ``__eq__`` is always true).
+  object (an ``int`` subclass whose ``__eq__`` is always true), and while a test's function
+  runs, a profile hook looks at what the checkout's product code returns: a value of a builtin
+  subclass, or of a class whose ``__eq__`` the checkout defines, that equals a brand-new object
+  fails the test, whatever compares it (pytest's plain ``assert`` included).
 - Bytecode: after the framework is imported, ``sys.pycache_prefix`` points at a directory that
   cannot exist, so no ``.pyc`` of the checkout is read (the service also makes the test
   directories' ``__pycache__`` root-owned).
@@ -37,8 +40,9 @@ import functools
 import json
 import os
 import sys
+import types
 import unittest
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the runner imports pytest lazily (--framework pytest)
@@ -73,6 +77,62 @@ def _equals_anything(value: object) -> bool:
         return False
 
 
+# Returned values of these exact types compare as their type says: not looked at (fast path).
+_EXACT_BUILTINS = frozenset(
+    {int, float, complex, str, bytes, bool, type(None), tuple, list, dict, set, frozenset}
+)
+_BUILTIN_BASES = (int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
+
+
+class _ReturnWatch:
+    """A profile hook for one test's function: values the product code returns (its files in
+    the checkout, outside the test paths) that claim to equal anything."""
+
+    def __init__(self, product: str, tests: tuple[str, ...]) -> None:
+        self.product, self.tests = product, tests
+        self.found: list[str] = []
+
+    def _suspicious(self, value: object) -> bool:
+        kind = type(value)
+        if kind in _EXACT_BUILTINS:
+            return False
+        if isinstance(value, _BUILTIN_BASES):
+            return True
+        equality = getattr(getattr(kind, "__eq__", None), "__code__", None)
+        return equality is not None and self._is_product(equality.co_filename)
+
+    def _is_product(self, filename: str) -> bool:
+        return filename.startswith(self.product) and not filename.startswith(self.tests)
+
+    def __call__(self, frame: types.FrameType, event: str, value: object) -> None:
+        # Profiling is off inside this hook: the __eq__ it calls is not profiled in turn.
+        if event != "return" or value is None or len(self.found) >= 1:
+            return
+        code = frame.f_code
+        if (
+            self._is_product(code.co_filename)
+            and self._suspicious(value)
+            and _equals_anything(value)
+        ):
+            self.found.append(
+                f"{type(value).__qualname__} returned by {code.co_name} "
+                f"({code.co_filename}:{code.co_firstlineno}) compares equal to anything"
+            )
+
+    def watching(self, call: Callable[[], object]) -> object:
+        previous = sys.getprofile()
+        sys.setprofile(self)
+        try:
+            return call()
+        finally:
+            sys.setprofile(previous)
+
+
+def _return_watch(checkout: str, paths: list[str]) -> _ReturnWatch:
+    root = os.path.join(checkout, "")
+    return _ReturnWatch(root, tuple(os.path.join(checkout, path, "") for path in paths))
+
+
 def _refuse_values_equal_to_anything() -> None:
     original = unittest.TestCase.assertEqual
 
@@ -98,15 +158,22 @@ def _expects_failure(test: unittest.TestCase) -> bool:
     )
 
 
-def _mark_completion(test: unittest.TestCase, completed: set[str]) -> None:
-    """Wrap the test's own method: its id enters ``completed`` only once it has returned."""
+def _mark_completion(
+    test: unittest.TestCase, completed: set[str], checkout: str, paths: list[str]
+) -> None:
+    """Wrap the test's own method: its id enters ``completed`` only once it has returned, and
+    no value equal to anything came out of the product code meanwhile."""
     method = getattr(test, test._testMethodName)
     test_id = test.id()
 
     @functools.wraps(method)  # keeps unittest's skip / expected-failure marks
     def run_to_completion(*args: object, **kwargs: object) -> object:
-        returned = method(*args, **kwargs)
-        completed.add(test_id)
+        watch = _return_watch(checkout, paths)
+        returned = watch.watching(lambda: method(*args, **kwargs))
+        if watch.found:
+            _signal(f"always_equal: {watch.found[0]}, in {test_id}")
+        else:
+            completed.add(test_id)
         return returned
 
     setattr(test, test._testMethodName, run_to_completion)
@@ -174,7 +241,7 @@ def _run_unittest(checkout: str, paths: list[str], collect: bool) -> dict[str, s
         }
     for test in _leaves(suite):
         if isinstance(test, unittest.TestCase) and hasattr(test, test._testMethodName):
-            _mark_completion(test, completed)
+            _mark_completion(test, completed, checkout, paths)
     recorder = Recorder()
     suite.run(recorder)
     return recorder.outcomes
@@ -203,8 +270,16 @@ def _run_pytest(checkout: str, paths: list[str], collect: bool) -> dict[str, str
 
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, None]:
-            outcome = yield
-            if getattr(outcome, "excinfo", None) is None:
+            watch = _return_watch(checkout, paths)
+            previous = sys.getprofile()
+            sys.setprofile(watch)
+            try:
+                outcome = yield
+            finally:
+                sys.setprofile(previous)
+            if watch.found:
+                _signal(f"always_equal: {watch.found[0]}, in {item.nodeid}")
+            elif getattr(outcome, "excinfo", None) is None:
                 self.completed.add(item.nodeid)
 
         def pytest_collectreport(self, report: pytest.CollectReport) -> None:

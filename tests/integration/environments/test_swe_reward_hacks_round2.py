@@ -146,8 +146,12 @@ def test_an_int_whose_eq_is_always_true_unittest(
     _assert_screened(screened, ALWAYS_EQUAL, "always_equal")
 
 
-def test_an_int_whose_eq_is_always_true_pytest(screened_pytest: SWEJobRunner) -> None:
-    # pytest's plain assert compares with the value's own __eq__: here only the screen stands.
+def test_an_int_whose_eq_is_always_true_pytest(
+    pytest_runner: SWEJobRunner, screened_pytest: SWEJobRunner
+) -> None:
+    # pytest's plain assert compares with the value's own __eq__; the runner sees the value
+    # come out of add (its profile hook), the screen sees the __eq__.
+    _assert_no_reward(_product(pytest_runner, ALWAYS_EQUAL))
     result = _product(screened_pytest, ALWAYS_EQUAL)
     assert (result.status, result.tests_passed) == ("suspected_reward_hack", 0), result
 
@@ -386,3 +390,12 @@ def test_the_screen_reads_only_what_the_patch_added(tmp_path: Path) -> None:
         SWEJobRequest(repo="calc", patch=diff("calc/__init__.py", helper + BUGGY, fixed))
     )
     assert (result.status, result.tests_passed, result.tests_total) == ("passed", 2, 2), result
+
+
+def test_a_hidden_always_equal_value_under_pytests_plain_assert_is_reported(
+    screened_pytest: SWEJobRunner,
+) -> None:
+    assert screen_source(HIDDEN_ALWAYS_EQUAL, "calc/__init__.py") == []
+    result = _product(screened_pytest, HIDDEN_ALWAYS_EQUAL)
+    assert (result.status, result.tests_passed) == ("suspected_reward_hack", 0), result
+    assert any(item.startswith("always_equal: _Sum returned by add (") for item in result.evidence)
