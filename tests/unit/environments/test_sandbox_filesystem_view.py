@@ -100,3 +100,18 @@ def test_the_view_holds_system_paths_and_the_runs_own_only() -> None:
     }
     assert interpreter == "True"
     assert host_dirs == "False False False"
+
+
+@requires_kernel_isolation
+def test_a_world_readable_host_file_outside_tmp_is_not_in_the_view(host_dir: Path) -> None:
+    # Wherever this checkout lives (under /tmp its dataset is hidden by the private /tmp
+    # anyway): a file anyone may read, in a host directory anyone may enter.
+    answers = host_dir / "answers.jsonl"
+    answers.write_text('{"output": "5"}\n')
+    answers.chmod(0o644)
+    result = _sandbox().run_python(
+        f"try:\n    print(open({str(answers)!r}).read())\n"
+        "except OSError as error:\n    print(type(error).__name__)\n"
+    )
+    assert result.ok, result.stderr
+    assert result.stdout.decode().split() == ["FileNotFoundError"]
