@@ -5,6 +5,11 @@ Each instance keeps up to ``max_concurrency`` groups in flight. A scored rollout
 attempt), so the broker's dedupe window drops the second copy. Environment failures nak with
 exponential backoff and become dead letters after ``max_deliver`` deliveries; bad input that no
 retry can fix (:class:`InvalidScoringInput`) is dead-lettered at once.
+
+A group with a sample the environment flags ``suspected_reward_hack`` is scored as scored (those
+samples get 0) *and* copied to the dead-letter stream as ``suspected_reward_hack`` with the
+evidence: the dead-letter metric and the dashboard's dead-letter page then show a policy that
+starts to hack, while training still sees the zeros.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from dockyard.utils.tasks import spawn
 log = get_logger(__name__)
 
 REASON_ENVIRONMENT_ERROR = "environment_error"
+REASON_SUSPECTED_REWARD_HACK = "suspected_reward_hack"
 
 
 @dataclass
@@ -46,6 +52,7 @@ class EnvironmentStats:
     groups: int = 0
     timeouts: int = 0
     failures: int = 0
+    suspected_reward_hacks: int = 0  # samples flagged by the environment's reward-hack screen
     latency_s_total: float = 0.0
 
     @property
@@ -171,6 +178,14 @@ class Scorer:
             return
         if any(ScoreFlag.TIMEOUT in sample.flags for sample in score.samples):
             stats.timeouts += 1
+        suspected = [
+            f"sample {index}: {sample.detail}"
+            for index, sample in enumerate(score.samples)
+            if ScoreFlag.SUSPECTED_REWARD_HACK in sample.flags
+        ]
+        if suspected:
+            stats.suspected_reward_hacks += len(suspected)
+            await self._report_suspected_hack(item, env_name, suspected)
         try:
             await self.messages.publish(
                 to_scored_rollout(rollout, score, self.scorer_id), answers=item.delivery
@@ -197,6 +212,7 @@ class Scorer:
                 ("mean_latency_s", stats.mean_latency_s),
                 ("timeouts", stats.timeouts),
                 ("failures", stats.failures),
+                ("suspected_reward_hacks", stats.suspected_reward_hacks),
             )
         }
         self.status.update(
@@ -206,6 +222,27 @@ class Scorer:
             dead_lettered=sum(self.stats.dead_lettered.values()),
             **per_env,  # type: ignore[arg-type]  # env/<name>/... counters, never state or detail
         )
+
+    async def _report_suspected_hack(
+        self, item: Received[Rollout], env_name: str, evidence: list[str]
+    ) -> None:
+        """A copy of the rollout on the dead-letter stream with the evidence; the delivery stays
+        ours (it is scored and acked as any other). Its id is the rollout's, so a redelivery
+        reports it once."""
+        detail = f"{env_name}: " + " | ".join(evidence)
+        try:
+            await self.messages.plane.publish_dead_letter(
+                item.delivery.as_stored(),
+                REASON_SUSPECTED_REWARD_HACK,
+                detail,
+                stage="scorer",
+                delivery_count=item.delivery.num_delivered,
+            )
+        except DataPlaneError as error:  # the score matters more than the report
+            log.error("scorer.suspected_hack_unreported", env=env_name, error=repr(error))
+            return
+        self.stats.dead_lettered[REASON_SUSPECTED_REWARD_HACK] += 1
+        log.warning("scorer.suspected_reward_hack", env=env_name, detail=detail[:500])
 
     async def _dead_letter(self, item: Received[Rollout], reason: str, detail: str) -> None:
         self.stats.dead_lettered[reason] += 1

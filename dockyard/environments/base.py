@@ -41,6 +41,9 @@ class ScoreFlag(enum.StrEnum):
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"  # no sandbox URL answered
     INVALID_TOOL_CALL = "invalid_tool_call"  # a turn holds a tool call that cannot be read
     MALFORMED_THINKING = "malformed_thinking"  # a turn's <think> block is broken
+    # the response has a reward-hack shape (reward_hack_screen.py): scored 0, its group
+    # dead-lettered as suspected_reward_hack with the evidence (the detail)
+    SUSPECTED_REWARD_HACK = "suspected_reward_hack"
 
 
 class InvalidScoringInput(ValueError):

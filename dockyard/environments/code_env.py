@@ -9,8 +9,10 @@ response (```` ```python ```` preferred), or the whole response if it has no fen
 
 An ``assert`` case passes only if the harness reaches its end: it exits with a status drawn at
 random per run and handed over on stdin (in no file the program can read), so a program that
-exits early (``sys.exit(0)``) or swallows the assertion fails. A program that inspects its
-caller's stack frames could still forge it; the sandbox bounds what such a program can do.
+exits early (``sys.exit(0)``) or swallows the assertion fails. The checks run in a process of
+their own that never imports the program (:mod:`.assert_checks`): no frame of the program's
+holds the status, and what a call returns arrives as a plain value (an ``int`` subclass whose
+``__eq__`` is always true arrives as its digits).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from dockyard.config.sections.env import CodeEnvConfig
+from dockyard.environments.assert_checks import CHECKER, HOST
 from dockyard.environments.base import (
     Environment,
     GroupScore,
@@ -35,32 +38,12 @@ from dockyard.environments.base import (
     ScoringGroup,
 )
 from dockyard.environments.registry import register_environment
+from dockyard.environments.reward_hack_screen import describe, screen_source
 from dockyard.environments.sandbox import Sandbox, SandboxResult
 
 _Result = TypeVar("_Result")
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = {"python", "py", "python3"}
-
-
-# Imports the program as a module, then runs the case's assertions in its namespace; only a
-# run that gets to the end exits with the status read from stdin (see the module docstring).
-_ASSERT_HARNESS = """\
-import os, sys
-
-
-def _check():
-    status = int(sys.stdin.readline())
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import solution
-
-    with open("checks.py") as source:
-        exec(compile(source.read(), "checks.py", "exec"), vars(solution))
-    sys.stdout.flush()
-    os._exit(status)
-
-
-_check()
-"""
 
 
 @dataclass(frozen=True)
@@ -173,6 +156,15 @@ class CodeEnvironment(Environment):
             return SampleScore(
                 0.0, {"pass_fraction": 0.0}, frozenset({ScoreFlag.INVALID_ACTION}), "no code"
             )
+        if self.settings.screen_reward_hacks and (evidence := screen_source(program, "program.py")):
+            # Not run: a reward-hack shape scores 0 and is reported (the scorer dead-letters
+            # the group with this evidence), so a run sees its policy start to hack.
+            return SampleScore(
+                0.0,
+                {"pass_fraction": 0.0, "tests_passed": 0.0},
+                frozenset({ScoreFlag.SUSPECTED_REWARD_HACK}),
+                describe(evidence)[:500],
+            )
         all_pass = self.settings.reward_mode == "all_pass"
         outcomes: list[CaseOutcome] = []
         for case in cases:
@@ -213,10 +205,14 @@ class CodeEnvironment(Environment):
         status = 3 + secrets.randbelow(120)  # not 0-2: what an early or failed exit gives
         with self.sandbox.session() as session:
             session.write_file("solution.py", program.encode())
-            session.write_file("checks.py", case.assertions.encode())
-            session.write_file("harness.py", _ASSERT_HARNESS.encode())
+            session.write_file("host.py", HOST.encode(), mode=0o444)
+            session.write_file("checker.py", CHECKER.encode(), mode=0o444)
+            # The checks travel on stdin after the status: no file of the run holds them.
             result = session.run_python(
-                "harness.py", stdin=f"{status}\n".encode(), deadline=deadline, cancel=cancel
+                "checker.py",
+                stdin=f"{status}\n{case.assertions}".encode(),
+                deadline=deadline,
+                cancel=cancel,
             )
         passed = result.returncode == status and not result.timed_out
         early = None if passed or result.returncode != 0 else "exited before its checks ran"

@@ -127,7 +127,8 @@ class SandboxLimits(Section):
     max_disk_mb: PositiveInt = Field(
         1024,
         description="bytes the whole run may write: its work directory, /tmp and /dev/shm are "
-        "one tmpfs of this size (as root; RAM, charged to the run's memory when written by it)",
+        "one tmpfs of this size, at most memory_mb (as root; RAM, charged to the run's memory "
+        "when written by it, and kept across the runs of one session)",
     )
     allow_weak_isolation: bool = Field(
         False,
@@ -155,6 +156,12 @@ class SandboxLimits(Section):
 class CodeEnvConfig(EnvSettings):
     reward_mode: Literal["fraction", "all_pass"] = "fraction"
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    screen_reward_hacks: bool = Field(
+        True,
+        description="score a program with a reward-hack shape (frame walking, an always-true "
+        "__eq__, test-framework internals...) 0 without running it, flagged "
+        "suspected_reward_hack, its group dead-lettered with the evidence",
+    )
 
 
 class ProgramBenchEnvConfig(CodeEnvConfig):

@@ -44,6 +44,7 @@ from dockyard.environments.sandbox.jail import (
     find_bwrap,
     find_setpriv,
 )
+from dockyard.environments.sandbox.results_pipe import ResultsPipe
 from dockyard.environments.sandbox.seccomp import compiled_filter, filter_fd
 from dockyard.utils.logging import get_logger
 
@@ -99,6 +100,8 @@ class SandboxResult:
     wall_time_s: float
     isolation: Isolation
     memory_limit_exceeded: bool = False  # the kernel OOM-killed a process of the run
+    results: bytes = b""  # what the program wrote on its ResultsPipe, if it was given one
+    results_overflowed: bool = False  # more than the pipe's cap (the run was killed then)
 
     @property
     def ok(self) -> bool:
@@ -134,11 +137,23 @@ class _CappedBuffer:
 class Sandbox:
     """Runs untrusted programs under :class:`SandboxLimits`; one instance per environment."""
 
-    def __init__(self, limits: SandboxLimits, *, scratch_root: Path | None = None) -> None:
+    def __init__(
+        self,
+        limits: SandboxLimits,
+        *,
+        scratch_root: Path | None = None,
+        read_only_paths: Sequence[Path] = (),
+    ) -> None:
+        """``read_only_paths``: host directories a run sees (read-only) beyond the system's
+        programs and libraries and the interpreter's prefix (``jail.filesystem_view``)."""
         self.limits = limits
         self.scratch_root = scratch_root
         self.drops_privileges = running_as_root()
         self.python = resolve_sandbox_python(limits, self.drops_privileges)
+        self.read_only_paths = [
+            *interpreter_roots(self.python),
+            *(str(path.resolve()) for path in read_only_paths),
+        ]
         self.bwrap = find_bwrap()
         self.setpriv = find_setpriv() if self.drops_privileges else None
         self.cgroups = detect_layout()
@@ -181,9 +196,11 @@ class Sandbox:
         session: SandboxSession | None = None
         workspace: Workspace | None = None
         try:
-            workspace = Workspace.create(
-                self.scratch_root, self.limits.max_disk_mb * 1024 * 1024, identity
-            )
+            # A session's files outlive its runs, in RAM (tmpfs): bounded by the memory cap of
+            # one run too, so no sequence of runs holds more than one run may (issue 41). A run
+            # cannot write more than that anyway: its tmpfs pages are charged to its memory.
+            size_mb = min(self.limits.max_disk_mb, self.limits.memory_mb)
+            workspace = Workspace.create(self.scratch_root, size_mb * 1024 * 1024, identity)
             session = SandboxSession(self, workspace, identity)
             yield session
         finally:
@@ -266,10 +283,13 @@ class SandboxSession:
         wall_time_s: float | None = None,
         deadline: float | None = None,
         cancel: threading.Event | None = None,
+        results: ResultsPipe | None = None,
     ) -> SandboxResult:
         """Run ``argv`` (absolute ``argv[0]`` or a name on the base PATH) under the limits.
 
-        The wall clock is ``min(limits.wall_time_s, wall_time_s, deadline - now)``.
+        The wall clock is ``min(limits.wall_time_s, wall_time_s, deadline - now)``. With
+        ``results``, the program inherits its write end (at the same descriptor number) and
+        what it writes there comes back as :attr:`SandboxResult.results`; the pipe is closed.
         """
         limits = self.sandbox.limits
         started = time.monotonic()
@@ -296,9 +316,11 @@ class SandboxSession:
             )
         try:
             return self._start_and_supervise(
-                program, argv, child_env, cwd, stdin, started, wall, cgroup, cancel
+                program, argv, child_env, cwd, stdin, started, wall, cgroup, cancel, results
             )
         finally:
+            if results is not None:
+                results.close()
             if cgroup is not None:
                 cgroup.remove()
 
@@ -313,15 +335,21 @@ class SandboxSession:
         wall: float,
         cgroup: RunCgroup | None,
         cancel: threading.Event | None,
+        results: ResultsPipe | None,
     ) -> SandboxResult:
         command = [program, *argv[1:]]
         self._needs_sweep = True
+        inherited = () if results is None else (results.write_fd,)
         if cgroup is not None:
-            process, isolation = self._spawn_jailed(command, child_env, cwd, cgroup)
+            process, isolation = self._spawn_jailed(command, child_env, cwd, cgroup, inherited)
         else:
-            process, isolation = self._spawn_bootstrapped(command, child_env, cwd)
+            process, isolation = self._spawn_bootstrapped(command, child_env, cwd, inherited)
+        if results is not None:
+            results.close_write_end()
         try:
-            result = self._supervise(process, stdin, started, wall, isolation, cancel, cgroup)
+            result = self._supervise(
+                process, stdin, started, wall, isolation, cancel, cgroup, results
+            )
             if cgroup is not None and cgroup.oom_killed():
                 return dataclasses.replace(result, memory_limit_exceeded=True)
             return result
@@ -331,7 +359,12 @@ class SandboxSession:
                 process.wait()
 
     def _spawn_jailed(
-        self, command: list[str], env: dict[str, str], cwd: Path | None, cgroup: RunCgroup
+        self,
+        command: list[str],
+        env: dict[str, str],
+        cwd: Path | None,
+        cgroup: RunCgroup,
+        inherited: tuple[int, ...] = (),
     ) -> tuple[subprocess.Popen[bytes], Isolation]:
         """bubblewrap, held before its exec until it is in the run's cgroup with the rlimits.
 
@@ -349,6 +382,7 @@ class SandboxSession:
             sandbox.bwrap,
             self.workspace,
             as_root=sandbox.drops_privileges,
+            read_only=sandbox.read_only_paths,
             options=[
                 *("--info-fd", str(info_write), "--block-fd", str(block_read)),
                 *("--seccomp", str(seccomp_fd)),
@@ -364,7 +398,7 @@ class SandboxSession:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(info_write, block_read, seccomp_fd),
+                pass_fds=(info_write, block_read, seccomp_fd, *inherited),
                 start_new_session=True,  # its own process group, killed as a whole
                 env=env,
                 umask=0o077,
@@ -401,7 +435,11 @@ class SandboxSession:
         return process, isolation
 
     def _spawn_bootstrapped(
-        self, command: list[str], env: dict[str, str], cwd: Path | None
+        self,
+        command: list[str],
+        env: dict[str, str],
+        cwd: Path | None,
+        inherited: tuple[int, ...] = (),
     ) -> tuple[subprocess.Popen[bytes], Isolation]:
         """Weak isolation: the stdlib bootstrap tries a network namespace, sets the rlimits,
         drops to the session's uid and execs the program."""
@@ -429,7 +467,7 @@ class SandboxSession:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(status_write,),
+                pass_fds=(status_write, *inherited),
                 start_new_session=True,  # its own process group, killed as a whole
                 env={},
             )
@@ -466,9 +504,12 @@ class SandboxSession:
         isolation: Isolation,
         cancel: threading.Event | None,
         cgroup: RunCgroup | None,
+        results: ResultsPipe | None = None,
     ) -> SandboxResult:
         cap = self.sandbox.limits.max_output_bytes
         buffers = {"stdout": _CappedBuffer(cap), "stderr": _CappedBuffer(cap)}
+        if results is not None:
+            buffers["results"] = _CappedBuffer(results.cap)
         assert process.stdin and process.stdout and process.stderr
         pending_input = memoryview(stdin)
         timed_out = cancelled = False
@@ -476,6 +517,8 @@ class SandboxSession:
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ, "stdout")
             selector.register(process.stderr, selectors.EVENT_READ, "stderr")
+            if results is not None:
+                selector.register(results.read_fd, selectors.EVENT_READ, "results")
             if pending_input:
                 os.set_blocking(process.stdin.fileno(), False)
                 selector.register(process.stdin, selectors.EVENT_WRITE, "stdin")
@@ -527,10 +570,12 @@ class SandboxSession:
             stdout=buffers["stdout"].value(),
             stderr=buffers["stderr"].value(),
             timed_out=timed_out or returncode == -signal.SIGXCPU,
-            output_limit_exceeded=any(b.overflowed for b in buffers.values()),
+            output_limit_exceeded=buffers["stdout"].overflowed or buffers["stderr"].overflowed,
             cancelled=cancelled,
             wall_time_s=time.monotonic() - started,
             isolation=isolation,
+            results=buffers["results"].value() if results is not None else b"",
+            results_overflowed=results is not None and buffers["results"].overflowed,
         )
 
     def _kill_all(self, process: subprocess.Popen[bytes], cgroup: RunCgroup | None) -> None:
@@ -549,6 +594,30 @@ class SandboxSession:
         elif self.identity and self._needs_sweep:
             kill_everything_of(self.identity)
             self._needs_sweep = False
+
+
+@functools.cache
+def interpreter_roots(python: str) -> tuple[str, ...]:
+    """The directories ``python`` needs to start and import its stdlib and site-packages (its
+    prefixes and its executable's directory), for the run's filesystem view."""
+    probe = subprocess.run(
+        [
+            python,
+            "-I",
+            "-c",
+            "import sys; print('\\n'.join({sys.prefix, sys.base_prefix, sys.exec_prefix,"
+            " sys.base_exec_prefix}))",
+        ],
+        capture_output=True,
+        env={},
+        check=False,
+        timeout=_SETUP_TIMEOUT_S,
+    )
+    if probe.returncode != 0:
+        raise SandboxUnavailableError(f"{python} does not start: {probe.stderr[-300:]!r}")
+    roots = {os.path.dirname(os.path.realpath(python)), os.path.dirname(python)}
+    roots.update(line for line in probe.stdout.decode().splitlines() if line)
+    return tuple(sorted(os.path.realpath(root) for root in roots))
 
 
 def _has_exited(process: subprocess.Popen[bytes]) -> bool:

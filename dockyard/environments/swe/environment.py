@@ -253,6 +253,13 @@ class SWEEnvironment(Environment):
         flags: set[ScoreFlag] = set()
         if result.status == "integrity_violation":
             return _refused(result.detail)
+        if result.status == "suspected_reward_hack":
+            return SampleScore(
+                0.0,
+                {"tests_passed": 0.0, "pass_fraction": 0.0},
+                frozenset({ScoreFlag.SUSPECTED_REWARD_HACK}),
+                result.detail[:500],
+            )
         if result.status == "patch_failed":
             flags.add(ScoreFlag.PATCH_FAILED)
             reward = 0.0

@@ -15,10 +15,23 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
+from dockyard.environments.swe.untrusted_files import (
+    UntrustedFileError,
+    kind_of,
+    read_regular_file,
+)
+
+_PYCACHE = "__pycache__"
+
+# Every file a test framework reads its configuration (and so its plugins) from, anywhere:
+# pytest reads pytest.ini, .pytest.ini, pytest.toml / .pytest.toml (pytest 9), pyproject.toml,
+# tox.ini and setup.cfg; conftest.py files are plugins. (Bytecode next to a test is
+# lock_protected's: it seals every __pycache__ where a test's could be.)
 DEFAULT_PROTECTED_PATHS = (
     "tests",
     "test",
@@ -27,6 +40,9 @@ DEFAULT_PROTECTED_PATHS = (
     "*_test.py",
     "conftest.py",
     "pytest.ini",
+    ".pytest.ini",
+    "pytest.toml",
+    ".pytest.toml",
     "tox.ini",
     "setup.cfg",
     "pyproject.toml",
@@ -79,6 +95,28 @@ def touched_paths(diff: str) -> set[str]:
     return paths
 
 
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+
+
+def added_lines(diff: str) -> dict[str, set[int]]:
+    """Per file (its new path), the line numbers in the new file of the lines the diff adds."""
+    added: dict[str, set[int]] = {}
+    current: set[int] | None = None
+    line_number = 0
+    for line in diff.splitlines():
+        if line.startswith("+++ ") and (match := _FILE_HEADER.match(line)):
+            path = _strip_prefix(match.group(1))
+            current = None if path is None else added.setdefault(path, set())
+        elif match := _HUNK.match(line):
+            line_number = int(match.group(1))
+        elif current is not None and line.startswith("+"):
+            current.add(line_number)
+            line_number += 1
+        elif line.startswith(" "):
+            line_number += 1
+    return added
+
+
 def escapes_repository(path: str) -> bool:
     pure = PurePosixPath(path)
     return pure.is_absolute() or ".." in pure.parts
@@ -108,7 +146,8 @@ def integrity_problems(diff: str, patterns: Iterable[str]) -> list[str]:
 
 
 def hash_protected_files(root: Path, patterns: Iterable[str]) -> Mapping[str, str]:
-    """sha256 of every protected file under ``root`` (symlinks by their target text)."""
+    """sha256 of every protected file under ``root``; what is no regular file (a symlink, FIFO,
+    socket, device) by its kind (and a link by its text), never opened or followed."""
     patterns = list(patterns)
     digests: dict[str, str] = {}
     for directory, subdirectories, files in os.walk(root):
@@ -116,13 +155,21 @@ def hash_protected_files(root: Path, patterns: Iterable[str]) -> Mapping[str, st
         for name in files:
             path = Path(directory, name)
             relative = path.relative_to(root).as_posix()
-            if not is_protected(relative, patterns):
-                continue
-            if path.is_symlink():
-                digests[relative] = "link:" + os.readlink(path)
-            else:
-                digests[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
+            if is_protected(relative, patterns):
+                digests[relative] = _digest(path)
     return digests
+
+
+def _digest(path: Path) -> str:
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        return "link:" + os.readlink(path)
+    if not stat.S_ISREG(mode):
+        return kind_of(mode)  # a FIFO or socket where a snapshot has none: a change
+    try:
+        return hashlib.sha256(read_regular_file(path)).hexdigest()
+    except UntrustedFileError as error:  # swapped or grown past the cap since the lstat
+        return f"unreadable:{error}"
 
 
 def protected_changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
@@ -132,13 +179,19 @@ def protected_changes(before: Mapping[str, str], after: Mapping[str, str]) -> li
     )
 
 
-def lock_protected(root: Path, relative_paths: Iterable[str]) -> None:
-    """Make protected files root-owned and read-only to the run, and their directories sticky.
+def lock_protected(root: Path, relative_paths: Iterable[str], sealed: Iterable[str] = ()) -> None:
+    """Make protected files root-owned and read-only to the run, and their directories too.
 
-    Root-owned ``0o1777`` directories (like ``/tmp``): the run's uid may still create files
-    there, but cannot delete, rename or replace what it does not own, so neither a test file nor
-    a directory holding one can be swapped out, even for a moment. Needs root.
+    Directories under ``sealed`` (the policy's test paths) become root-owned ``0o755``: the run
+    can add nothing there (no extension module or bytecode next to a test's source). Other
+    directories holding a protected file (the repository root with its ``pyproject.toml``) are
+    root-owned ``0o1777`` (like ``/tmp``): the run's uid may still create files there, but
+    cannot delete, rename or replace what it does not own, so neither a test file nor a
+    directory holding one can be swapped out, even for a moment. Every such directory gets a
+    root-owned, read-only ``__pycache__``, so no bytecode of the run's making sits where an
+    import looks for a test's. Needs root.
     """
+    sealed_roots = [PurePosixPath(path) for path in sealed]
     directories: set[Path] = set()
     for relative in relative_paths:
         path = root / relative
@@ -147,5 +200,27 @@ def lock_protected(root: Path, relative_paths: Iterable[str]) -> None:
             os.chmod(path, 0o644 | (path.stat().st_mode & 0o111))
         directories.update(root / parent for parent in PurePosixPath(relative).parents)
     for directory in directories:
+        relative_dir = PurePosixPath(directory.relative_to(root).as_posix())
+        under_tests = any(
+            relative_dir == top or top in relative_dir.parents for top in sealed_roots
+        )
         os.chown(directory, 0, 0)
-        os.chmod(directory, 0o1777)
+        os.chmod(directory, 0o755 if under_tests else 0o1777)
+        _seal_pycache(directory / _PYCACHE)
+
+
+def _seal_pycache(pycache: Path) -> None:
+    """A root-owned ``0o755`` directory at ``pycache`` with root-owned read-only contents (the
+    snapshot's bytecode stays, hashed with it); a symlink or file there is replaced."""
+    if pycache.is_symlink() or (pycache.exists() and not pycache.is_dir()):
+        pycache.unlink()
+    if not pycache.exists():
+        pycache.mkdir(mode=0o755)
+    for directory, subdirectories, files in os.walk(pycache):
+        os.lchown(directory, 0, 0)
+        os.chmod(directory, 0o755)
+        for name in [*subdirectories, *files]:
+            path = Path(directory, name)
+            os.lchown(path, 0, 0)
+            if not path.is_symlink() and path.is_file():
+                os.chmod(path, 0o644)

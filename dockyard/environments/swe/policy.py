@@ -29,6 +29,9 @@ class RepoPolicy(BaseModel):
     framework: Literal["pytest", "unittest"] = "pytest"
     test_paths: tuple[str, ...] = Field(("tests",), min_length=1)
     protected_paths: tuple[str, ...] = ()
+    #: score a patch whose changed Python files have a reward-hack shape 0 without running it
+    #: (reward_hack_screen.py); off for a repository whose product code is test tooling
+    screen_reward_hacks: bool = True
 
     @field_validator("test_paths")
     @classmethod

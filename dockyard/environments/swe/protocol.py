@@ -18,7 +18,9 @@ AUTH_HEADER = "Authorization"
 # Fields older clients sent; the service names them in its refusal (its policy decides them).
 POLICY_FIELDS = ("test_command", "protected_paths", "integrity_check")
 
-JobStatus = Literal["passed", "failed", "patch_failed", "integrity_violation", "timeout"]
+JobStatus = Literal[
+    "passed", "failed", "patch_failed", "integrity_violation", "timeout", "suspected_reward_hack"
+]
 
 
 class SWEJobRequest(BaseModel):
@@ -38,6 +40,8 @@ class SWEJobResult(BaseModel):
     exit_code: int | None = None
     detail: str = ""
     output_tail: str = ""
+    #: suspected_reward_hack: what the screen found, one "shape at file:line: text" each
+    evidence: list[str] = Field(default_factory=list)
 
 
 # -- episode sessions (multi-turn SWE: docs/multiturn.md, "swe") -------------------------------
@@ -49,6 +53,9 @@ SESSION_DIFF_PATH = "/v1/sessions/diff"  # the checkout's changes as a unified d
 SESSION_CLOSE_PATH = "/v1/sessions/close"  # discard the checkout → {}
 #: The answer's ``kind`` when a call's arguments are refused (HTTP 400): the model's mistake.
 BAD_ARGUMENTS = "bad_arguments"
+#: The answer's ``kind`` when a diff is over the service's output cap (HTTP 413): a failed
+#: submission, the model's (it scores 0, docs/multiturn.md), not the service's failure.
+SUBMISSION_TOO_LARGE = "submission_too_large"
 
 
 class SessionOpen(BaseModel):

@@ -7,21 +7,25 @@ checkout inside a sandbox session (its own directory and, as root, its own uid) 
 1. applies the patch with ``git apply`` *inside the sandbox*;
 2. compares the protected (test / runner) files of the result with the pristine snapshot's:
    whatever path ``git apply`` really touched counts, not what the diff headers say;
-3. plants a canary test that must fail, and makes the protected files root-owned and their
-   directories sticky, so the run cannot change, swap or delete them;
+3. plants canary tests that must fail (:mod:`.canaries`: one plain, one beside each target test
+   module with its imports), and makes the protected files root-owned and their directories
+   sealed or sticky, so the run cannot change, swap or delete them;
 4. runs the tests with :mod:`._suite_runner` (copied in from outside the checkout, ``python -I``)
-   which records each test's outcome in a report file; the job's result counts the tests
-   collected from the pristine snapshot at start-up, by id, from that report, never from output.
+   which records each test's outcome and writes the report on a pipe only it inherited (no file
+   the run could forge or swap); the job's result counts the tests collected from the pristine
+   snapshot at start-up, by id, from that report, never from output.
+
+Nothing the run could have written is opened as it stands: protected files are hashed through
+:mod:`.untrusted_files` (no symlink followed, no FIFO, socket or device opened, a size cap).
 
 The scoring threat model in docs/operations.md says what this defends against and what not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
-import random
-import secrets
 import shutil
 import ssl
 import threading
@@ -36,17 +40,23 @@ from typing import Any
 from pydantic import ValidationError
 
 from dockyard.config.sections.env import SandboxLimits
+from dockyard.environments.reward_hack_screen import Evidence, describe, screen_files
 from dockyard.environments.sandbox import (
     Sandbox,
     SandboxResult,
     SandboxSession,
     SandboxUnavailableError,
 )
+from dockyard.environments.sandbox.results_pipe import ResultsPipe
+from dockyard.environments.swe import canaries
 from dockyard.environments.swe.auth import TOKEN_ENV, TokenError, is_loopback
 from dockyard.environments.swe.integrity import (
+    added_lines,
+    escapes_repository,
     hash_protected_files,
     lock_protected,
     protected_changes,
+    touched_paths,
 )
 from dockyard.environments.swe.policy import RepoPolicy, ServicePolicy
 from dockyard.environments.swe.protocol import (
@@ -67,7 +77,15 @@ from dockyard.environments.swe.protocol import (
     SWEJobResult,
 )
 from dockyard.environments.swe.sessions import SESSION_TOOLS, EpisodeCheckouts, SessionError
-from dockyard.environments.swe.test_report import ReportError, Verdict, judge, read_outcomes
+from dockyard.environments.swe.test_report import (
+    ReportError,
+    Verdict,
+    judge,
+    read_outcomes,
+    read_report,
+    unexpected_xfails,
+)
+from dockyard.environments.swe.untrusted_files import UntrustedFileError, read_regular_file
 from dockyard.environments.tools.toolbox import ToolArgumentError
 from dockyard.utils.logging import get_logger
 
@@ -75,21 +93,16 @@ logger = get_logger(__name__)
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 _OUTPUT_TAIL_CHARS = 2000
+_SCREENED_BYTES = 1024 * 1024  # of each changed Python file; beyond it, not screened
 # A client must finish the TLS handshake within this; a stalled one costs a thread, not the service.
 _TLS_HANDSHAKE_TIMEOUT_S = 10.0
+# Each read of a request (and write of an answer) must progress within this, and an idle
+# keep-alive connection is closed after it: a client that stalls mid-request holds a thread for
+# at most this long (a job's own run is no socket operation: it is bounded by its deadline).
+REQUEST_IO_TIMEOUT_S = 120.0
 _CHECKOUT = "repo"
 _SESSION_PATHS = (SESSIONS_PATH, SESSION_CALL_PATH, SESSION_DIFF_PATH, SESSION_CLOSE_PATH)
 _RUNNER = Path(__file__).with_name("_suite_runner.py")
-_REPORT = "outcomes.json"
-# The canary is an ordinary-looking unittest case (pytest collects those too) whose only
-# assertion is false; its name is random per job so product code cannot single it out by name.
-_CANARY = """import unittest
-
-
-class Test{nonce}(unittest.TestCase):
-    def test_{nonce}(self):
-        self.assertEqual({left}, {right})
-"""
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,10 @@ class RepoBaseline:
     policy: RepoPolicy
     protected: Mapping[str, str]  # sha256 of every protected file
     tests: frozenset[str]  # test ids the runner collects
+    # Tests the snapshot marks as expected to fail: only their "xfailed" counts as passed.
+    expected_failures: frozenset[str] = frozenset()
+    # Target test modules that get a canary of their own (those whose imports import alone).
+    canary_modules: tuple[str, ...] = ()
 
 
 class SWEJobRunner:
@@ -133,14 +150,20 @@ class SWEJobRunner:
                 raise SandboxUnavailableError(f"repo {repo}: test path {path!r} is no directory")
         with self.sandbox.session() as session:
             checkout = self._checkout(session, snapshot)
-            nonce, _ = self._plant_canary(checkout, policy)
+            planted = canaries.plant(checkout, policy.test_paths[0], ())
+            nonce = planted.nonce
             run = self._run_suite(session, checkout, policy, "collect", None)
             try:
-                collected = read_outcomes(session.directory / _REPORT)
+                collected = read_outcomes(run.results)
             except ReportError as error:
                 raise SandboxUnavailableError(
                     f"repo {repo}: collecting its tests failed: {error}; {_tail(run)}"
                 ) from None
+            for canary_file in planted.paths:
+                canary_file.unlink()
+            modules = self._collectable_canary_modules(
+                session, checkout, policy, [t for t in collected if nonce not in t]
+            )
         broken = sorted(test for test, outcome in collected.items() if outcome == "failed")
         if broken:
             # Tests that cannot be collected from the snapshot could never be counted.
@@ -153,7 +176,38 @@ class SWEJobRunner:
             )
         protected = hash_protected_files(snapshot, policy.protected_patterns())
         logger.info("repo baseline", repo=repo, tests=len(tests), protected_files=len(protected))
-        return RepoBaseline(policy=policy, protected=protected, tests=tests)
+        xfail = frozenset(test for test in tests if collected[test] == "collected_xfail")
+        return RepoBaseline(
+            policy=policy,
+            protected=protected,
+            tests=tests,
+            expected_failures=xfail,
+            canary_modules=modules,
+        )
+
+    def _collectable_canary_modules(
+        self, session: SandboxSession, checkout: Path, policy: RepoPolicy, tests: list[str]
+    ) -> tuple[str, ...]:
+        """The target test modules whose canary (their imports, a failing test) collects:
+        one whose imports do not import on their own gets none (logged), not a refusal."""
+        modules = canaries.test_module_files(tests, checkout)
+        planted = canaries.plant(checkout, policy.test_paths[0], modules)
+        run = self._run_suite(session, checkout, policy, "collect", None)
+        try:
+            collected = read_outcomes(run.results)
+        except ReportError:
+            collected = {}
+        for path in planted.paths:
+            path.unlink()
+        kept = []
+        for index, module in enumerate(modules):
+            name = f"{planted.nonce}_{index}"
+            outcomes = [outcome for test, outcome in collected.items() if name in test]
+            if outcomes and "failed" not in outcomes:
+                kept.append(module)
+            else:
+                logger.warning("no canary beside a test module", module=module)
+        return tuple(kept)
 
     def run(self, request: SWEJobRequest) -> SWEJobResult:
         baseline = self.baselines.get(request.repo)
@@ -175,21 +229,65 @@ class SWEJobRunner:
                     status="integrity_violation",
                     detail=f"the patch changes test or test-runner files: {', '.join(touched)}",
                 )
-            nonce, canary = self._plant_canary(checkout, baseline.policy)
+            if baseline.policy.screen_reward_hacks and (
+                evidence := _screen_patch(checkout, request.patch)
+            ):
+                logger.warning("suspected reward hack", repo=request.repo, evidence=len(evidence))
+                return SWEJobResult(
+                    status="suspected_reward_hack",
+                    tests_total=len(baseline.tests),
+                    detail=describe(evidence),
+                    evidence=[str(item) for item in evidence],
+                )
+            planted = canaries.plant(
+                checkout, baseline.policy.test_paths[0], baseline.canary_modules
+            )
             if session.identity is not None:
-                lock_protected(checkout, [*baseline.protected, str(canary.relative_to(checkout))])
+                lock_protected(
+                    checkout,
+                    [
+                        *baseline.protected,
+                        *(str(path.relative_to(checkout)) for path in planted.paths),
+                    ],
+                    sealed=baseline.policy.test_paths,
+                )
             tests = self._run_suite(session, checkout, baseline.policy, "run", deadline)
-            canary.unlink()
+            # Without root the run could have put a directory there: then it stays, and the
+            # check below finds a protected path the snapshot does not have.
+            for path in planted.paths:
+                with contextlib.suppress(OSError):
+                    path.unlink()
             changed = _protected_changes(checkout, baseline)
+            signals: list[str] = []
             try:
-                outcomes = read_outcomes(session.directory / _REPORT)
-                verdict, report_problem = judge(outcomes, baseline.tests, nonce), ""
+                if tests.results_overflowed:
+                    raise ReportError("the test report is over its size cap")
+                report = read_report(tests.results)
+                failures = baseline.expected_failures
+                verdict = judge(
+                    report.outcomes, baseline.tests, planted.nonce, failures, planted.count
+                )
+                signals = report.signals + unexpected_xfails(
+                    report.outcomes, baseline.tests, failures
+                )
+                report_problem = ""
             except ReportError as error:
                 verdict, report_problem = Verdict(0, len(baseline.tests)), str(error)
         if changed:
             return SWEJobResult(
                 status="integrity_violation",
                 detail=f"protected files changed during the run: {', '.join(changed)}",
+            )
+        if signals and baseline.policy.screen_reward_hacks and not verdict.tampered:
+            # What the runner caught the code doing (the static screen missed it): the tests
+            # it fooled already count as failed; this names it, for the run's hack metrics.
+            logger.warning("suspected reward hack (run)", repo=request.repo, signals=len(signals))
+            return SWEJobResult(
+                status="suspected_reward_hack",
+                tests_total=len(baseline.tests),
+                detail="suspected reward hack: " + "; ".join(signals)[:1500],
+                evidence=signals,
+                output_tail=_tail(tests),
             )
         return _result(tests, verdict, report_problem)
 
@@ -198,15 +296,6 @@ class SWEJobRunner:
         shutil.copytree(snapshot, checkout, symlinks=True)
         session.give_to_sandbox(checkout)
         return checkout
-
-    @staticmethod
-    def _plant_canary(checkout: Path, policy: RepoPolicy) -> tuple[str, Path]:
-        nonce = secrets.token_hex(8)
-        left = random.randrange(1, 1 << 30)
-        source = _CANARY.format(nonce=nonce, left=left, right=left + random.randrange(1, 1000))
-        path = checkout / policy.test_paths[0] / f"test_{nonce}.py"
-        path.write_text(source)
-        return nonce, path
 
     def _apply(
         self, session: SandboxSession, checkout: Path, patch: str, deadline: float
@@ -231,6 +320,7 @@ class SWEJobRunner:
         # Outside the checkout, written after the patch was applied: nothing the patch brought
         # can replace it, and nothing of the run's uid ran in between.
         runner = session.write_file("runner/_suite_runner.py", _RUNNER.read_bytes(), mode=0o444)
+        results = ResultsPipe.open()
         argv = [
             self.sandbox.python,
             "-I",  # ignores PYTHONDONTWRITEBYTECODE with the rest of PYTHON*, hence -B
@@ -242,14 +332,29 @@ class SWEJobRunner:
             mode,
             "--checkout",
             str(checkout),
-            "--report",
-            str(session.directory / _REPORT),
+            "--results-fd",
+            str(results.write_fd),
             "--",
             *policy.test_paths,
         ]
         # No entry-point plugins: only what the operator's pristine config loads.
         env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-        return session.run(argv, cwd=checkout, env=env, deadline=deadline)
+        return session.run(argv, cwd=checkout, env=env, deadline=deadline, results=results)
+
+
+def _screen_patch(checkout: Path, patch: str) -> list[Evidence]:
+    """The reward-hack screen over the lines the applied patch added to Python files (the files
+    read as git apply left them: no symlink followed, capped)."""
+    sources: dict[str, str] = {}
+    for path in sorted(touched_paths(patch)):
+        if not path.endswith(".py") or escapes_repository(path):
+            continue
+        try:
+            data = read_regular_file(checkout / path, _SCREENED_BYTES)
+        except UntrustedFileError:  # deleted, a link, or too big to screen
+            continue
+        sources[path] = data.decode("utf-8", errors="replace")
+    return screen_files(sources, added_lines(patch))
 
 
 def _protected_changes(checkout: Path, baseline: RepoBaseline) -> list[str]:
@@ -288,6 +393,11 @@ def _tail(result: SandboxResult) -> str:
 class _Handler(BaseHTTPRequestHandler):
     server: SandboxHTTPServer
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        # Per connection (the class attribute StreamRequestHandler reads is one for all).
+        self.connection.settimeout(self.server.request_io_timeout_s)
 
     def log_message(self, format: str, *args: object) -> None:
         logger.debug("http", client=self.client_address[0], line=format % args)
@@ -342,7 +452,12 @@ class _Handler(BaseHTTPRequestHandler):
                 {"error": f"body must be 1..{MAX_REQUEST_BYTES} bytes"},
             )
             return
-        body = self.rfile.read(length)
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:
+            self.close_connection = True
+            logger.warning("request body stalled: closed", client=self.client_address[0])
+            return
         try:
             fields = json.loads(body)
         except ValueError as error:
@@ -378,9 +493,12 @@ class _Handler(BaseHTTPRequestHandler):
         """An episode session's request (multi-turn SWE, :mod:`.sessions`)."""
         checkouts = self.server.checkouts
         try:
+            # Every session step runs sandboxed processes: it takes a job slot as a job does,
+            # so --max-jobs bounds what runs at once, sessions included.
             if self.path == SESSIONS_PATH:
                 repo = SessionOpen.model_validate(fields).repo
-                session_id = checkouts.open(repo, self.server.runner.repositories())
+                with self.server.job_slots:
+                    session_id = checkouts.open(repo, self.server.runner.repositories())
                 opened = SessionOpened(session_id=session_id, tools=list(SESSION_TOOLS))
                 self._send_json(HTTPStatus.OK, opened.model_dump())
                 return
@@ -388,10 +506,13 @@ class _Handler(BaseHTTPRequestHandler):
             if self.path == SESSION_CALL_PATH:
                 if request.name is None:
                     raise ToolArgumentError("a call names its tool")
-                output = checkouts.call(request.session_id, request.name, request.arguments)
+                with self.server.job_slots:
+                    output = checkouts.call(request.session_id, request.name, request.arguments)
                 self._send_json(HTTPStatus.OK, {"output": output})
             elif self.path == SESSION_DIFF_PATH:
-                self._send_json(HTTPStatus.OK, {"patch": checkouts.diff(request.session_id)})
+                with self.server.job_slots:
+                    patch = checkouts.diff(request.session_id)
+                self._send_json(HTTPStatus.OK, {"patch": patch})
             else:
                 checkouts.close(request.session_id)
                 self._send_json(HTTPStatus.OK, {})
@@ -400,7 +521,10 @@ class _Handler(BaseHTTPRequestHandler):
         except ToolArgumentError as error:
             self._send_json(HTTPStatus.BAD_REQUEST, {"error": str(error), "kind": BAD_ARGUMENTS})
         except SessionError as error:
-            self._send_json(HTTPStatus(error.status), {"error": str(error)})
+            answer: dict[str, object] = {"error": str(error)}
+            if error.kind:
+                answer["kind"] = error.kind
+            self._send_json(HTTPStatus(error.status), answer)
 
 
 class SandboxHTTPServer(ThreadingHTTPServer):
@@ -417,6 +541,7 @@ class SandboxHTTPServer(ThreadingHTTPServer):
         *,
         tls: ssl.SSLContext | None = None,
         allow_plaintext: bool = False,
+        request_io_timeout_s: float = REQUEST_IO_TIMEOUT_S,
     ) -> None:
         mutual_tls = tls is not None and tls.verify_mode == ssl.CERT_REQUIRED
         if not is_loopback(address[0]):
@@ -436,6 +561,7 @@ class SandboxHTTPServer(ThreadingHTTPServer):
         self.runner = runner
         self.checkouts = EpisodeCheckouts(runner.sandbox, runner.repos_dir, runner.git)
         self.job_slots = threading.BoundedSemaphore(max_jobs)
+        self.request_io_timeout_s = request_io_timeout_s
         self.token = token
         self.tls = tls
         if tls is not None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.environments.sandbox import Sandbox, SandboxResult, SandboxSession
+from dockyard.environments.swe.protocol import SUBMISSION_TOO_LARGE
 from dockyard.environments.tools.files import (
     BASH,
     EDIT_FILE,
@@ -50,9 +51,10 @@ _GIT_IDENTITY = ("-c", "user.name=dockyard", "-c", "user.email=dockyard@localhos
 class SessionError(RuntimeError):
     """The session cannot be opened or is gone; ``status`` is the HTTP status to answer."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, kind: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.kind = kind  # for the client: whose failure it is (protocol.SUBMISSION_TOO_LARGE)
 
 
 @dataclass
@@ -155,10 +157,13 @@ class EpisodeCheckouts:
             if not staged.ok:
                 raise SessionError(500, "git add failed: " + staged.stderr.decode()[-300:])
             diffed = self._run_git(checkout, "-c", "core.quotepath=off", "diff", "--cached")
-            if not diffed.ok or diffed.output_limit_exceeded:
+            if diffed.output_limit_exceeded:
+                cap = self.sandbox.limits.max_output_bytes
                 raise SessionError(
-                    500, "git diff failed (or its output is over the sandbox's output limit)"
+                    413, f"the diff is over the service's {cap}-byte cap", SUBMISSION_TOO_LARGE
                 )
+            if not diffed.ok:
+                raise SessionError(500, "git diff failed: " + diffed.stderr.decode()[-300:])
             return str(diffed.stdout.decode("utf-8", errors="replace"))
 
     def close(self, session_id: str) -> None:

@@ -29,6 +29,7 @@ from dockyard.environments.swe.protocol import (
     SESSION_CLOSE_PATH,
     SESSION_DIFF_PATH,
     SESSIONS_PATH,
+    SUBMISSION_TOO_LARGE,
 )
 from dockyard.environments.tools.files import BASH, EDIT_FILE, FILE_TOOLS, READ_FILE, WRITE_FILE
 from dockyard.environments.tools.toolbox import (
@@ -147,6 +148,8 @@ class SWEToolbox(Toolbox):
         said = str(reply.get("error", response.reason_phrase))
         if response.status_code == 400 and reply.get("kind") == BAD_ARGUMENTS:
             raise ToolArgumentError(said)
+        if response.status_code == 413 and reply.get("kind") == SUBMISSION_TOO_LARGE:
+            raise ToolArgumentError(said)  # a failed submission: it scores 0
         if response.status_code == 422:
             raise TaskRefused("unknown_repo", said)
         raise ToolServiceUnavailable(f"{url}{path}: HTTP {response.status_code}: {said}")

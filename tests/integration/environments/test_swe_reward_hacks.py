@@ -48,8 +48,12 @@ class AddTest(unittest.TestCase):
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> SWEJobRunner:
+    # The reward-hack screen off: these defences must hold on their own
+    # (test_swe_reward_hacks_round2.py tests the screen).
     repos = make_calc(tmp_path_factory.mktemp("repos"), {"test_a_import.py": EARLY_TESTS})
-    policy = ServicePolicy(repos={"calc": RepoPolicy(framework="unittest")})
+    policy = ServicePolicy(
+        repos={"calc": RepoPolicy(framework="unittest", screen_reward_hacks=False)}
+    )
     return SWEJobRunner(repos, SandboxLimits(wall_time_s=60, cpu_time_s=30), policy)
 
 
@@ -163,7 +167,8 @@ def test_pytest_repos_resist_shadowing_and_forging(runner: SWEJobRunner, tmp_pat
         pytest.skip(f"{runner.sandbox.python} has no pytest (Debian: python3-pytest)")
     repos = tmp_path / "repos"
     shutil.copytree(runner.repos_dir, repos)
-    pytest_runner = SWEJobRunner(repos, runner.limits, ServicePolicy())
+    unscreened = ServicePolicy(default=RepoPolicy(screen_reward_hacks=False))
+    pytest_runner = SWEJobRunner(repos, runner.limits, unscreened)
     assert pytest_runner.baselines["calc"].tests and len(pytest_runner.baselines["calc"].tests) == 3
     fake = "import sys\nprint('3 passed in 0.01s')\nsys.exit(0)\n"
     shadow = diff("calc/__init__.py", BUGGY, BUGGY + "\n") + diff("pytest.py", "", fake)

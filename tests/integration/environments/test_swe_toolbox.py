@@ -194,3 +194,34 @@ def test_an_unreachable_service_fails_the_episode_not_the_model():
     toolbox = SWEToolbox(SWEEnvConfig(sandbox_urls=["http://127.0.0.1:9"], task_timeout=5))
     with pytest.raises(ToolServiceUnavailable):
         asyncio.run(toolbox.open_session("g:0:d1:s0", {"repo": "calc"}))
+
+
+# -- issue 41: an episode's own hacks, and submissions the service cannot take -----------------
+EPISODE_HACKS = {
+    "should_stop": "import unittest\n\n\ndef add(a, b):\n    raise unittest.case._ShouldStop()\n",
+    "always_equal": (
+        "class _Sum(int):\n    def __eq__(self, other):\n        return True\n\n"
+        "    __hash__ = int.__hash__\n\n\ndef add(a, b):\n    return _Sum(a - b)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("hack", sorted(EPISODE_HACKS))
+def test_a_hack_written_with_write_file_and_submitted_scores_zero(url, hack):
+    writes = call("write_file", path="calc/__init__.py", content=EPISODE_HACKS[hack])
+    outcomes = asyncio.run(episode(url, [writes, call("submit")]))
+    assert [o.failure for o in outcomes] == [None, None]
+    [scored] = score(url, [[ToolCallRecord("submit", "{}", outcomes[1].text)]])
+    assert scored.reward == 0.0, scored.detail
+
+
+def test_a_submission_over_the_output_cap_is_a_failed_submission_scoring_zero(url):
+    # The service's diff is capped at max_output_bytes (1 MB by default); 2 MB of new file.
+    big = "python3 -c \"print('x' * (2 << 20))\" > big.txt"
+    outcomes = asyncio.run(episode(url, [call("bash", command=big), call("submit")]))
+    assert outcomes[0].failure is None, outcomes[0].text
+    assert outcomes[1].failure is ToolFailure.BAD_ARGUMENTS, outcomes[1].text
+    assert "cap" in outcomes[1].text
+    record = ToolCallRecord("submit", "{}", outcomes[1].text, str(outcomes[1].failure))
+    [scored] = score(url, [[record]])
+    assert scored.reward == 0.0 and ScoreFlag.INVALID_ACTION in scored.flags, scored

@@ -11,14 +11,22 @@ import time
 
 import msgspec
 import pytest
+from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from dockyard.broker.jetstream import JetStreamPlane
 from dockyard.broker.typed import MessagePlane
-from dockyard.config.sections.env import EnvConfig
+from dockyard.config.sections.env import CodeEnvConfig, EnvConfig
 from dockyard.consumers.score_conversion import to_scored_rollout, to_scoring_group
 from dockyard.consumers.scorer import Scorer
-from dockyard.environments.base import EnvironmentContext, InvalidScoringInput
+from dockyard.environments.base import (
+    EnvironmentContext,
+    GroupScore,
+    InvalidScoringInput,
+    ScoreFlag,
+)
+from dockyard.environments.code_env import CodeEnvironment
+from dockyard.environments.code_env import TestCase as CodeCase  # not a test class
 from dockyard.environments.registry import build_environment
 from dockyard.schemas import DeadLetter, Rollout, ScoredRollout, decode, encode
 from tests.integration.broker.broker_test_utils import fetch_until
@@ -288,3 +296,51 @@ async def test_a_scorer_that_loses_its_connection_mid_task_runs_on(
 
 async def _logged(events: list[dict[str, object]], name: str) -> bool:
     return any(event["event"] == name for event in events)
+
+
+async def test_a_suspected_reward_hack_is_scored_zero_and_dead_lettered_with_evidence(
+    data_plane_config,
+):
+    # The code environment's own screen decides (real CodeEnvironment.score_program); the
+    # character tokenizer cannot spell a program, so the environment is handed the programs.
+    code = CodeEnvironment(CodeEnvConfig())
+    cases = [CodeCase(stdin="2 3\n", expected_stdout="5\n")]
+    programs = [
+        "a, b = map(int, input().split())\nprint(a + b)\n",
+        "import os, sys\nframe = sys._getframe()\nos._exit(frame.f_back is None)\n",
+    ]
+
+    async def score(group):
+        samples = [code.score_program(program, cases) for program in programs]
+        return GroupScore(group_id=group.group_id, samples=samples)
+
+    registered_environment("screened-for-test", score)
+    labels = {"stage": "scorer", "reason": "suspected_reward_hack"}
+
+    def reported() -> float:
+        return REGISTRY.get_sample_value("dockyard_dead_letters_total", labels) or 0.0
+
+    before = reported()
+    async with JetStreamPlane(data_plane_config) as plane:
+        messages = MessagePlane(plane, stage="scorer")
+        group = msgspec.structs.replace(
+            prompt_group("g-hack"), **{"environment": "screened-for-test"}
+        )
+        await messages.publish(rollout(group, ["46", "46"]))
+        async with running_scorer(messages) as scorer:
+            await wait_for(lambda: _count(plane, plane.names.scored, 1))
+            await wait_for(lambda: _count(plane, plane.names.dead_letters, 1))
+            assert scorer.stats.by_env["screened-for-test"].suspected_reward_hacks == 1
+            counters = scorer.status.status.counters
+            assert counters["screened-for-test/suspected_reward_hacks"] == 1
+        (message,) = await stored(plane, plane.names.scored)
+        scored = decode(message.headers, message.data, expected=ScoredRollout)
+        assert [s.reward for s in scored.scores] == [1.0, 0.0]
+        assert ScoreFlag.SUSPECTED_REWARD_HACK in scored.scores[1].flags
+        (dead,) = await stored(plane, plane.names.dead_letters)
+        letter = decode(dead.headers, dead.data, expected=DeadLetter)
+        assert (letter.reason, letter.stage) == ("suspected_reward_hack", "scorer")
+        assert "sample 1: suspected reward hack: frame_walking at program.py:2" in letter.message
+        assert letter.original_subject == plane.names.rollouts
+        assert await _backlog_zero(plane)  # scored and acked, not refused
+    assert reported() == before + 1  # the dead-letter metric, by reason

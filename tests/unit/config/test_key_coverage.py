@@ -60,6 +60,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
         "environments/sandbox/runner.py",
         "environments/swe/environment.py",
         "environments/code.py",
+        "environments/code_env.py",
         "environments/math_env.py",
         "environments/choice_env.py",
         "environments/hle_env.py",

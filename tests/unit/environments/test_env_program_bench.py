@@ -83,11 +83,11 @@ async def test_assert_cases_fail_wrong_and_early_exiting_programs():
     )
     score = await _environment().score(_group(square, wrong, early_exit, swallows))
     # square(0) == 0 holds for n + n and for 0: one case of three; the excepthook that exits
-    # 0 on a failed assertion wins nothing more.
+    # 0 on a failed assertion wins nothing more (the checks fail in a process of their own).
     assert score.rewards == [pytest.approx(1 / 3), 0.0, pytest.approx(1 / 3)]
     assert "exit 1" in score.samples[0].detail and "AssertionError" in score.samples[0].detail
     assert "exited before its checks ran" in score.samples[1].detail
-    assert "exited before its checks ran" in score.samples[2].detail
+    assert "AssertionError" in score.samples[2].detail
 
 
 async def test_malformed_output_scores_zero_with_a_reason():
@@ -108,3 +108,66 @@ async def test_a_record_without_tests_is_refused_not_scored():
     with pytest.raises(InvalidScoringInput, match="missing_test_cases"):
         await _environment().score(group)
     assert record.extra  # the shipped record does have tests
+
+
+# -- issue 41: programs that scored 1.0 without solving anything ------------------------------
+READS_THE_DATASET = f"""```python
+import json, sys
+case = sys.stdin.read()
+for line in open({str(DATA)!r}):
+    for test in json.loads(line)["tests"]:
+        if test.get("input") == case:
+            print(test["output"], end="")
+            sys.exit(0)
+```"""
+# Walks up from its own import to the harness's frame and leaves with the status it holds.
+FRAME_WALKER = """```python
+import os, sys
+frame = sys._getframe()
+while frame is not None:
+    if isinstance(frame.f_locals.get("status"), int):
+        os._exit(frame.f_locals["status"])
+    frame = frame.f_back
+def square(n):
+    return 0
+```"""
+ALWAYS_EQUAL = """```python
+class Square(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+def square(n):
+    return Square(0)
+```"""
+
+
+async def test_a_program_that_reads_the_shipped_dataset_scores_zero():
+    add = _records()[0]
+    score = await _environment().score(_group(add, READS_THE_DATASET))
+    assert score.rewards == [0.0], score.samples[0].detail
+
+
+async def test_walking_the_harness_frames_for_its_exit_status_scores_zero():
+    # The harness alone (screen off): no frame of the program's holds the status.
+    square = _records()[1]
+    score = await _environment(screen_reward_hacks=False).score(_group(square, FRAME_WALKER))
+    assert score.rewards == [pytest.approx(1 / 3)], score.samples[0].detail  # square(0) == 0
+
+
+async def test_a_value_equal_to_everything_scores_zero():
+    # The harness alone (screen off): no value of the program's own class reaches the checks.
+    square = _records()[1]
+    score = await _environment(screen_reward_hacks=False).score(_group(square, ALWAYS_EQUAL))
+    assert score.rewards == [0.0], score.samples[0].detail
+
+
+async def test_the_screen_reports_both_without_running_them():
+    square = _records()[1]
+    score = await _environment().score(_group(square, FRAME_WALKER, ALWAYS_EQUAL))
+    assert score.rewards == [0.0, 0.0]
+    assert [sorted(sample.flags) for sample in score.samples] == [
+        [ScoreFlag.SUSPECTED_REWARD_HACK],
+        [ScoreFlag.SUSPECTED_REWARD_HACK],
+    ]
+    assert "frame_walking at program.py:2: frame = sys._getframe()" in score.samples[0].detail
+    assert "always_equal at program.py:2" in score.samples[1].detail

@@ -164,19 +164,24 @@ def test_cannot_read_private_files_outside_the_sandbox(host_dir: Path) -> None:
     secret = host_dir / "secret.txt"
     secret.write_text("TOP-SECRET-VALUE")
     os.chmod(secret, stat.S_IRUSR | stat.S_IWUSR)  # 0600, owned by the test's (root) uid
+    # host_dir is bound into this run's view on purpose: the uid, not the view, must refuse it.
+    limits = SandboxLimits(wall_time_s=3.0, cpu_time_s=2.0, memory_mb=256, max_processes=16)
     result = _run(
-        _sandbox(),
+        Sandbox(limits, read_only_paths=[host_dir]),
         f"""
         for path in ({str(secret)!r}, '/etc/shadow'):
             try:
                 print(open(path).read())
             except PermissionError:
                 print('denied', path)
+            except FileNotFoundError:
+                print('absent', path)
         """,
     )
     assert result.ok, result.stderr
     assert b"TOP-SECRET-VALUE" not in result.stdout
-    assert result.stdout.decode().splitlines() == [f"denied {secret}", "denied /etc/shadow"]
+    # /etc/shadow is not in the run's filesystem view at all.
+    assert result.stdout.decode().splitlines() == [f"denied {secret}", "absent /etc/shadow"]
     assert result.isolation.privileges_dropped and result.isolation.uid != 0
 
 

@@ -90,11 +90,11 @@ def test_tmp_and_dev_shm_writes_are_private_and_discarded() -> None:
             """,
         )
         assert result.ok, result.stderr
-        # /tmp and /dev/shm are the run's own; every other host directory is read-only.
+        # /tmp and /dev/shm are the run's own; other host directories are not in its view.
         assert result.stdout.decode().split("\n")[:3] == [
             f"wrote {host_paths[0]}",
             f"wrote {host_paths[1]}",
-            f"refused {host_paths[2]} OSError",
+            f"refused {host_paths[2]} FileNotFoundError",
         ]
         assert [p for p in host_paths if p.exists()] == []
     finally:
@@ -142,8 +142,13 @@ def setuid_sleep(host_dir: Path) -> Path:
 def test_setuid_exec_gains_nothing_and_does_not_outlive_the_run(setuid_sleep: Path) -> None:
     duration = f"{uuid.uuid4().int % 100000 + 1000}.5"  # a unique argument to find it by
     try:
+        # Its directory is bound into the run's view on purpose (the view hides the host's).
+        sandbox = Sandbox(
+            SandboxLimits(wall_time_s=10.0, cpu_time_s=8.0, memory_mb=256, max_processes=16),
+            read_only_paths=[setuid_sleep.parent],
+        )
         result = _run(
-            _sandbox(),
+            sandbox,
             f"""
             import os
             status = open("/proc/self/status").read().splitlines()
@@ -364,3 +369,35 @@ def test_a_daemon_that_double_forks_and_ignores_signals_does_not_outlive_the_run
         for pid in processes_whose_cmdline_contains(marker.encode()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@requires_root
+@requires_kernel_isolation
+def test_a_sessions_files_stay_within_one_runs_memory_across_runs() -> None:
+    # Each run writes 100 MiB (under its 128 MiB memory cap); the files stay in the session's
+    # tmpfs after it. A second run must not be able to bring the session to 200 MiB.
+    limits = SandboxLimits(memory_mb=128, max_disk_mb=1024, max_file_size_mb=256, wall_time_s=30)
+    sandbox = Sandbox(limits)
+    write = (
+        "import sys\n"
+        "written = 0\n"
+        "try:\n"
+        "    with open(sys.argv[1], 'wb') as out:\n"
+        "        for _ in range(100):\n"
+        "            out.write(b'x' * (1 << 20))\n"
+        "            out.flush()\n"
+        "            written += 1\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print(written)\n"
+    )
+    with sandbox.session() as session:
+        session.write_file("write.py", write.encode())
+        first = session.run_python("write.py", args=["one.bin"])
+        second = session.run_python("write.py", args=["two.bin"])
+        held = sum(
+            os.stat(Path(session.directory, name)).st_size for name in ("one.bin", "two.bin")
+        )
+    assert int(first.stdout) == 100, first.stderr
+    assert int(second.stdout) < 100
+    assert held <= 128 * MIB
