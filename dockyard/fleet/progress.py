@@ -67,11 +67,19 @@ def render(status_dir: Path, started_at: float, max_steps: int) -> Group:
     return Group(headline, table)
 
 
+def _role_word(status: RoleStatus) -> str:
+    word = f"{status.role}-{status.instance}:{status.state}"
+    # The trainer's detail is its phase, shown by the step; another role's says what is wrong.
+    if status.detail and status.role != "trainer":
+        word += f" ({status.detail[:60]})"
+    return word
+
+
 def summary_line(status_dir: Path, started_at: float, max_steps: int) -> str:
     statuses = read_statuses(status_dir) if status_dir.exists() else []
     trainer = trainer_status(statuses)
     counters = trainer.counters if trainer else {}
-    roles = " ".join(f"{s.role}-{s.instance}:{s.state}" for s in statuses)
+    roles = " ".join(_role_word(s) for s in statuses)
     return (
         f"[{time.time() - started_at:5.0f}s] step {int(counters.get('step', 0))}/{max_steps} "
         f"reward {_fmt(counters.get('reward'))} val_acc {_fmt(counters.get('val_accuracy'))} "

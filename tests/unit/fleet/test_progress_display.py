@@ -109,3 +109,22 @@ def test_a_run_without_validation_has_no_accuracy_in_its_summary(tmp_path: Path)
     StatusFile(tmp_path, "trainer", "0").update("finished", step=5)
     display = ProgressDisplay(tmp_path, max_steps=5)
     assert display.final_summary() == display.summary()
+
+
+def test_a_role_s_problem_is_on_the_plain_line_and_in_the_starving_diagnosis(tmp_path: Path):
+    # Issue #42, item 3: a run starving on a service that is down said only "starving: rollout
+    # workers"; the worker's own word on why is shown beside its state.
+    from dockyard.consumers.trainer.health import fleet_readiness
+    from dockyard.fleet.progress import summary_line
+
+    status_dir = tmp_path / "status"
+    roles = heartbeats(status_dir)
+    problem = "tool service unavailable: POST /desktops: ConnectError"
+    roles["rollout"].update(detail=problem)
+    line = summary_line(status_dir, started_at=time.time(), max_steps=5)
+    assert f"rollout-w0:running ({problem})" in line
+    assert "scorer-s0:running trainer-0:running" in line  # no detail, nothing added
+    assert (
+        f"ready but silent: rollout-w0 ({problem}), scorer-s0"
+        in fleet_readiness(status_dir).describe()
+    )
