@@ -20,11 +20,16 @@ def _show(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from dockyard.commands._roles import build_datasets
+    from dockyard.commands._services import unanswered_services
 
     report = load_config_report_or_exit(args)
     # Every dataset file must exist and parse: found here, not by a trainer after its fleet
     # started. (Tokenizers, models and named datasets may live on another machine.)
     build_datasets(report.config, files_only=True)
+    # A service may live where the run will, not here: said, not refused (`dockyard run`
+    # refuses it).
+    for missing in unanswered_services(report.config):
+        print(f"warning: {missing.describe()}", file=sys.stderr)
     print("ok")
     return 0
 

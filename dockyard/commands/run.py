@@ -32,6 +32,7 @@ POLL_S = 0.5
 def _run(args: argparse.Namespace) -> int:
     from dockyard.commands._inprocess import run_in_process
     from dockyard.commands._roles import build_datasets
+    from dockyard.commands._services import refuse_unanswered_services
     from dockyard.fleet.progress import ProgressDisplay
 
     config = load_role_config(args)
@@ -42,6 +43,7 @@ def _run(args: argparse.Namespace) -> int:
         # starts. (What needs the tokenizer, the chat template and tools, the trainer refuses
         # at its own start: exit 2, shown here with its message and never restarted.)
         build_datasets(config)
+    refuse_unanswered_services(config)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or Path(config.run.output_dir) / f"{config.run.name}-{stamp}")
     private_dir(run_dir)  # config.yaml may hold data_plane.credentials; logs, checkpoints

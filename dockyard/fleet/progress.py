@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from types import TracebackType
@@ -67,11 +68,19 @@ def render(status_dir: Path, started_at: float, max_steps: int) -> Group:
     return Group(headline, table)
 
 
+def _role_word(status: RoleStatus) -> str:
+    word = f"{status.role}-{status.instance}:{status.state}"
+    # The trainer's detail is its phase, shown by the step; another role's says what is wrong.
+    if status.detail and status.role != "trainer":
+        word += f" ({status.detail[:60]})"
+    return word
+
+
 def summary_line(status_dir: Path, started_at: float, max_steps: int) -> str:
     statuses = read_statuses(status_dir) if status_dir.exists() else []
     trainer = trainer_status(statuses)
     counters = trainer.counters if trainer else {}
-    roles = " ".join(f"{s.role}-{s.instance}:{s.state}" for s in statuses)
+    roles = " ".join(_role_word(s) for s in statuses)
     return (
         f"[{time.time() - started_at:5.0f}s] step {int(counters.get('step', 0))}/{max_steps} "
         f"reward {_fmt(counters.get('reward'))} val_acc {_fmt(counters.get('val_accuracy'))} "
@@ -89,6 +98,30 @@ def validation_line(status_dir: Path) -> str | None:
     if start is None or end is None:
         return None
     return f"validation accuracy {_fmt(start)} → {_fmt(end)}"
+
+
+def zero_reward_line(run_dir: Path) -> str | None:
+    """Said when every trained step's reward was 0: the policy may not be there yet, or the
+    reward path may be broken; the oracle tells which (``dockyard oracle``)."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    rewards = []
+    for line in metrics.read_text().splitlines():
+        try:
+            value = json.loads(line).get("metrics", {}).get("train/reward_mean")
+        except (ValueError, AttributeError):
+            continue  # a line cut by a kill: the others still say what happened
+        if value is not None:
+            rewards.append(float(value))
+    if not rewards or any(rewards):
+        return None
+    return (
+        f"reward 0 at every one of the {len(rewards)} steps: `dockyard oracle --config "
+        f"{run_dir / 'config.yaml'}` scores the data's reference answers through this run's "
+        "environments (a reward there means the reward path works and the policy has not "
+        "learnt the task)"
+    )
 
 
 class ProgressDisplay:
@@ -134,9 +167,11 @@ class ProgressDisplay:
         return summary_line(self.status_dir, self.started_at, self.max_steps)
 
     def final_summary(self) -> str:
-        """The last word of a run: its summary line, and how validation accuracy moved."""
-        validation = validation_line(self.status_dir)
-        return self.summary() if validation is None else f"{self.summary()}\n{validation}"
+        """The last word of a run: its summary line, how validation accuracy moved, and what
+        to try when no step earned any reward."""
+        lines = [self.summary(), validation_line(self.status_dir)]
+        lines.append(zero_reward_line(self.status_dir.parent))
+        return "\n".join(line for line in lines if line is not None)
 
     def _table(self) -> Group:
         return render(self.status_dir, self.started_at, self.max_steps)

@@ -108,6 +108,8 @@ class RolloutWorker:
         self.max_consecutive_failures = max_consecutive_failures
         self.simulated_latency_per_token_s = simulated_latency_per_token_s
         self.status = status or StatusFile(None, "rollout", worker_id)
+        #: What kept part of the batch in hand from going through (its status detail).
+        self.batch_problem = ""
         self.stopping = asyncio.Event()
         # Generate only with published weights: the first weight event is loaded before work.
         self.weights_ready = asyncio.Event()
@@ -233,6 +235,7 @@ class RolloutWorker:
 
     async def process(self, received: Sequence[Received[PromptGroup]]) -> None:
         started = time.time()
+        self.batch_problem = ""
         # Generate with weights at least as new as those current when the group was dispatched
         # (the weight event may still be on its way); bounded, so a refused refit cannot wedge.
         await self.wait_for_version(
@@ -260,7 +263,10 @@ class RolloutWorker:
             await self.generate_single_turn(accepted, started)
         else:
             await self.run_episodes(self.episodes, accepted, started)
+        # A batch that went through clears what the last one reported (engine error, full
+        # stream); one whose sessions could not open says why.
         self.status.update(
+            detail=self.batch_problem,
             groups=self.groups_done,
             failed_episodes=self.failed_episodes,
             weight_version=self.engine.current_version,
@@ -340,6 +346,8 @@ class RolloutWorker:
                         error=str(error),
                     )
                     await self.retry_group(item, REASON_EPISODES_FAILED, error)
+                    # On the status, so the live table and a starving trainer name the cause.
+                    self.batch_problem = f"tool service unavailable: {error}"
                     continue
                 opened.append((item, starts))
             async with self.refit_gate.episodes():

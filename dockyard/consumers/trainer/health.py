@@ -111,7 +111,8 @@ def readiness_of(statuses: list[RoleStatus]) -> FleetReadiness:
         if status.state == STARTING:
             starting.append(name)
         elif status.state == RUNNING:
-            ready.append(name)
+            # What a silent role says about itself is the likeliest cause (a service it needs).
+            ready.append(f"{name} ({status.detail})" if status.detail else name)
         else:
             other.append(f"{name} ({status.state})")
     return FleetReadiness(tuple(starting), tuple(ready), tuple(other))

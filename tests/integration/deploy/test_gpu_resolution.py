@@ -35,6 +35,7 @@ import sys
 import urllib.error
 import urllib.request
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -216,13 +217,33 @@ def _version(install: dict[str, Any], name: str) -> str:
 # (RHEL 8) pip finds none and the resolution is impossible, so the target is glibc 2.31 (Ubuntu
 # 20.04 and later, RHEL 9). SGLang's releases since 0.5.11 are manylinux_2_34 only (Ubuntu 22.04,
 # RHEL 9). docs/deployment.md, "Supported versions".
-@pytest.mark.parametrize(("extra", "glibc_minor"), [("vllm", 31), ("sglang", 34)])
+TARGETS = {"vllm": 31, "sglang": 34}
+
+
+@pytest.fixture(scope="module")
+def resolutions(
+    resolver: str, stand_ins: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Any]]:
+    """Both extras resolved at once: each resolution is a pip process waiting on the registry
+    most of its time, so two side by side take little longer than one."""
+
+    def resolve(extra: str) -> dict[str, Any]:
+        work = tmp_path_factory.mktemp(f"resolve-{extra}")
+        # A stand-in either builds goes to the shared directories (the same metadata whichever).
+        return _resolve(
+            resolver, extra, TARGETS[extra], stand_ins, work / "report.json", work / "target"
+        )
+
+    with ThreadPoolExecutor(max_workers=len(TARGETS)) as pool:
+        futures = {extra: pool.submit(resolve, extra) for extra in TARGETS}
+        return {extra: future.result() for extra, future in futures.items()}
+
+
+@pytest.mark.parametrize("extra", list(TARGETS))
 def test_a_gpu_node_resolves_the_engine_extra(
-    extra: str, glibc_minor: int, resolver: str, stand_ins: tuple[Path, Path], tmp_path: Path
+    extra: str, resolutions: dict[str, dict[str, Any]], stand_ins: tuple[Path, Path]
 ) -> None:
-    install = _resolve(
-        resolver, extra, glibc_minor, stand_ins, tmp_path / "report.json", tmp_path / "target"
-    )
+    install = resolutions[extra]
     torch = _version(install, "torch")
     assert "+cpu" not in torch, f"a CPU torch ({torch}) was resolved for a GPU node"
     torch_url = install["torch"]["download_info"]["url"]

@@ -6,11 +6,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dockyard.observability.status_files import read_statuses
+from tests.osworld_simulator import simulator_command
+from tests.sandbox_service import sandbox_service, serve_command
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -85,3 +88,19 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
 @pytest.fixture
 def small_run():
     return list(SMALL_RUN)
+
+
+@pytest.fixture(scope="module")
+def sandbox_url() -> Iterator[str]:
+    """``dockyard sandbox serve`` on the SWE preset's shipped repository and policy (loopback)."""
+    data = ROOT / "configs" / "cpu" / "data"
+    command = serve_command(data / "swe_repos", data / "swe_policy.yaml")
+    with sandbox_service(command) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def simulator_url() -> Iterator[str]:
+    """``dockyard osworld serve``: the desktop simulator, a real process (loopback)."""
+    with sandbox_service(simulator_command()) as url:
+        yield url

@@ -17,7 +17,7 @@ import importlib.util
 import json
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +33,6 @@ from tests.integration.e2e.ledger_checks import (
     read_trail,
 )
 from tests.judge_server import JUDGE_GROUP
-from tests.osworld_simulator import simulator_command
-from tests.sandbox_service import sandbox_service, serve_command
 
 CONFIGS = ROOT / "configs"
 PRESETS = CONFIGS / "cpu"
@@ -134,22 +132,6 @@ def test_every_family_file_runs_here_or_is_excluded_with_a_reason_that_holds():
         assert preset_of.is_file()
         if preset_of != (CONFIGS / name).resolve():  # its preset builds on the file itself
             assert f"../{name}" in run.preset.read_text()
-
-
-@pytest.fixture(scope="module")
-def sandbox_url() -> Iterator[str]:
-    """``dockyard sandbox serve`` on the preset's shipped repository and policy (loopback)."""
-    data = PRESETS / "data"
-    command = serve_command(data / "swe_repos", data / "swe_policy.yaml")
-    with sandbox_service(command) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def simulator_url() -> Iterator[str]:
-    """``dockyard osworld serve``: the desktop simulator, a real process (loopback)."""
-    with sandbox_service(simulator_command()) as url:
-        yield url
 
 
 def _check_run(run_dir: Path, result: subprocess.CompletedProcess[str], run: CpuRun) -> None:

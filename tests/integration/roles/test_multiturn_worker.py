@@ -211,3 +211,36 @@ async def test_terminal_episodes_run_commands_in_a_sandbox_and_the_scorer_reward
     )
     score = await environment.score(to_scoring_group(rollout, tok))
     assert score.rewards == [1.0, 1.0]
+
+
+@register_toolbox
+class UnreachableTools(Toolbox):
+    """A toolbox whose service never answers (a desktop simulator that was never started)."""
+
+    name = "unreachable_tools"
+
+    async def open_session(self, episode_id: str, task: Mapping[str, Any]) -> ToolSession:
+        raise ToolServiceUnavailable("POST /desktops: ConnectError")
+
+
+async def test_a_worker_whose_tool_service_is_down_says_so_on_its_status(data_plane_config):
+    # The live table and a starving trainer read the roles' status: the cause is named there,
+    # not only in the worker's log.
+    engine, tok = scripted_engine([CALL, "The answer is 42."])
+    group = msgspec.structs.replace(prompt_group("g-down"), environment="unreachable_tools")
+    async with with_weights(data_plane_config, engine.model.state_dict()) as (
+        plane,
+        messages,
+        store,
+    ):
+        await messages.publish(group)
+        async with running_worker(
+            plane, store, engine, episodes=episode_runner(engine, tok), nak_delay_s=0.05
+        ) as worker:
+            expected = "tool service unavailable: POST /desktops: ConnectError"
+
+            async def reported() -> bool:
+                return worker.status.status.detail == expected
+
+            await wait_for(reported)
+            assert worker.failed_episodes >= group.num_generations

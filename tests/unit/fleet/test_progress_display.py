@@ -109,3 +109,44 @@ def test_a_run_without_validation_has_no_accuracy_in_its_summary(tmp_path: Path)
     StatusFile(tmp_path, "trainer", "0").update("finished", step=5)
     display = ProgressDisplay(tmp_path, max_steps=5)
     assert display.final_summary() == display.summary()
+
+
+def test_a_role_s_problem_is_on_the_plain_line_and_in_the_starving_diagnosis(tmp_path: Path):
+    # Issue #42, item 3: a run starving on a service that is down said only "starving: rollout
+    # workers"; the worker's own word on why is shown beside its state.
+    from dockyard.consumers.trainer.health import fleet_readiness
+    from dockyard.fleet.progress import summary_line
+
+    status_dir = tmp_path / "status"
+    roles = heartbeats(status_dir)
+    problem = "tool service unavailable: POST /desktops: ConnectError"
+    roles["rollout"].update(detail=problem)
+    line = summary_line(status_dir, started_at=time.time(), max_steps=5)
+    assert f"rollout-w0:running ({problem})" in line
+    assert "scorer-s0:running trainer-0:running" in line  # no detail, nothing added
+    assert (
+        f"ready but silent: rollout-w0 ({problem}), scorer-s0"
+        in fleet_readiness(status_dir).describe()
+    )
+
+
+def _metrics(run_dir: Path, rewards: list[float]) -> None:
+    lines = [
+        json.dumps({"step": step, "metrics": {"train/reward_mean": reward}})
+        for step, reward in enumerate(rewards, start=1)
+    ]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_a_run_with_no_reward_at_any_step_is_pointed_at_the_oracle(tmp_path: Path) -> None:
+    # Issue #42, item 7: "reward 0 at every step" could not tell a broken reward path from a
+    # policy that has not learnt; the end of the run says how to tell.
+    status_dir = tmp_path / "status"
+    heartbeats(status_dir)
+    display = ProgressDisplay(status_dir, max_steps=3)
+    _metrics(tmp_path, [0.0, 0.0, 0.0])
+    last = display.final_summary().splitlines()[-1]
+    assert last.startswith("reward 0 at every one of the 3 steps")
+    assert f"dockyard oracle --config {tmp_path / 'config.yaml'}" in last
+    _metrics(tmp_path, [0.0, 0.125, 0.0])  # one step earned something: nothing to say
+    assert "dockyard oracle" not in display.final_summary()
