@@ -119,6 +119,11 @@ def test_a_run_across_two_sites_rides_out_a_partition(
         processes.append(late)
         trainer.wait(timeout=600)
         assert trainer.returncode == 0, (logs / "trainer.log").read_text()[-4000:]
+        # The late worker may still be loading its engine when the trainer is done (w0 did the
+        # work): whenever it starts, it must reach the last version from B's mirror.
+        wait_until(
+            lambda: _last_refit(logs / "late.log") == STEPS, 180, f"the late worker on v{STEPS}"
+        )
     finally:
         for process in processes:
             _stop(process)
@@ -135,6 +140,15 @@ def test_a_run_across_two_sites_rides_out_a_partition(
     # k), the late one included: it read the current weights from B's mirror when it started.
     assert _refitted_versions(logs / "w0.log")[-1] == STEPS
     assert _refitted_versions(logs / "late.log")[-1] == STEPS
+
+
+def _last_refit(log: Path) -> int | None:
+    """The newest version a running worker has loaded so far (its log may end mid-line)."""
+    try:
+        versions = _refitted_versions(log)
+    except (OSError, ValueError):
+        return None
+    return versions[-1] if versions else None
 
 
 def _refitted_versions(log: Path) -> list[int]:
