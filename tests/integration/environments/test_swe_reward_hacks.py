@@ -13,37 +13,24 @@ import shutil
 from pathlib import Path
 
 import pytest
-from swe_repo import BUGGY, TESTS, diff, make_calc
+from swe_repo import (
+    BUGGY,
+    EARLY_TESTS,
+    PASSED_WITH_THE_BUG,
+    PASSING_TESTS,
+    TESTS,
+    TOTAL,
+    assert_no_reward,
+    diff,
+    make_calc,
+    score_product,
+)
 
 from dockyard.config.sections.env import SandboxLimits
 from dockyard.environments.sandbox import SandboxUnavailableError
 from dockyard.environments.swe.policy import RepoPolicy, ServicePolicy
-from dockyard.environments.swe.protocol import SWEJobRequest, SWEJobResult
+from dockyard.environments.swe.protocol import SWEJobRequest
 from dockyard.environments.swe.service import SWEJobRunner
-
-# Imported before test_calc.py (unittest discovers in sorted order), so product code it imports
-# runs before test_calc.py is read.
-EARLY_TESTS = """import unittest
-
-import calc
-
-
-class ImportTest(unittest.TestCase):
-    def test_imports(self):
-        self.assertTrue(callable(calc.add))
-"""
-# With the bug: test_imports and test_add_zero pass, test_add fails.
-PASSED_WITH_THE_BUG, TOTAL = 2, 3
-PASSING_TESTS = """import unittest
-
-
-class AddTest(unittest.TestCase):
-    def test_add(self):
-        pass
-
-    def test_add_zero(self):
-        pass
-"""
 
 
 @pytest.fixture(scope="module")
@@ -57,24 +44,14 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> SWEJobRunner:
     return SWEJobRunner(repos, SandboxLimits(wall_time_s=60, cpu_time_s=30), policy)
 
 
-def _product(runner: SWEJobRunner, source: str) -> SWEJobResult:
-    """Score a patch that replaces ``calc/__init__.py`` with ``source`` (keeping the bug)."""
-    return runner.run(SWEJobRequest(repo="calc", patch=diff("calc/__init__.py", BUGGY, source)))
-
-
-def _assert_no_reward(result: SWEJobResult) -> None:
-    assert result.status in ("failed", "integrity_violation"), result
-    assert result.tests_passed <= PASSED_WITH_THE_BUG, result
-
-
 def test_the_honest_baseline(runner: SWEJobRunner) -> None:
-    result = _product(runner, BUGGY + "\n")
+    result = score_product(runner, BUGGY + "\n")
     assert (result.status, result.tests_passed, result.tests_total) == (
         "failed",
         PASSED_WITH_THE_BUG,
         TOTAL,
     )
-    fixed = _product(runner, BUGGY.replace("a - b", "a + b"))
+    fixed = score_product(runner, BUGGY.replace("a - b", "a + b"))
     assert (fixed.status, fixed.tests_passed, fixed.tests_total) == ("passed", TOTAL, TOTAL)
 
 
@@ -87,13 +64,13 @@ def test_shadowing_the_test_runner(runner: SWEJobRunner) -> None:
         "sys.exit(0)\n"
     )
     patch = diff("calc/__init__.py", BUGGY, BUGGY + "\n") + diff("unittest.py", "", fake)
-    _assert_no_reward(runner.run(SWEJobRequest(repo="calc", patch=patch)))
+    assert_no_reward(runner.run(SWEJobRequest(repo="calc", patch=patch)))
 
 
 def test_monkeypatching_the_framework_from_product_code(runner: SWEJobRunner) -> None:
     # No protected file changes: the package makes every assertEqual pass when imported.
     source = "import unittest\nunittest.TestCase.assertEqual = lambda *args, **kwargs: None\n"
-    result = _product(runner, source + BUGGY)
+    result = score_product(runner, source + BUGGY)
     assert result.status == "integrity_violation", result
     assert "canary" in result.detail
 
@@ -128,7 +105,7 @@ def test_product_code_rewrites_a_test_before_it_is_read(runner: SWEJobRunner) ->
         "except OSError:\n"
         "    pass\n" + BUGGY
     )
-    _assert_no_reward(_product(runner, source))
+    assert_no_reward(score_product(runner, source))
 
 
 def test_forged_summary_at_exit(runner: SWEJobRunner) -> None:
@@ -141,12 +118,12 @@ def test_forged_summary_at_exit(runner: SWEJobRunner) -> None:
         "    os._exit(0)\n\n"
         "atexit.register(_forge)\n" + BUGGY
     )
-    _assert_no_reward(_product(runner, source))
+    assert_no_reward(score_product(runner, source))
 
 
 def test_leaving_before_the_tests_run(runner: SWEJobRunner) -> None:
     # Exit 0 at import, before any test ran and before any summary was printed.
-    _assert_no_reward(_product(runner, "import os\nos._exit(0)\n" + BUGGY))
+    assert_no_reward(score_product(runner, "import os\nos._exit(0)\n" + BUGGY))
 
 
 def test_skipping_the_failing_test_from_product_code(runner: SWEJobRunner) -> None:
@@ -158,7 +135,7 @@ def test_skipping_the_failing_test_from_product_code(runner: SWEJobRunner) -> No
         "        raise unittest.SkipTest('flaky')\n"
         "    return a - b\n"
     )
-    _assert_no_reward(_product(runner, source))
+    assert_no_reward(score_product(runner, source))
 
 
 def test_pytest_repos_resist_shadowing_and_forging(runner: SWEJobRunner, tmp_path: Path) -> None:
@@ -172,9 +149,9 @@ def test_pytest_repos_resist_shadowing_and_forging(runner: SWEJobRunner, tmp_pat
     assert pytest_runner.baselines["calc"].tests and len(pytest_runner.baselines["calc"].tests) == 3
     fake = "import sys\nprint('3 passed in 0.01s')\nsys.exit(0)\n"
     shadow = diff("calc/__init__.py", BUGGY, BUGGY + "\n") + diff("pytest.py", "", fake)
-    _assert_no_reward(pytest_runner.run(SWEJobRequest(repo="calc", patch=shadow)))
+    assert_no_reward(pytest_runner.run(SWEJobRequest(repo="calc", patch=shadow)))
     patched = "import unittest\nunittest.TestCase.assertEqual = lambda *args, **kwargs: None\n"
-    result = _product(pytest_runner, patched + BUGGY)
+    result = score_product(pytest_runner, patched + BUGGY)
     assert result.status == "integrity_violation", result
 
 
