@@ -33,7 +33,8 @@ def _run(args: argparse.Namespace) -> int:
     from dockyard.commands._inprocess import run_in_process
     from dockyard.commands._roles import build_datasets
     from dockyard.commands._services import refuse_unanswered_services
-    from dockyard.fleet.progress import ProgressDisplay
+    from dockyard.fleet.progress import ProgressDisplay, RunFiles
+    from dockyard.observability.metrics.jsonl_backend import METRICS_FILE
 
     config = load_role_config(args)
     _refuse_metrics_ports_out_of_range(config)
@@ -49,7 +50,8 @@ def _run(args: argparse.Namespace) -> int:
     private_dir(run_dir)  # config.yaml may hold data_plane.credentials; logs, checkpoints
     resolved = run_dir / "config.yaml"
     write_private_text(resolved, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    progress = ProgressDisplay(run_dir / "status", config.grpo.max_num_steps)
+    files = RunFiles(config.logger.directory(run_dir) / METRICS_FILE, resolved)
+    progress = ProgressDisplay(run_dir / "status", config.grpo.max_num_steps, run_files=files)
     try:
         if config.data_plane is None:
             return asyncio.run(run_in_process(config, run_dir, progress))

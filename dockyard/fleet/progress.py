@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -100,14 +101,22 @@ def validation_line(status_dir: Path) -> str | None:
     return f"validation accuracy {_fmt(start)} → {_fmt(end)}"
 
 
-def zero_reward_line(run_dir: Path) -> str | None:
+@dataclass(frozen=True)
+class RunFiles:
+    """Where a run keeps what its end-of-run lines read (``logger.log_dir`` may move the
+    metrics) and the config it was started with."""
+
+    metrics: Path
+    config: Path
+
+
+def zero_reward_line(files: RunFiles) -> str | None:
     """Said when every trained step's reward was 0: the policy may not be there yet, or the
     reward path may be broken; the oracle tells which (``dockyard oracle``)."""
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.is_file():
+    if not files.metrics.is_file():
         return None
     rewards = []
-    for line in metrics.read_text().splitlines():
+    for line in files.metrics.read_text().splitlines():
         try:
             value = json.loads(line).get("metrics", {}).get("train/reward_mean")
         except (ValueError, AttributeError):
@@ -118,7 +127,7 @@ def zero_reward_line(run_dir: Path) -> str | None:
         return None
     return (
         f"reward 0 at every one of the {len(rewards)} steps: `dockyard oracle --config "
-        f"{run_dir / 'config.yaml'}` scores the data's reference answers through this run's "
+        f"{files.config}` scores the data's reference answers through this run's "
         "environments (a reward there means the reward path works and the policy has not "
         "learnt the task)"
     )
@@ -129,9 +138,16 @@ class ProgressDisplay:
     a summary line every ``PLAIN_PROGRESS_EVERY_S`` otherwise. Whoever watches the roles calls
     :meth:`refresh` as often as it looks at them (both ways of running a fleet use this)."""
 
-    def __init__(self, status_dir: Path, max_steps: int, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        status_dir: Path,
+        max_steps: int,
+        console: Console | None = None,
+        run_files: RunFiles | None = None,
+    ) -> None:
         self.status_dir = status_dir
         self.max_steps = max_steps
+        self.run_files = run_files
         self.started_at = time.time()
         self.console = console if console is not None else Console(stderr=True)
         self._live: Live | None = None
@@ -170,7 +186,8 @@ class ProgressDisplay:
         """The last word of a run: its summary line, how validation accuracy moved, and what
         to try when no step earned any reward."""
         lines = [self.summary(), validation_line(self.status_dir)]
-        lines.append(zero_reward_line(self.status_dir.parent))
+        if self.run_files is not None:
+            lines.append(zero_reward_line(self.run_files))
         return "\n".join(line for line in lines if line is not None)
 
     def _table(self) -> Group:

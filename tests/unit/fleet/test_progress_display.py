@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dockyard.fleet.progress import ProgressDisplay, render
+from dockyard.fleet.progress import ProgressDisplay, RunFiles, render
 from dockyard.observability.status_files import StatusFile
 
 
@@ -143,7 +143,8 @@ def test_a_run_with_no_reward_at_any_step_is_pointed_at_the_oracle(tmp_path: Pat
     # policy that has not learnt; the end of the run says how to tell.
     status_dir = tmp_path / "status"
     heartbeats(status_dir)
-    display = ProgressDisplay(status_dir, max_steps=3)
+    files = RunFiles(tmp_path / "metrics.jsonl", tmp_path / "config.yaml")
+    display = ProgressDisplay(status_dir, max_steps=3, run_files=files)
     _metrics(tmp_path, [0.0, 0.0, 0.0])
     last = display.final_summary().splitlines()[-1]
     assert last.startswith("reward 0 at every one of the 3 steps")
